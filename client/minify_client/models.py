@@ -1,0 +1,230 @@
+"""Wire models shared by the client, the server and the worker.
+
+This module is the contract of ../shared/ARCHITECTURE.md in code. It imports no torch: the
+client installs without it, and the server must never import it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
+FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "any")
+ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
+
+_CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FailureSpec(_Strict):
+    """What "still fails" means for this job."""
+
+    kind: Literal["compile_error", "runtime_error", "crash", "accuracy", "timeout", "any"] = "any"
+    match: str | None = Field(
+        default=None,
+        description='Regex searched in "ExceptionType: message"; default: the signature of the original.',
+    )
+    strict_accuracy: bool = False
+    tolerance: float = Field(default=1e-3, gt=0)
+
+    @field_validator("match")
+    @classmethod
+    def _match_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"failure.match is not a valid regex: {error}") from error
+        return value
+
+
+class Limits(_Strict):
+    candidate_timeout_s: float | None = Field(default=None, gt=0)
+    job_timeout_s: float = Field(default=3600, gt=0)
+    parallelism: int | None = Field(default=None, ge=1, le=256)
+
+
+class JobSpec(_Strict):
+    """The job spec every side shares (ARCHITECTURE.md, "Job spec")."""
+
+    backend: str = "inductor"
+    device: str = "cpu"
+    failure: FailureSpec = Field(default_factory=FailureSpec)
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="torch._inductor.config overrides, applied in each child"
+    )
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_known(cls, value: str) -> str:
+        if value in BUILTIN_BACKENDS or _CUSTOM_BACKEND.match(value):
+            return value
+        raise ValueError(
+            f"backend {value!r} is neither one of {', '.join(BUILTIN_BACKENDS)} "
+            "nor a 'pkg.module:callable' torch.compile backend"
+        )
+
+    @field_validator("device")
+    @classmethod
+    def _device_known(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"device {value!r} must be cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not re.match(r"^[A-Za-z_][\w.]*$", key):
+                raise ValueError(f"config key {key!r} is not a dotted torch._inductor.config name")
+        return value
+
+    @property
+    def device_class(self) -> Literal["cpu", "cuda"]:
+        """The queue this job goes to."""
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
+
+class JobState(str, Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    not_reproducible = "not_reproducible"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.queued, JobState.running)
+
+
+class ProgressEvent(BaseModel):
+    """One step of a minification, as the engine reports it and the service streams it."""
+
+    type: Literal["progress", "status", "log"] = "progress"
+    phase: str = ""
+    nodes_original: int | None = None
+    nodes_current: int | None = None
+    checks_total: int = 0
+    checks_cached: int = 0
+    checks_in_flight: int = 0
+    outcomes: dict[str, int] = Field(
+        default_factory=dict, description="candidate outcomes by kind: passes, fails, crashed, ..."
+    )
+    elapsed_s: float = 0.0
+    signature: str | None = Field(default=None, description="the failure signature being preserved")
+    graph_code: str | None = Field(default=None, description="the current best graph, when it shrank")
+    status: JobState | None = None
+    message: str | None = None
+
+
+class Progress(BaseModel):
+    phase: str = ""
+    nodes_original: int | None = None
+    nodes_current: int | None = None
+    checks_total: int = 0
+    checks_cached: int = 0
+    checks_in_flight: int = 0
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    elapsed_s: float = 0.0
+    signature: str | None = None
+
+
+class TimelinePoint(BaseModel):
+    elapsed_s: float
+    nodes: int
+    checks: int
+
+
+class Report(BaseModel):
+    """report.json: what a compiler engineer reads first."""
+
+    status: JobState
+    reason: str | None = None
+    nodes_original: int | None = None
+    nodes_final: int | None = None
+    checks_total: int = 0
+    checks_cached: int = 0
+    elapsed_s: float = 0.0
+    signature: str | None = None
+    failure_kind: str | None = None
+    flaky: bool = False
+    original_runs: int = 0
+    original_failures: int = 0
+    candidate_timeout_s: float | None = None
+    backend: str
+    device: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    torch_version: str | None = None
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    timeline: list[TimelinePoint] = Field(default_factory=list)
+    graph_code: str | None = None
+    artifacts: list[str] = Field(default_factory=list)
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str
+    artifacts: dict[str, str] = Field(default_factory=dict)
+    dashboard: str | None = None
+
+
+class JobCreated(BaseModel):
+    id: str
+    status: JobState
+    links: JobLinks
+
+
+class JobStatus(BaseModel):
+    id: str
+    status: JobState
+    spec: JobSpec
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: Progress = Field(default_factory=Progress)
+    result: Report | None = None
+    reason: str | None = None
+    worker: str | None = None
+    program_name: str | None = None
+    attempts: int = 0
+    links: JobLinks | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus]
+    total: int
+    offset: int
+    limit: int
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    detail: Any | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    redis: bool
+    workers: int
+    queues: dict[str, int] = Field(default_factory=dict)
+
+
+def parse_config_value(raw: str) -> Any:
+    """`--config KEY=VALUE` values: JSON when it parses (numbers, booleans, lists), else the string."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,85 @@
+"""The spec flags shared by `minify-worker minify` and `minify-client submit` (ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from minify_client.models import BUILTIN_BACKENDS, FAILURE_KINDS, JobSpec, parse_config_value
+
+
+class SpecError(ValueError):
+    """The flags or the spec file do not make a valid JobSpec."""
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("job spec")
+    group.add_argument("--spec", type=Path, help="a JSON job spec; the flags below override its fields")
+    group.add_argument("--backend", help=f"{' | '.join(BUILTIN_BACKENDS)} | pkg.module:callable")
+    group.add_argument("--device", help="cpu | cuda | cuda:N")
+    group.add_argument("--failure", choices=FAILURE_KINDS, help="the kind of failure to preserve")
+    group.add_argument("--match", help='regex over "ExceptionType: message" a candidate must fail with')
+    group.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                       help="torch._inductor.config override, repeatable")
+    group.add_argument("--strict-accuracy", action="store_true", default=None,
+                       help="compare boolean and integer outputs too (torch's --strict-accuracy)")
+    group.add_argument("--tolerance", type=float, help="accuracy tolerance (default 1e-3)")
+    group.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
+                       help="upper bound on one candidate's run (default: calibrated from the original)")
+    group.add_argument("--job-timeout", type=float, metavar="SECONDS")
+    group.add_argument("--parallelism", type=int, help="candidates in flight at once")
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    """Build the JobSpec from `--spec FILE` and the flags; raises SpecError with a readable reason."""
+    data: dict = {}
+    if args.spec is not None:
+        try:
+            data = json.loads(Path(args.spec).read_text())
+        except (OSError, ValueError) as error:
+            raise SpecError(f"cannot read spec file {args.spec}: {error}") from error
+        if not isinstance(data, dict):
+            raise SpecError(f"spec file {args.spec} must hold a JSON object")
+    for field in ("backend", "device"):
+        if getattr(args, field) is not None:
+            data[field] = getattr(args, field)
+    failure = dict(data.get("failure") or {})
+    if args.failure is not None:
+        failure["kind"] = args.failure
+    if args.match is not None:
+        failure["match"] = args.match
+    if args.strict_accuracy:
+        failure["strict_accuracy"] = True
+    if args.tolerance is not None:
+        failure["tolerance"] = args.tolerance
+    data["failure"] = failure
+    config = dict(data.get("config") or {})
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--config expects KEY=VALUE, got {item!r}")
+        config[key.strip()] = parse_config_value(value)
+    data["config"] = config
+    limits = dict(data.get("limits") or {})
+    if args.candidate_timeout is not None:
+        limits["candidate_timeout_s"] = args.candidate_timeout
+    if args.job_timeout is not None:
+        limits["job_timeout_s"] = args.job_timeout
+    if args.parallelism is not None:
+        limits["parallelism"] = args.parallelism
+    data["limits"] = limits
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(describe_validation_error(error)) from error
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "spec"
+        parts.append(f"{where}: {item['msg']}")
+    return "invalid spec: " + "; ".join(parts)

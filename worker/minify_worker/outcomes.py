@@ -1,0 +1,95 @@
+"""What running one candidate can come to: typed values, never exceptions (docs/internals.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+SignatureKind = Literal["compile_error", "runtime_error", "accuracy", "crash", "timeout"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How a program fails: the kind, the exception type (or signal name) and a normalized key.
+
+    Two failures are "the same" when kind, exc_type and key are equal; `text` is the raw
+    "ExceptionType: message" (or signal description) kept for reports and `match` regexes.
+    """
+
+    kind: SignatureKind
+    exc_type: str
+    key: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.exc_type}: {self.key}" if self.key else self.exc_type
+
+    def same_as(self, other: Signature) -> bool:
+        return (self.kind, self.exc_type, self.key) == (other.kind, other.exc_type, other.key)
+
+
+@dataclass(frozen=True)
+class Passes:
+    duration_s: float = 0.0
+    kind: Literal["passes"] = "passes"
+
+
+@dataclass(frozen=True)
+class Fails:
+    signature: Signature
+    duration_s: float = 0.0
+    kind: Literal["fails"] = "fails"
+
+
+@dataclass(frozen=True)
+class Crashed:
+    signal: int
+    signature: Signature
+    duration_s: float = 0.0
+    kind: Literal["crashed"] = "crashed"
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    after_s: float
+    kind: Literal["timed_out"] = "timed_out"
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    message: str
+    duration_s: float = 0.0
+    kind: Literal["oom"] = "oom"
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The candidate could not be built or loaded: says nothing about the bug."""
+
+    message: str
+    duration_s: float = 0.0
+    kind: Literal["invalid"] = "invalid"
+
+
+Outcome = Passes | Fails | Crashed | TimedOut | OutOfMemory | Invalid
+
+_OUTCOME_TYPES: dict[str, type] = {
+    "passes": Passes,
+    "fails": Fails,
+    "crashed": Crashed,
+    "timed_out": TimedOut,
+    "oom": OutOfMemory,
+    "invalid": Invalid,
+}
+
+
+def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
+    return asdict(outcome)
+
+
+def outcome_from_dict(data: dict[str, Any]) -> Outcome:
+    fields = dict(data)
+    cls = _OUTCOME_TYPES[fields.pop("kind")]
+    if "signature" in fields and isinstance(fields["signature"], dict):
+        fields["signature"] = Signature(**fields["signature"])
+    return cls(**fields)
