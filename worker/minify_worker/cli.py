@@ -1,0 +1,139 @@
+"""`minify-worker`: the offline engine (`minify-worker minify ...`) or an RQ worker (anything else)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+
+from minify_client.models import JobState, ProgressEvent
+from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
+
+EXIT_CODES = {
+    JobState.succeeded: 0,
+    JobState.not_reproducible: 3,
+    JobState.failed: 1,
+    JobState.cancelled: 1,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "minify":
+        return minify_command(argv[1:])
+    from minify_worker import rqworker
+
+    return rqworker.main(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minify-worker minify",
+        description="Minify a failing torch.export program offline (no Redis), every candidate in a sandbox child.",
+    )
+    parser.add_argument("program", type=Path, help="a .pt2 from torch.export.save (or a pickled GraphModule "
+                        "where MINIFY_ALLOW_PICKLE=1)")
+    parser.add_argument("--inputs", type=Path, help="inputs .pt (torch.save of args, (args, kwargs) or a kwargs dict)")
+    parser.add_argument("--out", type=Path, required=True, help="where minimized.pt2, repro.py, ... go")
+    parser.add_argument("--json", action="store_true", help="print report.json instead of a summary")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    add_spec_arguments(parser)
+    return parser
+
+
+def minify_command(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+    except SpecError as error:
+        parser.error(str(error))
+    if not args.program.is_file():
+        parser.error(f"{args.program}: no such file")
+    if args.inputs is not None and not args.inputs.is_file():
+        parser.error(f"{args.inputs}: no such file")
+
+    from minify_worker.engine import minify
+
+    cancel = threading.Event()
+    display = _ProgressDisplay(enabled=not args.quiet and not args.json)
+    try:
+        with display:
+            result = minify(args.program, spec, args.out, inputs=args.inputs, on_event=display.update, cancel=cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        print("interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(result.report.model_dump_json(indent=2))
+    else:
+        _print_summary(result, args.out)
+    return EXIT_CODES[result.status]
+
+
+def _print_summary(result, out_dir: Path) -> None:
+    report = result.report
+    print(f"status: {report.status.value}" + (f" ({report.reason})" if report.reason else ""))
+    if report.signature:
+        print(f"signature: {report.signature}")
+    if report.nodes_original is not None:
+        print(f"ops: {report.nodes_original} -> {report.nodes_final}   checks: {report.checks_total} "
+              f"({report.checks_cached} cached)   {report.elapsed_s:.1f}s")
+    if report.graph_code:
+        print(report.graph_code.rstrip())
+    if result.artifacts:
+        print(f"artifacts in {out_dir}: {', '.join(sorted(result.artifacts))}")
+
+
+class _ProgressDisplay:
+    """A rich progress bar at a terminal, plain lines elsewhere (CI logs)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._task = None
+        self._last_line: tuple | None = None
+
+    def __enter__(self) -> _ProgressDisplay:
+        if self.enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.fields[phase]:<22}"),
+                BarColumn(),
+                TextColumn("{task.fields[nodes]} ops"),
+                TextColumn("{task.fields[checks]} checks"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("minify", total=1, phase="starting", nodes="?", checks=0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, event: ProgressEvent) -> None:
+        if not self.enabled:
+            return
+        nodes = f"{event.nodes_current}/{event.nodes_original}" if event.nodes_original else "?"
+        checks = f"{event.checks_total} ({event.checks_cached} cached)"
+        if self._progress is not None and self._task is not None:
+            total = max(1, (event.nodes_original or 1) - 1)
+            done = (event.nodes_original or 1) - (event.nodes_current or event.nodes_original or 1)
+            self._progress.update(self._task, total=total, completed=done, phase=event.phase, nodes=nodes,
+                                  checks=checks)
+            return
+        line = (event.phase, event.nodes_current, event.status)
+        if line != self._last_line or event.type != "progress":
+            self._last_line = line
+            text = event.message or ""
+            print(f"[{event.elapsed_s:7.1f}s] {event.phase:<22} ops {nodes:<9} checks {checks} {text}".rstrip(),
+                  file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
