@@ -1,0 +1,581 @@
+"""Graph surgery on flat fx graphs: the program form the engine minimizes (docs/internals.md).
+
+A program is a flat `torch.fx.Graph`: placeholders (parameters, buffers, constants, user inputs
+and promoted intermediates), `call_function` nodes, one `output` node returning a flat tuple.
+Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_tensor`,
+`minify_role`), never FakeTensors, so graphs are cheap to copy and to send to sandbox children.
+
+Every operation here is pure: it copies its argument and returns a new graph.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import math
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+WIRE_VERSION = 1
+
+META_VALUE = "minify_value"
+META_KIND = "minify_kind"
+META_TENSOR = "minify_tensor"
+META_ROLE = "minify_role"
+_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE)
+
+PROMOTABLE_KINDS = frozenset({"tensor", "scalar"})
+
+
+class GraphFormatError(ValueError):
+    """A graph (or its wire form) uses something the engine does not accept."""
+
+
+# ---------------------------------------------------------------------------------------------
+# From an ExportedProgram
+
+
+def flat_graph_from_exported_program(ep: torch.export.ExportedProgram) -> fx.Graph:
+    """Copy `ep.graph_module.graph` with only minify_* meta, derived from each node's `val`.
+
+    Placeholders get `minify_role` from the graph signature: "parameter", "buffer",
+    "constant", "custom_obj", "token" or "input".
+    """
+    roles = _input_roles(ep)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in ep.graph_module.graph.nodes:
+        if node.op not in ("placeholder", "call_function", "output"):
+            raise GraphFormatError(
+                f"node {node.name!r} is a {node.op}: only placeholder, call_function and output "
+                "nodes are supported (no control-flow subgraphs or modules)"
+            )
+        if node.op == "call_function":
+            target_name(node.target)  # refuse what the wire form could not carry
+        new_node = graph.node_copy(node, lambda n: env[n])
+        new_node.meta = _minify_meta(node)
+        if node.op == "placeholder":
+            new_node.meta[META_ROLE] = roles.get(node.name, "input")
+        env[node] = new_node
+    graph.lint()
+    return graph
+
+
+def _input_roles(ep: torch.export.ExportedProgram) -> dict[str, str]:
+    from torch.export.graph_signature import InputKind
+
+    names = {
+        InputKind.PARAMETER: "parameter",
+        InputKind.BUFFER: "buffer",
+        InputKind.CONSTANT_TENSOR: "constant",
+        InputKind.CUSTOM_OBJ: "custom_obj",
+        InputKind.TOKEN: "token",
+        InputKind.USER_INPUT: "input",
+    }
+    roles = {}
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if name is not None:
+            roles[name] = names.get(spec.kind, "input")
+    return roles
+
+
+def _minify_meta(node: fx.Node) -> dict[str, Any]:
+    if node.op == "output":
+        return {META_KIND: "other"}
+    if "val" not in node.meta:
+        return {META_KIND: "none" if node.op == "call_function" and _returns_none(node) else "other"}
+    val = node.meta["val"]
+    meta: dict[str, Any] = {}
+    if isinstance(val, torch.Tensor):
+        meta[META_KIND] = "tensor"
+        meta[META_TENSOR] = tensor_meta(val)
+    elif isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        meta[META_KIND] = "scalar"
+    elif isinstance(val, (tuple, list)):
+        meta[META_KIND] = "tuple"
+    elif val is None:
+        meta[META_KIND] = "none"
+    else:
+        meta[META_KIND] = "other"
+    if node.op == "placeholder" or meta[META_KIND] in PROMOTABLE_KINDS:
+        meta[META_VALUE] = node.name
+    return meta
+
+
+def _returns_none(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and len(schema.returns) == 0
+
+
+def tensor_meta(value: torch.Tensor) -> dict[str, Any]:
+    """JSON-safe description of a (possibly fake, possibly symbolic) tensor."""
+    return {
+        "shape": [_concrete_int(size) for size in value.shape],
+        "dtype": dtype_name(value.dtype),
+        "device": str(value.device),
+        "stride": [_concrete_int(stride) for stride in value.stride()],
+    }
+
+
+def _concrete_int(value: int | torch.SymInt) -> int | str:
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return int(hint) if hint is not None else str(value)
+    return int(value)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> "float32"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def is_float_dtype_name(name: str) -> bool:
+    dtype = getattr(torch, name, None)
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets: named, resolved from an allowlist
+
+
+_BUILTIN_NAMES = ("abs", "min", "max", "round", "int", "float", "bool", "len", "pow", "divmod",
+                  "sum", "any", "all")
+_TORCH_SYM_NAMES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite",
+                    "sym_sum", "_sym_sqrt")
+
+
+def _python_targets() -> dict[str, Callable[..., Any]]:
+    targets: dict[str, Callable[..., Any]] = {}
+    for module_name, module in (("operator", operator), ("math", math)):
+        for name in dir(module):
+            value = getattr(module, name)
+            if not name.startswith("_") and callable(value) and not isinstance(value, type):
+                targets[f"{module_name}.{name}"] = value
+    for name in _BUILTIN_NAMES:
+        targets[f"builtins.{name}"] = getattr(builtins, name)
+    for name in _TORCH_SYM_NAMES:
+        if hasattr(torch, name):
+            targets[f"torch.{name}"] = getattr(torch, name)
+    return targets
+
+
+_PYTHON_TARGETS = _python_targets()
+_PYTHON_TARGET_NAMES = {id(fn): name for name, fn in _PYTHON_TARGETS.items()}
+
+
+def target_name(target: Any) -> str:
+    """Qualified name of a call_function target: "aten.relu.default", "operator.getitem"."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    name = _PYTHON_TARGET_NAMES.get(id(target))
+    if name is None:
+        raise GraphFormatError(f"unsupported call_function target {target!r}")
+    return name
+
+
+def resolve_target(name: str) -> Callable[..., Any]:
+    """The callable named by `target_name`; anything outside the allowlist is refused."""
+    if name in _PYTHON_TARGETS:
+        return _PYTHON_TARGETS[name]
+    parts = name.split(".")
+    if len(parts) not in (2, 3) or not all(part.isidentifier() for part in parts):
+        raise GraphFormatError(f"unknown target {name!r}")
+    namespace, *rest = parts
+    try:
+        resolved: Any = getattr(torch.ops, namespace)
+        for part in rest:
+            resolved = getattr(resolved, part)
+    except (AttributeError, RuntimeError) as error:
+        raise GraphFormatError(f"unknown target {name!r}: {error}") from None
+    if not isinstance(resolved, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        raise GraphFormatError(f"target {name!r} is not an operator overload")
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire form: JSON-safe, no pickle
+
+
+def graph_to_wire(graph: fx.Graph) -> dict[str, Any]:
+    """JSON-safe description of `graph`, readable back by `graph_from_wire`."""
+    nodes = []
+    for node in graph.nodes:
+        entry: dict[str, Any] = {"name": node.name, "op": node.op}
+        if node.op == "call_function":
+            entry["target"] = target_name(node.target)
+        elif node.op == "placeholder":
+            entry["target"] = node.target
+        elif node.op != "output":
+            raise GraphFormatError(f"node {node.name!r}: unsupported op {node.op!r}")
+        entry["args"] = [_encode(arg) for arg in node.args]
+        entry["kwargs"] = {key: _encode(value) for key, value in node.kwargs.items()}
+        meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
+        if meta:
+            entry["meta"] = meta
+        nodes.append(entry)
+    return {"version": WIRE_VERSION, "nodes": nodes}
+
+
+def graph_from_wire(data: dict[str, Any]) -> fx.Graph:
+    """Rebuild the graph `graph_to_wire` described; refuses unknown targets and values."""
+    if data.get("version") != WIRE_VERSION:
+        raise GraphFormatError(f"unsupported wire version {data.get('version')!r}")
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for entry in data["nodes"]:
+        op = entry["op"]
+        args = tuple(_decode(arg, env) for arg in entry.get("args", []))
+        kwargs = {key: _decode(value, env) for key, value in entry.get("kwargs", {}).items()}
+        if op == "placeholder":
+            target: Any = str(entry["target"])
+        elif op == "call_function":
+            target = resolve_target(entry["target"])
+        elif op == "output":
+            target = "output"
+        else:
+            raise GraphFormatError(f"unsupported op {op!r}")
+        node = graph.create_node(op, target, args, kwargs, name=entry["name"])
+        if node.name != entry["name"]:
+            raise GraphFormatError(f"node name {entry['name']!r} is not usable in a graph")
+        node.meta.update(entry.get("meta", {}))
+        env[node.name] = node
+    graph.lint()
+    return graph
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return {"node": value.name}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"float": value if math.isfinite(value) else repr(value)}
+    if isinstance(value, complex):
+        return {"complex": [_encode(value.real), _encode(value.imag)]}
+    if isinstance(value, list):
+        return {"list": [_encode(item) for item in value]}
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(item) for item in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(key), _encode(item)] for key, item in value.items()]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, slice):
+        return {"slice": [_encode(value.start), _encode(value.stop), _encode(value.step)]}
+    if value is Ellipsis:
+        return {"ellipsis": True}
+    raise GraphFormatError(f"cannot encode argument of type {type(value).__name__}: {value!r}")
+
+
+def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise GraphFormatError(f"malformed wire value {value!r}")
+    ((tag, payload),) = value.items()
+    if tag == "node":
+        if payload not in env:
+            raise GraphFormatError(f"reference to unknown or later node {payload!r}")
+        return env[payload]
+    if tag == "float":
+        return float(payload)
+    if tag == "complex":
+        return complex(_decode(payload[0], env), _decode(payload[1], env))
+    if tag == "list":
+        return [_decode(item, env) for item in payload]
+    if tag == "tuple":
+        return tuple(_decode(item, env) for item in payload)
+    if tag == "dict":
+        return {_decode(key, env): _decode(item, env) for key, item in payload}
+    if tag == "slice":
+        return slice(*(_decode(item, env) for item in payload))
+    if tag == "ellipsis":
+        return Ellipsis
+    if tag in ("dtype", "layout", "memory_format"):
+        resolved = getattr(torch, str(payload), None)
+        expected = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}
+        if not isinstance(resolved, expected[tag]):
+            raise GraphFormatError(f"unknown {tag} {payload!r}")
+        return resolved
+    if tag == "device":
+        try:
+            return torch.device(payload)
+        except (RuntimeError, TypeError) as error:
+            raise GraphFormatError(f"bad device {payload!r}: {error}") from None
+    raise GraphFormatError(f"unknown wire tag {tag!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity and size
+
+
+def structural_hash(graph: fx.Graph) -> str:
+    """Hash invariant to node names: nodes numbered in order, placeholders by minify_value."""
+    index: dict[fx.Node, int] = {}
+    parts = []
+    for position, node in enumerate(graph.nodes):
+        index[node] = position
+        if node.op == "placeholder":
+            parts.append(["placeholder", node.meta.get(META_VALUE, node.target)])
+        elif node.op == "call_function":
+            parts.append(["call", target_name(node.target), _hashable(node.args, index),
+                          _hashable(node.kwargs, index)])
+        else:
+            parts.append([node.op, _hashable(node.args, index)])
+    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _hashable(value: Any, index: dict[fx.Node, int]) -> Any:
+    if isinstance(value, fx.Node):
+        return {"#": index[value]}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_hashable(item, index) for item in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_hashable(key, index), _hashable(item, index)] for key, item in value.items()]}
+    return _encode(value)
+
+
+def count_ops(graph: fx.Graph) -> int:
+    """The node count users see: call_function nodes."""
+    return sum(1 for node in graph.nodes if node.op == "call_function")
+
+
+def placeholders(graph: fx.Graph) -> list[fx.Node]:
+    return [node for node in graph.nodes if node.op == "placeholder"]
+
+
+def output_node(graph: fx.Graph) -> fx.Node:
+    for node in reversed(graph.nodes):
+        if node.op == "output":
+            return node
+    raise GraphFormatError("graph has no output node")
+
+
+def outputs(graph: fx.Graph) -> list[Any]:
+    """The flat list of output values (nodes, or constants such as None)."""
+    value = output_node(graph).args[0]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def misplaced_placeholders(graph: fx.Graph) -> int:
+    """Placeholders that come after some non-placeholder node (0 when consolidated)."""
+    seen_body = False
+    count = 0
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            seen_body = True
+        elif seen_body:
+            count += 1
+    return count
+
+
+def size_key(graph: fx.Graph) -> tuple[int, int, int, int]:
+    """What minimization decreases, lexicographically: ops, outputs, inputs, misplaced inputs."""
+    return (count_ops(graph), len(outputs(graph)), len(placeholders(graph)),
+            misplaced_placeholders(graph))
+
+
+def is_promotable(node: fx.Node) -> bool:
+    """Whether `node` can become an input (its concrete value is in the value store)."""
+    return (node.op == "call_function" and META_VALUE in node.meta
+            and node.meta.get(META_KIND) in PROMOTABLE_KINDS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A fresh graph with the same nodes, names and (shallow-copied) meta."""
+    return _rebuild(graph, lambda node: True)
+
+
+def to_graph_module(graph: fx.Graph) -> fx.GraphModule:
+    """A runnable GraphModule over a copy of `graph` (flat graphs need no attributes)."""
+    return fx.GraphModule(torch.nn.Module(), copy_graph(graph))
+
+
+def graph_code(graph: fx.Graph) -> str:
+    """Readable Python for `graph`, as FX's `gm.code`."""
+    return to_graph_module(graph).code.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Surgery (pure: copy in, copy out)
+
+
+def _rebuild(graph: fx.Graph, keep: Callable[[fx.Node], bool],
+             replace: dict[str, Callable[[fx.Graph, fx.Node], fx.Node]] | None = None,
+             order: Iterable[fx.Node] | None = None) -> fx.Graph:
+    """Copy the nodes `keep` accepts, in `order`; `replace[name]` builds a node's stand-in."""
+    new_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    replace = replace or {}
+    for node in order if order is not None else graph.nodes:
+        if not keep(node):
+            continue
+        if node.name in replace:
+            new_node = replace[node.name](new_graph, node)
+        else:
+            new_node = new_graph.node_copy(node, lambda n: env[n])
+            new_node.meta = dict(node.meta)
+        env[node] = new_node
+    return new_graph
+
+
+def _with_output(graph: fx.Graph, values: Sequence[Any]) -> fx.Graph:
+    new_graph = copy_graph(graph)
+    old_output = output_node(new_graph)
+    by_name = {node.name: node for node in new_graph.nodes}
+
+    def remap(value: Any) -> Any:
+        return by_name[value.name] if isinstance(value, fx.Node) else value
+
+    with new_graph.inserting_before(old_output):
+        new_output = new_graph.output(tuple(remap(value) for value in values))
+    new_output.meta = dict(old_output.meta)
+    new_graph.erase_node(old_output)
+    return new_graph
+
+
+def _node(graph: fx.Graph, name: str) -> fx.Node:
+    for node in graph.nodes:
+        if node.name == name:
+            return node
+    raise KeyError(f"no node named {name!r}")
+
+
+def _is_mutating(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.is_mutable
+
+
+def eliminate_dead_code(graph: fx.Graph) -> fx.Graph:
+    """Drop call_function nodes whose value nobody uses.
+
+    Unlike `fx.Graph.eliminate_dead_code`, side-effect-only nodes (asserts, profiler marks) go
+    too: a minimized program needs none of them. Ops that mutate an argument stay.
+    """
+    new_graph = copy_graph(graph)
+    for node in reversed(list(new_graph.nodes)):
+        if node.op == "call_function" and not node.users and not _is_mutating(node):
+            new_graph.erase_node(node)
+    return new_graph
+
+
+def remove_unused_inputs(graph: fx.Graph) -> fx.Graph:
+    """Drop placeholders nothing reads."""
+    return _rebuild(graph, lambda node: node.op != "placeholder" or bool(node.users))
+
+
+def consolidate_inputs(graph: fx.Graph) -> fx.Graph:
+    """Move every placeholder to the front, keeping their relative order."""
+    nodes = list(graph.nodes)
+    order = [n for n in nodes if n.op == "placeholder"] + [n for n in nodes if n.op != "placeholder"]
+    return _rebuild(graph, lambda node: True, order=order)
+
+
+def canonicalize(graph: fx.Graph) -> fx.Graph:
+    """Dead code out, unused inputs out, inputs first: the form every candidate takes."""
+    return consolidate_inputs(remove_unused_inputs(eliminate_dead_code(graph)))
+
+
+def truncate_after(graph: fx.Graph, node_name: str) -> fx.Graph:
+    """Keep the nodes up to `node_name`; the output is that single node. Then DCE."""
+    nodes = list(graph.nodes)
+    cut = next((i for i, node in enumerate(nodes) if node.name == node_name), None)
+    if cut is None:
+        raise KeyError(f"no node named {node_name!r}")
+    if nodes[cut].op != "call_function":
+        raise ValueError(f"cannot truncate after {nodes[cut].op} {node_name!r}")
+    kept = set(nodes[: cut + 1])
+    new_graph = _rebuild(graph, lambda node: node in kept)
+    new_graph.output((_node(new_graph, node_name),)).meta = {META_KIND: "other"}
+    return eliminate_dead_code(new_graph)
+
+
+def promotion_targets(graph: fx.Graph, node_names: Iterable[str]) -> list[str]:
+    """The nodes that promoting `node_names` really promotes, in graph order.
+
+    A promotable node stands for itself; a tuple-valued node (e.g. `aten.max.dim`) stands for
+    its promotable `getitem` users, as torch's delta debugging does; anything else for nothing.
+    """
+    wanted: set[str] = set()
+    by_name = {node.name: node for node in graph.nodes}
+    for name in node_names:
+        node = by_name[name]
+        if is_promotable(node):
+            wanted.add(name)
+        elif node.op == "call_function" and node.meta.get(META_KIND) == "tuple":
+            wanted.update(user.name for user in node.users if is_promotable(user))
+    return [node.name for node in graph.nodes if node.name in wanted]
+
+
+def promote_to_inputs(graph: fx.Graph, node_names: Iterable[str]) -> fx.Graph:
+    """Turn nodes into placeholders of the same name (see `promotion_targets`).
+
+    The placeholders stay where the nodes were (`consolidate_inputs` moves them); their
+    `minify_value` and tensor meta are kept, their role is "promoted". Nothing is DCE'd.
+    """
+    targets = promotion_targets(graph, node_names)
+    if not targets:
+        raise ValueError(f"none of {list(node_names)!r} can be promoted to an input")
+
+    def placeholder(new_graph: fx.Graph, node: fx.Node) -> fx.Node:
+        new_node = new_graph.create_node("placeholder", node.name, name=node.name)
+        new_node.meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
+        new_node.meta[META_ROLE] = "promoted"
+        return new_node
+
+    return _rebuild(graph, lambda node: True, replace=dict.fromkeys(targets, placeholder))
+
+
+def remove_outputs(graph: fx.Graph, indices: Iterable[int]) -> fx.Graph:
+    """Drop the outputs at `indices` (positions in the flat output tuple). No DCE."""
+    dropped = set(indices)
+    return _with_output(graph, [v for i, v in enumerate(outputs(graph)) if i not in dropped])
+
+
+def prune_outputs(graph: fx.Graph, keep: Iterable[int]) -> fx.Graph:
+    """Keep only the outputs at `keep`, in their order, then DCE and drop unused inputs."""
+    values = outputs(graph)
+    return remove_unused_inputs(eliminate_dead_code(_with_output(graph, [values[i] for i in keep])))
+
+
+def drop_node(graph: fx.Graph, node_name: str) -> fx.Graph | None:
+    """Remove an op by wiring its users to one of its inputs of the same shape, dtype and device.
+
+    None when no input can stand in for it. The result is DCE'd.
+    """
+    node = _node(graph, node_name)
+    meta = node.meta.get(META_TENSOR)
+    if node.op != "call_function" or node.meta.get(META_KIND) != "tensor" or meta is None:
+        return None
+    stand_in = next((arg for arg in node.all_input_nodes
+                     if arg.meta.get(META_KIND) == "tensor"
+                     and _same_type(arg.meta.get(META_TENSOR), meta)), None)
+    if stand_in is None:
+        return None
+    new_graph = copy_graph(graph)
+    new_node = _node(new_graph, node_name)
+    new_node.replace_all_uses_with(_node(new_graph, stand_in.name))
+    new_graph.erase_node(new_node)
+    return eliminate_dead_code(new_graph)
+
+
+def _same_type(left: dict[str, Any] | None, right: dict[str, Any]) -> bool:
+    return left is not None and all(left.get(key) == right.get(key)
+                                    for key in ("shape", "dtype", "device"))
