@@ -1,0 +1,416 @@
+// Job page: one job, live over its SSE stream (progress / status / log events, replayed from the
+// first one), then its result: the minimized graph, repro.py, the artifacts, how to rerun.
+
+import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
+import { NodeChart } from "./chart.js";
+import {
+  FINISHED, copyButton, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge,
+} from "./dom.js";
+import { pythonBlock } from "./highlight.js";
+
+const ARTIFACT_NAMES = ["minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"];
+const ARTIFACT_WORDS = {
+  "minimized.pt2": "the minimal graph (torch.export.load)",
+  "repro.py": "standalone script: python repro.py",
+  "inputs.pt": "the inputs repro.py loads",
+  "report.json": "numbers, signature, timeline",
+  "bundle.tar.gz": "all of the above",
+};
+const OUTCOME_KINDS = ["passes", "fails", "crashed", "timed_out", "oom", "invalid"];
+const OUTCOME_WORDS = {
+  passes: "candidate no longer fails",
+  fails: "still fails the same way",
+  crashed: "child died on a signal",
+  timed_out: "ran past its timeout",
+  oom: "ran out of memory",
+  invalid: "could not be built",
+};
+const LOG_LINES_KEPT = 300;
+const RECONNECT_MS = 2000;
+
+function stat(label, valueElement, note) {
+  return h("div", { class: "stat" }, h("div", { class: "stat-label" }, label), valueElement, note);
+}
+
+function reasonText(job, lastMessage) {
+  const result = job.result || {};
+  const given = job.reason || result.reason || lastMessage || "";
+  const reason = given ? `${given[0].toUpperCase()}${given.slice(1)}${/[.!?]$/.test(given) ? "" : "."}` : "";
+  const failure = job.spec?.failure || {};
+  const wanted = `${failure.kind || "any"}${failure.match ? ` matching /${failure.match}/` : ""}`;
+  switch (job.status) {
+    case "not_reproducible": {
+      let text = `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
+      if (result.flaky) text += ` It is flaky: it failed in ${result.original_failures} of ${result.original_runs} runs.`;
+      return reason ? `${text} ${reason}` : text;
+    }
+    case "failed":
+      return `The minifier could not finish this job. ${reason}`.trim();
+    case "cancelled":
+      return `This job was cancelled before it finished. ${reason}`.trim();
+    default:
+      return "";
+  }
+}
+
+/** Render job `id` into `root`; returns a function that closes its stream and timers. */
+export function renderJob(root, id) {
+  const base = `v1/jobs/${encodeURIComponent(id)}`;
+  let job = null;
+  let source = null;
+  let stopped = false;
+  let reconnectTimer = 0;
+  let finishedShown = false;
+  let lastMessage = "";
+  let lastGraphCode = "";
+  const live = { elapsed: 0, at: performance.now(), running: false };
+  const progress = {
+    phase: "", nodes_original: null, nodes_current: null, checks_total: 0, checks_cached: 0,
+    checks_in_flight: 0, outcomes: {}, signature: null,
+  };
+
+  // --- the page skeleton; the functions below fill it in ---------------------------------------
+  const title = h("h1", {}, "Job ", h("code", {}, id));
+  const badgeSlot = h("span", { id: "job-status" });
+  const program = h("span", { class: "muted" });
+  const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", hidden: true }, "Cancel job");
+  const reason = h("p", { class: "reason", id: "job-reason", hidden: true });
+  const error = h("p", { class: "error", hidden: true });
+
+  const nodesValue = h("div", { class: "stat-value", id: "stat-nodes" }, "–");
+  const checksValue = h("div", { class: "stat-value", id: "stat-checks" }, "0");
+  const checksNote = h("div", { class: "stat-note" });
+  const elapsedValue = h("div", { class: "stat-value", id: "stat-elapsed" }, "–");
+  const elapsedNote = h("div", { class: "stat-note" });
+  const phaseValue = h("div", { class: "stat-value phase", id: "stat-phase" }, "–");
+  const phaseNote = h("div", { class: "stat-note" });
+
+  const chartBox = h("div", { class: "chart-box", id: "chart" });
+  const outcomesList = h("div", { class: "outcomes", id: "outcomes" });
+  const signatureBlock = h("pre", { class: "code signature", id: "signature" }, "not known yet");
+  const specList = h("dl", { class: "spec" });
+
+  const resultSection = h("section", { class: "card", id: "result", hidden: true });
+  const graphHeading = h("h2", {}, "Current best graph");
+  const graphNote = h("span", { class: "muted small" });
+  const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
+  const logList = h("pre", { class: "log", id: "log" });
+  const logCount = h("span", { class: "muted small" });
+
+  root.replaceChildren(
+    h("section", { class: "page-head" },
+      h("a", { href: "#/jobs", class: "back" }, "← Jobs"), title, badgeSlot, program, h("span", { class: "grow" }), cancelButton),
+    error, reason,
+    h("div", { class: "stats" },
+      stat("Nodes", nodesValue),
+      stat("Checks", checksValue, checksNote),
+      stat("Elapsed", elapsedValue, elapsedNote),
+      stat("Phase", phaseValue, phaseNote)),
+    h("section", { class: "card" },
+      h("div", { class: "card-head" }, h("h2", {}, "Progress"),
+        h("span", { class: "legend" }, h("span", { class: "key key-nodes" }), "nodes in the best failing candidate",
+          h("span", { class: "key key-checks" }), "checks run")),
+      chartBox),
+    h("div", { class: "columns" },
+      h("section", { class: "card" }, h("h2", {}, "Candidate outcomes"), outcomesList),
+      h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
+    resultSection,
+    h("section", { class: "card" }, h("div", { class: "card-head" }, graphHeading, graphNote), graphSlot),
+    h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
+  );
+  const chart = new NodeChart(chartBox);
+
+  // --- rendering ---------------------------------------------------------------------------------
+  function renderHeader() {
+    badgeSlot.replaceChildren(statusBadge(job.status));
+    program.textContent = job.program_name || "";
+    cancelButton.hidden = FINISHED.has(job.status);
+    const text = reasonText(job, lastMessage);
+    reason.hidden = !text;
+    reason.textContent = text;
+    reason.dataset.status = job.status;
+  }
+
+  function renderSpec() {
+    const spec = job.spec || {};
+    const failure = spec.failure || {};
+    const rows = [
+      ["Backend", spec.backend], ["Device", spec.device],
+      ["Failure", `${failure.kind || "any"}${failure.match ? ` /${failure.match}/` : ""}`],
+      ["Config", Object.keys(spec.config || {}).length
+        ? Object.entries(spec.config).map(([key, value]) => `${key}=${JSON.stringify(value)}`).join("\n") : "none"],
+      ["Submitted", formatClock(parseTime(job.created_at))],
+      ["Worker", job.worker || "–"],
+    ];
+    const result = job.result;
+    if (result?.torch_version) rows.push(["Torch", result.torch_version]);
+    if (result?.candidate_timeout_s) rows.push(["Candidate timeout", formatDuration(result.candidate_timeout_s)]);
+    if (result?.original_runs) rows.push(["Original runs", `${result.original_failures} of ${result.original_runs} failed`]);
+    specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
+  }
+
+  function renderProgress() {
+    nodesValue.textContent = nodesText(progress.nodes_original, progress.nodes_current);
+    nodesValue.dataset.current = progress.nodes_current ?? "";
+    checksValue.textContent = formatCount(progress.checks_total);
+    checksValue.dataset.total = String(progress.checks_total);
+    checksNote.textContent = `${formatCount(progress.checks_cached)} cached · ${formatCount(progress.checks_in_flight)} in flight`;
+    phaseValue.textContent = progress.phase || (job?.status === "queued" ? "waiting for a worker" : "–");
+    phaseNote.textContent = job && FINISHED.has(job.status) && progress.phase ? "the last phase" : "";
+    if (progress.signature) signatureBlock.textContent = progress.signature;
+    const counts = { ...progress.outcomes };
+    const kinds = [...OUTCOME_KINDS, ...Object.keys(counts).filter((kind) => !OUTCOME_KINDS.includes(kind))];
+    const largest = Math.max(1, ...kinds.map((kind) => counts[kind] || 0));
+    outcomesList.replaceChildren(...kinds.map((kind) => {
+      const count = counts[kind] || 0;
+      return h("div", { class: `outcome outcome-${kind}`, "data-kind": kind, title: OUTCOME_WORDS[kind] || kind },
+        h("span", { class: "outcome-name" }, kind.replace("_", " ")),
+        h("span", { class: "outcome-bar" }, h("span", { style: `width:${(100 * count) / largest}%` })),
+        h("span", { class: "outcome-count" }, formatCount(count)));
+    }));
+    chart.setOriginal(progress.nodes_original);
+  }
+
+  function renderElapsed() {
+    const seconds = live.running ? live.elapsed + (performance.now() - live.at) / 1000 : live.elapsed;
+    elapsedValue.textContent = job?.status === "queued" ? "–" : formatDuration(seconds);
+    const started = parseTime(job?.started_at);
+    elapsedNote.textContent = started ? `started ${started.toLocaleTimeString()}` : "";
+  }
+
+  function showGraph(code, finished) {
+    graphHeading.textContent = finished ? "Minimized graph" : "Current best graph";
+    if (!code || code === lastGraphCode) return;
+    lastGraphCode = code;
+    graphSlot.replaceChildren(pythonBlock(code, { "data-nodes": String(progress.nodes_current ?? "") }));
+    graphNote.textContent = progress.nodes_current != null ? `${progress.nodes_current} nodes` : "";
+  }
+
+  function appendLog(line) {
+    const lines = logList.textContent ? logList.textContent.split("\n") : [];
+    lines.push(line);
+    logList.textContent = lines.slice(-LOG_LINES_KEPT).join("\n");
+    logCount.textContent = `${lines.length > LOG_LINES_KEPT ? `last ${LOG_LINES_KEPT}` : lines.length} lines`;
+  }
+
+  // --- the event stream ----------------------------------------------------------------------------
+  function applyEvent(event) {
+    if (event.nodes_original != null) progress.nodes_original = event.nodes_original;
+    if (event.nodes_current != null) progress.nodes_current = event.nodes_current;
+    if (event.signature) progress.signature = event.signature;
+    if (event.type === "progress") {
+      for (const key of ["phase", "checks_total", "checks_cached", "checks_in_flight"]) progress[key] = event[key];
+      progress.outcomes = event.outcomes || {};
+      live.elapsed = event.elapsed_s || live.elapsed;
+      live.at = performance.now();
+      chart.add(event.elapsed_s || 0, progress.nodes_current, progress.checks_total);
+    }
+    if (event.graph_code) showGraph(event.graph_code, false);
+    if (event.type === "log" && event.message) appendLog(event.message);
+    if (event.type === "status" && event.status) {
+      if (event.message) {
+        lastMessage = event.message;
+        appendLog(`[${event.status}] ${event.message}`);
+      }
+      if (job && job.status !== event.status) {
+        job.status = event.status;
+        live.running = event.status === "running";
+        renderHeader();
+      }
+      if (FINISHED.has(event.status)) {
+        closeStream();
+        finish();
+      }
+    }
+    renderProgress();
+  }
+
+  function openStream() {
+    if (stopped) return;
+    chart.clear(); // the stream replays from the first event
+    logList.textContent = "";
+    source = new EventSource(withToken(`${base}/events`));
+    const onMessage = (message) => {
+      try {
+        applyEvent(JSON.parse(message.data));
+      } catch (failure) {
+        console.error("bad event", message.data, failure);
+      }
+    };
+    for (const type of ["progress", "status", "log", "message"]) source.addEventListener(type, onMessage);
+    // The server ends the stream when the job ends; EventSource would reconnect and replay it all.
+    source.addEventListener("error", async () => {
+      closeStream();
+      if (stopped || finishedShown) return;
+      try {
+        await loadJob();
+      } catch {
+        // the server is away: try the stream again below
+      }
+      if (job && FINISHED.has(job.status)) finish();
+      else reconnectTimer = setTimeout(openStream, RECONNECT_MS);
+    });
+  }
+
+  function closeStream() {
+    if (source) source.close();
+    source = null;
+  }
+
+  async function loadJob() {
+    job = await api(base);
+    live.running = job.status === "running";
+    if (!live.running) live.elapsed = jobElapsed(job) || live.elapsed;
+    else live.elapsed = Math.max(live.elapsed, job.progress?.elapsed_s || 0);
+    for (const [key, value] of Object.entries(job.progress || {})) {
+      if (value !== null && value !== undefined && value !== "" && progress[key] !== undefined && !progress[key]) {
+        progress[key] = value;
+      }
+    }
+    renderHeader();
+    renderSpec();
+    renderProgress();
+    renderElapsed();
+  }
+
+  // --- the result ----------------------------------------------------------------------------------
+  async function finish() {
+    if (finishedShown || stopped) return;
+    finishedShown = true;
+    try {
+      await loadJob();
+    } catch (failure) {
+      showError(failure);
+      return;
+    }
+    live.running = false;
+    const result = job.result || {};
+    if (result.nodes_final != null) progress.nodes_current = result.nodes_final;
+    if (result.nodes_original != null) progress.nodes_original = result.nodes_original;
+    if (result.signature) progress.signature = result.signature;
+    if (result.checks_total) {
+      progress.checks_total = result.checks_total;
+      progress.checks_cached = result.checks_cached;
+    }
+    progress.checks_in_flight = 0;
+    if (result.outcomes && Object.keys(result.outcomes).length) progress.outcomes = result.outcomes;
+    if (result.elapsed_s) live.elapsed = result.elapsed_s;
+    if (chart.points.length < 2 && result.timeline?.length) {
+      chart.clear();
+      for (const point of result.timeline) chart.add(point.elapsed_s, point.nodes, point.checks);
+    }
+    const last = chart.points[chart.points.length - 1];
+    if (progress.nodes_current != null && (!last || last.nodes !== progress.nodes_current)) {
+      chart.add(live.elapsed, progress.nodes_current, progress.checks_total);
+    }
+    renderProgress();
+    renderElapsed();
+    showGraph(result.graph_code || lastGraphCode, job.status === "succeeded");
+    renderResult();
+  }
+
+  function artifactNames() {
+    const listed = job.result?.artifacts?.length ? job.result.artifacts : Object.keys(job.links?.artifacts || {});
+    if (listed.length) return listed;
+    return job.status === "succeeded" ? ARTIFACT_NAMES : [];
+  }
+
+  function downloadLink(name) {
+    const path = `${base}/artifacts/${encodeURIComponent(name)}`;
+    return h("a", {
+      class: "button download", href: path, download: name, "data-artifact": name, title: ARTIFACT_WORDS[name] || name,
+      onclick: (event) => {
+        // A plain link cannot carry the Authorization header; fetch it instead.
+        if (!storedToken()) return;
+        event.preventDefault();
+        downloadWithToken(path, name).catch(showError);
+      },
+    }, h("span", { class: "download-name" }, name), h("span", { class: "download-note" }, ARTIFACT_WORDS[name] || ""));
+  }
+
+  function command(text) {
+    return h("div", { class: "command" }, h("code", {}, text), copyButton(text));
+  }
+
+  async function renderResult() {
+    const result = job.result || {};
+    const names = artifactNames();
+    const parts = [h("h2", {}, "Result")];
+    if (job.status === "succeeded") {
+      parts.push(h("p", { class: "summary", id: "result-summary" },
+        `Minimized from ${formatCount(result.nodes_original ?? progress.nodes_original)} to `,
+        h("strong", {}, `${formatCount(result.nodes_final ?? progress.nodes_current)} nodes`),
+        ` in ${formatDuration(result.elapsed_s || live.elapsed)} with ${formatCount(result.checks_total || progress.checks_total)} checks`,
+        ` (${formatCount(result.checks_cached || progress.checks_cached)} answered from the cache).`));
+      // The client's default server; name this one when it is elsewhere.
+      const server = location.origin === "http://127.0.0.1:8000" ? "" : ` --server ${location.origin}`;
+      parts.push(h("h3", {}, "Run it again"),
+        command(`minify-client download ${job.id}${server}`),
+        command(`cd minify-${job.id} && python repro.py`));
+    }
+    if (job.status !== "succeeded" && !names.length) return;
+    if (names.length) {
+      parts.push(h("h3", {}, "Artifacts"), h("div", { class: "downloads", id: "downloads" }, names.map(downloadLink)));
+    }
+    const reproSlot = h("div", { id: "repro" });
+    if (names.includes("repro.py")) parts.push(h("div", { class: "card-head" }, h("h3", {}, "repro.py")), reproSlot);
+    resultSection.replaceChildren(...parts);
+    resultSection.hidden = false;
+    if (!names.includes("repro.py")) return;
+    reproSlot.append(h("p", { class: "muted" }, "loading repro.py…"));
+    try {
+      const response = await api(`${base}/artifacts/repro.py`, { raw: true });
+      const source = await response.text();
+      reproSlot.replaceChildren(h("div", { class: "code-tools" }, copyButton(source, "Copy repro.py")),
+        pythonBlock(source, { id: "repro-code" }));
+    } catch (failure) {
+      reproSlot.replaceChildren(h("p", { class: "error" }, `Could not load repro.py: ${failure.message}`));
+    }
+  }
+
+  // --- cancel --------------------------------------------------------------------------------------
+  let confirmTimer = 0;
+  cancelButton.addEventListener("click", async () => {
+    if (!cancelButton.classList.contains("confirming")) {
+      cancelButton.classList.add("confirming");
+      cancelButton.textContent = "Click again to cancel";
+      confirmTimer = setTimeout(() => {
+        cancelButton.classList.remove("confirming");
+        cancelButton.textContent = "Cancel job";
+      }, 4000);
+      return;
+    }
+    clearTimeout(confirmTimer);
+    cancelButton.disabled = true;
+    cancelButton.textContent = "Cancelling…";
+    try {
+      await api(base, { method: "DELETE" });
+      await loadJob();
+      if (FINISHED.has(job.status)) finish();
+    } catch (failure) {
+      showError(failure);
+    } finally {
+      cancelButton.disabled = false;
+      cancelButton.classList.remove("confirming");
+      cancelButton.textContent = "Cancel job";
+    }
+  });
+
+  function showError(failure) {
+    error.hidden = false;
+    error.textContent = failure instanceof ApiError && failure.status === 404 ? `There is no job ${id}.` : failure.message;
+  }
+
+  // --- start ---------------------------------------------------------------------------------------
+  const ticker = setInterval(renderElapsed, 1000);
+  loadJob().then(openStream, showError);
+
+  return () => {
+    stopped = true;
+    clearInterval(ticker);
+    clearTimeout(reconnectTimer);
+    clearTimeout(confirmTimer);
+    closeStream();
+    chart.destroy();
+  };
+}

@@ -1,0 +1,102 @@
+// Jobs page: every job, newest first, paginated, filtered by status; polled every 2 s.
+
+import { api } from "./api.js";
+import { STATES, formatAgo, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge } from "./dom.js";
+
+const PAGE_SIZE = 25;
+const POLL_MS = 2000;
+
+function jobsHash(status, offset) {
+  const query = new URLSearchParams();
+  if (status) query.set("status", status);
+  if (offset) query.set("offset", String(offset));
+  const text = query.toString();
+  return `#/jobs${text ? `?${text}` : ""}`;
+}
+
+function row(job, now) {
+  const progress = job.progress || {};
+  const result = job.result || {};
+  const original = progress.nodes_original ?? result.nodes_original;
+  const current = result.nodes_final ?? progress.nodes_current;
+  const created = parseTime(job.created_at);
+  const checks = progress.checks_total || result.checks_total || 0;
+  const cached = progress.checks_cached || result.checks_cached || 0;
+  const href = `#/jobs/${encodeURIComponent(job.id)}`;
+  return h("tr", { class: "job-row", "data-job-id": job.id, "data-status": job.status },
+    h("td", { "data-label": "Job" },
+      h("a", { href, class: "job-link" }, h("code", {}, job.id.slice(0, 12))),
+      job.program_name ? h("div", { class: "muted small" }, job.program_name) : null),
+    h("td", { "data-label": "Status" }, statusBadge(job.status),
+      job.status === "running" && progress.phase ? h("div", { class: "muted small" }, progress.phase) : null),
+    h("td", { "data-label": "Backend" }, h("span", { class: "mono" }, job.spec?.backend ?? "–"),
+      h("div", { class: "muted small" }, job.spec?.device ?? "")),
+    h("td", { "data-label": "Nodes", class: "num nodes" }, nodesText(original, current)),
+    h("td", { "data-label": "Checks", class: "num" }, formatCount(checks),
+      cached ? h("div", { class: "muted small" }, `${formatCount(cached)} cached`) : null),
+    h("td", { "data-label": "Elapsed", class: "num" }, formatDuration(jobElapsed(job, now))),
+    h("td", { "data-label": "Submitted", title: formatClock(created) }, formatAgo(created, now)),
+  );
+}
+
+/** Render the jobs page into `root`; returns a function that stops its polling. */
+export function renderJobs(root, query) {
+  const status = STATES.includes(query.get("status")) ? query.get("status") : "";
+  const offset = Math.max(0, Number.parseInt(query.get("offset") || "0", 10) || 0);
+
+  const filters = h("div", { class: "filters", role: "group", "aria-label": "filter by status" },
+    ["", ...STATES].map((state) =>
+      h("a", { href: jobsHash(state, 0), class: `chip${state === status ? " active" : ""}`, "data-filter": state || "all" },
+        state ? state.replace("_", " ") : "all")));
+  const tbody = h("tbody");
+  const table = h("table", { class: "jobs" },
+    h("thead", {}, h("tr", {}, ["Job", "Status", "Backend", "Nodes", "Checks", "Elapsed", "Submitted"].map((name) =>
+      h("th", { class: ["Nodes", "Checks", "Elapsed"].includes(name) ? "num" : null }, name)))),
+    tbody);
+  const empty = h("p", { class: "empty", hidden: true });
+  const pager = h("div", { class: "pager" });
+  const error = h("p", { class: "error", hidden: true });
+  const updated = h("span", { class: "muted small" });
+  root.replaceChildren(
+    h("section", { class: "page-head" },
+      h("h1", {}, "Jobs"), updated,
+      h("a", { href: "#/submit", class: "button primary" }, "Submit a program")),
+    filters, error, h("div", { class: "table-wrap" }, table), empty, pager);
+
+  let stopped = false;
+  let timer = 0;
+
+  async function refresh() {
+    const params = new URLSearchParams({ offset: String(offset), limit: String(PAGE_SIZE) });
+    if (status) params.set("status", status);
+    try {
+      const list = await api(`v1/jobs?${params}`);
+      if (stopped) return;
+      const now = new Date();
+      // The server may not filter by status itself; filtering here too keeps the page honest.
+      const jobs = list.jobs.filter((job) => !status || job.status === status);
+      tbody.replaceChildren(...jobs.map((job) => row(job, now)));
+      table.hidden = jobs.length === 0;
+      empty.hidden = jobs.length !== 0;
+      empty.textContent = status ? `No ${status.replace("_", " ")} jobs.` : "No jobs yet. Submit a failing program to start one.";
+      const total = list.total ?? jobs.length;
+      const last = Math.min(offset + list.jobs.length, total);
+      pager.replaceChildren(h("span", {},
+        h("span", { class: "muted" }, total ? `${offset + 1}–${last} of ${total}` : ""), " ",
+        offset > 0 ? h("a", { class: "button", href: jobsHash(status, Math.max(0, offset - PAGE_SIZE)) }, "← Newer") : null, " ",
+        last < total ? h("a", { class: "button", href: jobsHash(status, offset + PAGE_SIZE) }, "Older →") : null));
+      updated.textContent = `updated ${now.toLocaleTimeString()}`;
+      error.hidden = true;
+    } catch (failure) {
+      if (stopped) return;
+      error.hidden = false;
+      error.textContent = `Could not load jobs: ${failure.message}`;
+    }
+    if (!stopped) timer = setTimeout(refresh, POLL_MS);
+  }
+  refresh();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
