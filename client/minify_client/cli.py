@@ -1,0 +1,314 @@
+"""`minify-client`: submit a failing program, follow it, fetch the repro (ARCHITECTURE.md, "Commands").
+
+Exit codes: 0 minimized (or the command did what it was asked), 3 not reproducible, 1 failed,
+cancelled or an error talking to the server, 2 usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from minify_client.client import Client
+from minify_client.errors import ApiError, BadRequest, MinifyError
+from minify_client.models import JobState, Report
+from minify_client.progress import progress_view, summary
+from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_REPRODUCIBLE = 3
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = {
+    JobState.succeeded: EXIT_OK,
+    JobState.not_reproducible: EXIT_NOT_REPRODUCIBLE,
+    JobState.failed: EXIT_FAILED,
+    JobState.cancelled: EXIT_FAILED,
+}
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be done (exit 2)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return command(args)
+    except (UsageError, SpecError) as error:
+        return _fail(str(error), EXIT_USAGE)
+    except BadRequest as error:
+        return _fail(f"the server refused the request ({error.status_code}): {error.message}", EXIT_USAGE)
+    except ApiError as error:
+        return _fail(f"the server answered {error.status_code}: {error.message}", EXIT_FAILED)
+    except MinifyError as error:
+        return _fail(str(error), EXIT_FAILED)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--server", metavar="URL",
+                            help="the minify server (default: $MINIFY_SERVER or http://127.0.0.1:8000)")
+    connection.add_argument("--token", help="API token (default: $MINIFY_TOKEN)")
+    connection.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    parser = argparse.ArgumentParser(
+        prog="minify-client",
+        description="Submit a failing PyTorch program to a minify server and fetch the smallest "
+        "program that still fails the same way.",
+        epilog="exit codes: 0 minimized, 3 not reproducible, 1 failed or error, 2 usage, 130 interrupted",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    submit = commands.add_parser("submit", parents=[connection], help="post a failing .pt2 program",
+                                 description="Post a failing torch.export program (.pt2).")
+    submit.add_argument("program", type=Path, metavar="PROGRAM.pt2")
+    add_spec_arguments(submit)
+    _add_inputs_argument(submit)
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the job, download its artifacts and print the minimized graph")
+    submit.add_argument("--out", type=Path, metavar="DIR",
+                        help="where --wait puts the artifacts (default: ./minify-JOB_ID)")
+    submit.set_defaults(run=_submit)
+
+    status = commands.add_parser("status", parents=[connection], help="show a job")
+    status.add_argument("job_id", metavar="ID")
+    status.set_defaults(run=_status)
+
+    watch = commands.add_parser("watch", parents=[connection], help="follow a job until it ends")
+    watch.add_argument("job_id", metavar="ID")
+    watch.add_argument("--out", type=Path, metavar="DIR", help="download the artifacts here when it ends")
+    watch.set_defaults(run=_watch)
+
+    download = commands.add_parser("download", parents=[connection], help="download a job's artifacts")
+    download.add_argument("job_id", metavar="ID")
+    download.add_argument("--out", type=Path, metavar="DIR", help="default: ./minify-JOB_ID")
+    download.add_argument("--name", action="append", metavar="NAME",
+                          help="one artifact (minimized.pt2, repro.py, inputs.pt, report.json, "
+                          "bundle.tar.gz); repeatable; default: all but the bundle")
+    download.set_defaults(run=_download)
+
+    cancel = commands.add_parser("cancel", parents=[connection], help="cancel a job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.set_defaults(run=_cancel)
+
+    listing = commands.add_parser("list", parents=[connection], help="list jobs, newest first")
+    listing.add_argument("--status", choices=[state.value for state in JobState])
+    listing.add_argument("--limit", type=int, default=20)
+    listing.set_defaults(run=_list)
+    return parser
+
+
+def _add_inputs_argument(parser: argparse.ArgumentParser) -> None:
+    try:
+        parser.add_argument("--inputs", type=Path, metavar="FILE",
+                            help="real inputs (.pt) to run the program with, instead of its example inputs")
+    except argparse.ArgumentError:
+        pass  # the shared spec flags already define it
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def _submit(args: argparse.Namespace) -> int:
+    if not args.program.is_file():
+        raise UsageError(f"no such program file: {args.program}")
+    if args.inputs is not None and not args.inputs.is_file():
+        raise UsageError(f"no such inputs file: {args.inputs}")
+    spec = spec_from_args(args)
+    with _client(args) as client:
+        created = client.submit(args.program, spec, inputs=args.inputs)
+        dashboard = client.dashboard_url(created)
+        if not args.wait:
+            if args.json:
+                _print_json({**created.model_dump(mode="json"), "dashboard": dashboard})
+            else:
+                print(created.id)
+                print(f"dashboard: {dashboard}")
+            return EXIT_OK
+        _progress_stream(args).write(f"submitted job {created.id}: {dashboard}\n")
+        return _follow(client, created.id, args, args.out or Path(f"minify-{created.id}"))
+
+
+def _watch(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.status(args.job_id)
+        _progress_stream(args).write(f"job {status.id}: {status.status.value} ({client.dashboard_url(status)})\n")
+        return _follow(client, args.job_id, args, args.out)
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.status(args.job_id)
+        if args.json:
+            _print_json({**status.model_dump(mode="json"), "dashboard": client.dashboard_url(status)})
+            return EXIT_OK
+        progress = status.progress
+        rows = [
+            ("job", status.id),
+            ("status", status.status.value),
+            ("program", status.program_name),
+            ("backend", f"{status.spec.backend} on {status.spec.device}"),
+            ("phase", progress.phase or None),
+            ("nodes", _nodes(progress.nodes_original, progress.nodes_current)),
+            ("checks", f"{progress.checks_total} ({progress.checks_cached} cached)"
+             if progress.checks_total else None),
+            ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
+            ("reason", status.reason),
+            ("dashboard", client.dashboard_url(status)),
+        ]
+        for label, value in rows:
+            if value:
+                print(f"{label + ':':<11}{value}")
+    return EXIT_OK
+
+
+def _download(args: argparse.Namespace) -> int:
+    out_dir: Path = args.out or Path(f"minify-{args.job_id}")
+    with _client(args) as client:
+        paths = client.download(args.job_id, out_dir, args.name)
+    if args.json:
+        _print_json({"id": args.job_id, "artifacts": {name: str(path) for name, path in paths.items()}})
+    else:
+        for path in paths.values():
+            print(path)
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.cancel(args.job_id)
+    if args.json:
+        _print_json(status.model_dump(mode="json"))
+    else:
+        print(f"{status.id}: {status.status.value}")
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        jobs = client.list(args.status, limit=args.limit)
+    if args.json:
+        _print_json(jobs.model_dump(mode="json"))
+        return EXIT_OK
+    rows = [
+        (
+            job.id,
+            job.status.value,
+            job.program_name or "",
+            _nodes(job.progress.nodes_original, job.progress.nodes_current) or "",
+            str(job.progress.checks_total),
+            job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        for job in jobs.jobs
+    ]
+    header = ("ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if jobs.total > len(jobs.jobs):
+        print(f"({len(jobs.jobs)} of {jobs.total} jobs)")
+    return EXIT_OK
+
+
+# ---- following a job --------------------------------------------------------------------------
+
+
+def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path | None) -> int:
+    """Show progress until the job ends, download its artifacts into `out_dir`, print the result."""
+    stream = _progress_stream(args)
+    view = progress_view(stream)
+    try:
+        status = client.wait(job_id, on_event=view.update)
+    except KeyboardInterrupt:
+        view.close()
+        print(f"\ninterrupted: job {job_id} keeps running on the server; resume with: "
+              f"{_resume_command(job_id, args, out_dir)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    view.close()
+    artifacts: dict[str, Path] = {}
+    if out_dir is not None and status.status != JobState.cancelled:
+        artifacts = client.download(job_id, out_dir)
+    report = _read_report(artifacts) or status.result
+    exit_code = EXIT_CODES.get(status.status, EXIT_FAILED)
+    if args.json:
+        _print_json({
+            "id": job_id,
+            "status": status.status.value,
+            "reason": status.reason,
+            "exit_code": exit_code,
+            "dashboard": client.dashboard_url(status),
+            "artifacts": {name: str(path) for name, path in artifacts.items()},
+            "report": report.model_dump(mode="json") if report is not None else None,
+        })
+        return exit_code
+    print(summary(status.model_copy(update={"result": report})))
+    if status.status == JobState.succeeded and report is not None and report.graph_code:
+        print("\nminimized graph:")
+        print(report.graph_code.rstrip())
+    if artifacts:
+        print(f"\nartifacts in {out_dir}: {', '.join(artifacts)}")
+    if "repro.py" in artifacts:
+        print(f"reproduce with: python {artifacts['repro.py']}")
+    return exit_code
+
+
+def _read_report(artifacts: dict[str, Path]) -> Report | None:
+    path = artifacts.get("report.json")
+    if path is None:
+        return None
+    try:
+        return Report.model_validate_json(path.read_bytes())
+    except ValueError:
+        return None
+
+
+def _resume_command(job_id: str, args: argparse.Namespace, out_dir: Path | None) -> str:
+    parts = ["minify-client", "watch", job_id]
+    if args.server:
+        parts += ["--server", args.server]
+    if out_dir is not None:
+        parts += ["--out", str(out_dir)]
+    return " ".join(parts)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.server, args.token)
+
+
+def _progress_stream(args: argparse.Namespace) -> TextIO:
+    """Progress goes to stdout, or to stderr when stdout carries JSON."""
+    return sys.stderr if args.json else sys.stdout
+
+
+def _nodes(original: int | None, current: int | None) -> str | None:
+    if original is not None and current is not None:
+        return f"{original} → {current}"
+    return str(current) if current is not None else None
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"minify-client: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Showing a job's progress events: a rich progress bar on a terminal, plain lines in CI logs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol, TextIO
+
+from minify_client.models import JobState, JobStatus, ProgressEvent
+
+
+class ProgressView(Protocol):
+    def update(self, event: ProgressEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def describe(event: ProgressEvent) -> str:
+    """One line for a progress event: `phase: 40 → 12 nodes, 37 checks (15 cached)`."""
+    if event.type == "status":
+        text = f"status: {event.status.value if event.status else '?'}"
+        return f"{text} ({event.message})" if event.message else text
+    if event.type == "log":
+        return event.message or ""
+    phase = event.phase or "working"
+    detail = _counts(event)
+    return f"{phase}: {detail}" if detail else phase
+
+
+def _counts(event: ProgressEvent) -> str:
+    parts = []
+    if event.nodes_original is not None and event.nodes_current is not None:
+        parts.append(f"{event.nodes_original} → {event.nodes_current} nodes")
+    elif event.nodes_current is not None:
+        parts.append(f"{event.nodes_current} nodes")
+    if event.checks_total:
+        checks = f"{event.checks_total} checks"
+        if event.checks_cached:
+            checks += f" ({event.checks_cached} cached)"
+        parts.append(checks)
+    if event.checks_in_flight:
+        parts.append(f"{event.checks_in_flight} running")
+    return ", ".join(parts)
+
+
+class PlainProgress:
+    """Progress as lines, for logs: a line when the phase, node count or status changes, when
+    the server logs something, and otherwise at most one line every `interval_s` seconds."""
+
+    def __init__(
+        self, stream: TextIO, *, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._stream = stream
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last_key: tuple[object, ...] | None = None
+        self._last_text: str | None = None
+        self._last_time = float("-inf")
+        # Log and status events may carry no elapsed time; show the latest known instead.
+        self._elapsed_s = 0.0
+
+    def update(self, event: ProgressEvent) -> None:
+        now = self._clock()
+        self._elapsed_s = max(self._elapsed_s, event.elapsed_s)
+        text = describe(event)
+        if event.type == "progress":
+            key: tuple[object, ...] = (event.phase, event.nodes_current)
+            due = now - self._last_time >= self._interval_s
+            if key == self._last_key and (not due or text == self._last_text):
+                return
+            self._last_key = key
+        elif not text:
+            return
+        self._stream.write(f"[{self._elapsed_s:7.1f}s] {text}\n")
+        self._stream.flush()
+        self._last_text = text
+        self._last_time = now
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+class RichProgress:
+    """A live progress bar: the fraction of the original nodes removed so far."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=Console(file=stream),
+            transient=False,
+        )
+        self._task = self._progress.add_task("waiting", total=None, detail="")
+        self._progress.start()
+
+    def update(self, event: ProgressEvent) -> None:
+        if event.type == "log":
+            if event.message:
+                self._progress.console.print(event.message, markup=False, highlight=False)
+            return
+        if event.type == "status":
+            self._progress.update(self._task, description=describe(event))
+            return
+        fields: dict[str, object] = {"description": event.phase or "working", "detail": _counts(event)}
+        if event.nodes_original and event.nodes_current is not None:
+            fields["total"] = event.nodes_original
+            fields["completed"] = event.nodes_original - event.nodes_current
+        self._progress.update(self._task, **fields)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def progress_view(stream: TextIO, *, plain: bool | None = None) -> ProgressView:
+    """A rich bar when `stream` is a terminal, plain lines otherwise (CI logs, pipes)."""
+    if plain is None:
+        plain = not stream.isatty()
+    return PlainProgress(stream) if plain else RichProgress(stream)
+
+
+def summary(status: JobStatus) -> str:
+    """The final line for a finished job: `succeeded: 40 → 3 nodes, 37 checks (15 cached) in 12.3s`."""
+    state = status.status
+    report = status.result
+    if state == JobState.succeeded and report is not None:
+        counts = []
+        if report.nodes_original is not None and report.nodes_final is not None:
+            counts.append(f"{report.nodes_original} → {report.nodes_final} nodes")
+        if report.checks_total:
+            counts.append(
+                f"{report.checks_total} checks"
+                + (f" ({report.checks_cached} cached)" if report.checks_cached else "")
+            )
+        detail = ", ".join(counts)
+        return f"succeeded: {detail} in {report.elapsed_s:.1f}s" if detail else "succeeded"
+    reason = status.reason or (report.reason if report is not None else None)
+    label = state.value.replace("_", " ")
+    return f"{label}: {reason}" if reason else label
