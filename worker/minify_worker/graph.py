@@ -463,17 +463,26 @@ def _is_mutating(node: fx.Node) -> bool:
     return schema is not None and schema.is_mutable
 
 
+def _live_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes the outputs (or an argument-mutating op) need, placeholders included."""
+    live: set[fx.Node] = set()
+    stack = [node for node in graph.nodes if node.op == "output" or _is_mutating(node)]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
 def eliminate_dead_code(graph: fx.Graph) -> fx.Graph:
     """Drop call_function nodes whose value nobody uses.
 
     Unlike `fx.Graph.eliminate_dead_code`, side-effect-only nodes (asserts, profiler marks) go
     too: a minimized program needs none of them. Ops that mutate an argument stay.
     """
-    new_graph = copy_graph(graph)
-    for node in reversed(list(new_graph.nodes)):
-        if node.op == "call_function" and not node.users and not _is_mutating(node):
-            new_graph.erase_node(node)
-    return new_graph
+    live = _live_nodes(graph)
+    return _rebuild(graph, lambda node: node.op != "call_function" or node in live)
 
 
 def remove_unused_inputs(graph: fx.Graph) -> fx.Graph:
@@ -483,14 +492,18 @@ def remove_unused_inputs(graph: fx.Graph) -> fx.Graph:
 
 def consolidate_inputs(graph: fx.Graph) -> fx.Graph:
     """Move every placeholder to the front, keeping their relative order."""
-    nodes = list(graph.nodes)
-    order = [n for n in nodes if n.op == "placeholder"] + [n for n in nodes if n.op != "placeholder"]
-    return _rebuild(graph, lambda node: True, order=order)
+    return _rebuild(graph, lambda node: True, order=_inputs_first(graph.nodes))
+
+
+def _inputs_first(nodes: Iterable[fx.Node]) -> list[fx.Node]:
+    nodes = list(nodes)
+    return [n for n in nodes if n.op == "placeholder"] + [n for n in nodes if n.op != "placeholder"]
 
 
 def canonicalize(graph: fx.Graph) -> fx.Graph:
-    """Dead code out, unused inputs out, inputs first: the form every candidate takes."""
-    return consolidate_inputs(remove_unused_inputs(eliminate_dead_code(graph)))
+    """Dead code out, unused inputs out, inputs first (in one copy): every candidate's form."""
+    live = _live_nodes(graph)
+    return _rebuild(graph, lambda node: node in live, order=_inputs_first(graph.nodes))
 
 
 def truncate_after(graph: fx.Graph, node_name: str) -> fx.Graph:
@@ -556,7 +569,8 @@ def prune_outputs(graph: fx.Graph, keep: Iterable[int]) -> fx.Graph:
 
 
 def drop_node(graph: fx.Graph, node_name: str) -> fx.Graph | None:
-    """Remove an op by wiring its users to one of its inputs of the same shape, dtype and device.
+    """Remove an op by wiring its users to one of its inputs of the same shape, stride, dtype and
+    device (a different stride could break a later `view`).
 
     None when no input can stand in for it. The result is DCE'd.
     """
@@ -578,4 +592,4 @@ def drop_node(graph: fx.Graph, node_name: str) -> fx.Graph | None:
 
 def _same_type(left: dict[str, Any] | None, right: dict[str, Any]) -> bool:
     return left is not None and all(left.get(key) == right.get(key)
-                                    for key in ("shape", "dtype", "device"))
+                                    for key in ("shape", "stride", "dtype", "device"))

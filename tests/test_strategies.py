@@ -1,0 +1,310 @@
+"""Minimization strategies: candidate order, validity, and where greedy minimization ends up.
+
+No compiling here. Candidates run in eager on the concrete values of the original program (as
+the sandbox would), and "still fails" is a pure-Python oracle: either "the graph contains op X"
+or a simulated accuracy bug (a wrong relu / log1p compared against the right one, with torch's
+strict or non-strict comparison).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.fx as fx
+from minify_worker import graph as G
+from minify_worker import strategies as S
+
+from examples import programs
+
+Oracle = Callable[[fx.Graph], bool]
+ACCURACY = S.StrategyContext(accuracy=True)
+STRICT_ACCURACY = S.StrategyContext(accuracy=True, strict_accuracy=True)
+
+
+# --- helpers: programs, concrete values, eager runs, oracles, a greedy loop ------------------
+
+
+def _program(name: str) -> tuple[fx.Graph, dict[str, object]]:
+    """The flat graph of an example program and the value of every node (the value store)."""
+    torch.manual_seed(0)
+    ep, (args, kwargs) = programs.BUILDERS[name]()
+    graph = G.flat_graph_from_exported_program(ep)
+    inputs = iter(torch.utils._pytree.tree_leaves((args, kwargs)))
+    placeholders = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is None:
+            placeholders.append(next(inputs))
+        elif spec.target in ep.state_dict:
+            placeholders.append(ep.state_dict[spec.target])
+        else:
+            placeholders.append(ep.constants[spec.target])
+    return graph, _concrete_values(graph, placeholders)
+
+
+def _concrete_values(graph: fx.Graph, args: list[object]) -> dict[str, object]:
+    values: dict[str, object] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> object:
+            result = super().run_node(node)
+            values[node.name] = result
+            return result
+
+    Recorder(G.to_graph_module(graph)).run(*args)
+    return values
+
+
+def _run(graph: fx.Graph, values: dict[str, object], bugs: dict[str, Callable] | None = None) -> tuple:
+    """Run `graph` in eager, inputs looked up by minify_value; `bugs` replace ops by name."""
+    bugs = bugs or {}
+
+    class Buggy(fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            result = super().call_function(target, args, kwargs)
+            name = G.target_name(target)
+            return bugs[name](result) if name in bugs else result
+
+    module = G.to_graph_module(graph)
+    module.graph.lint()
+    args = [values[node.meta[G.META_VALUE]] for node in G.placeholders(graph)]
+    return tuple(Buggy(module).run(*args))
+
+
+def _contains(op: str) -> Oracle:
+    return lambda graph: any(node.op == "call_function" and G.target_name(node.target) == op
+                             for node in graph.nodes)
+
+
+def _accuracy_bug(values: dict[str, object], strict: bool) -> Oracle:
+    """Fails iff the compiled (buggy relu and log1p) and eager results differ, as torch compares."""
+    bugs = {"aten.relu.default": lambda t: t + 1, "aten.log1p.default": lambda t: t + 1}
+
+    def differs(expected: object, actual: object) -> bool:
+        if isinstance(expected, torch.Tensor) and expected.is_floating_point():
+            return not torch.allclose(expected, actual, equal_nan=True)
+        return strict and not torch.equal(torch.as_tensor(expected), torch.as_tensor(actual))
+
+    def fails(graph: fx.Graph) -> bool:
+        pairs = zip(_run(graph, values), _run(graph, values, bugs), strict=True)
+        return any(differs(expected, actual) for expected, actual in pairs)
+
+    return fails
+
+
+def _minimize(graph: fx.Graph, context: S.StrategyContext, fails: Oracle,
+              tiers: tuple[list[S.Strategy], ...] = (S.DEFAULT_STRATEGIES, S.FINAL_STRATEGIES)) -> fx.Graph:
+    """The driving rule of the module docstring, sequentially: first failing candidate wins."""
+    tier = 0
+    while tier < len(tiers):
+        accepted = next((candidate for strategy in tiers[tier] for candidate in strategy(graph, context)
+                         if fails(candidate.graph)), None)
+        if accepted is None:
+            tier += 1
+        else:
+            graph, tier = accepted.graph, 0
+    return graph
+
+
+def _ops(graph: fx.Graph) -> list[str]:
+    return [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
+
+
+def _all_candidates(graph: fx.Graph, context: S.StrategyContext) -> Iterator[S.Candidate]:
+    for strategy in S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES:
+        yield from strategy(graph, context)
+
+
+def _descriptions(candidates: Iterator[S.Candidate]) -> list[str]:
+    return [candidate.description for candidate in candidates]
+
+
+def _chain_graph(ops: tuple[str, ...]) -> fx.Graph:
+    ep, _ = programs.chain(ops)
+    return G.flat_graph_from_exported_program(ep)
+
+
+def _multi_output_graph() -> tuple[fx.Graph, dict[str, object]]:
+    """x -> sin, cos, relu, exp, each returned."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    results = [graph.call_function(getattr(torch.ops.aten, name).default, (x,))
+               for name in ("sin", "cos", "relu", "exp")]
+    graph.output(tuple(results))
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    ep = torch.export.export(module, (torch.randn(3),))
+    flat = G.flat_graph_from_exported_program(ep)
+    return flat, _concrete_values(flat, [torch.randn(3)])
+
+
+# --- order ----------------------------------------------------------------------------------
+
+
+def test_granularities_go_from_the_largest_power_of_two_down_to_one():
+    graph, _ = _program("linear_relu_sigmoid")
+    assert len(graph.nodes) == 7
+    assert S.granularities(graph, S.StrategyContext()) == [4, 2, 1]
+
+
+def test_granularities_respect_the_maximum():
+    graph, _ = _program("transformer_layer")
+    assert S.granularities(graph, S.StrategyContext(max_granularity=4)) == [4, 2, 1]
+
+
+def test_truncations_cut_at_odd_multiples_of_the_granularity():
+    graph = _chain_graph(("sin", "relu", "cos", "exp", "tanh", "sigmoid", "neg", "abs"))
+    context = S.StrategyContext()
+    assert _descriptions(S.truncations_at(graph, context, 2)) == [
+        "truncate after relu (granularity 2)", "truncate after sigmoid (granularity 2)"]
+
+
+def test_truncation_and_delta_debugging_alternate_per_granularity_as_in_torch():
+    graph, _ = _program("linear_relu_sigmoid")
+    assert _descriptions(S.truncate_and_delta_debug(graph, S.StrategyContext())) == [
+        "truncate after relu (granularity 4)",
+        "promote linear to inputs (granularity 4)",
+        "promote relu, sigmoid to inputs (granularity 4)",
+        "truncate after linear (granularity 1)",
+        "promote relu to inputs (granularity 1)",
+    ]
+
+
+def test_output_chunks_are_removed_before_truncation_when_outputs_dominate():
+    graph, _ = _multi_output_graph()
+    first = next(S.truncate_and_delta_debug(graph, S.StrategyContext()))
+    assert first.description == "remove outputs [0, 1]"
+
+
+def test_no_candidate_repeats_or_equals_its_source():
+    graph, _ = _program("transformer_layer")
+    for strategy in S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES:
+        hashes = [G.structural_hash(c.graph) for c in strategy(graph, S.StrategyContext())]
+        assert len(hashes) == len(set(hashes))
+        assert G.structural_hash(graph) not in hashes
+
+
+# --- validity -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["transformer_layer", "accuracy_vs_strict", "linear_relu_sigmoid_dict"])
+def test_every_candidate_is_smaller_canonical_and_runs_in_eager(name: str):
+    graph, values = _program(name)
+    for candidate in _all_candidates(graph, S.StrategyContext()):
+        assert G.size_key(candidate.graph) < G.size_key(graph), candidate.description
+        assert G.misplaced_placeholders(candidate.graph) == 0
+        assert all(node.users for node in G.placeholders(candidate.graph))
+        _run(candidate.graph, values)
+
+
+def test_candidates_of_a_multi_output_op_run_in_eager():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    pair = graph.call_function(torch.ops.aten.max.dim, (x, 1))
+    values_node = graph.call_function(operator.getitem, (pair, 0))
+    graph.output((graph.call_function(torch.ops.aten.relu.default, (values_node,)),))
+    ep = torch.export.export(fx.GraphModule(torch.nn.Module(), graph), (torch.randn(3, 4),))
+    flat = G.flat_graph_from_exported_program(ep)
+    values = _concrete_values(flat, [torch.randn(3, 4)])
+    candidates = list(_all_candidates(flat, S.StrategyContext()))
+    assert candidates
+    for candidate in candidates:
+        _run(candidate.graph, values)
+
+
+def test_structural_strategies_yield_nothing_for_a_clean_graph():
+    graph, _ = _program("transformer_layer")
+    for strategy in (S.eliminate_dead_code, S.remove_unused_inputs, S.consolidate_inputs):
+        assert list(strategy(graph, S.StrategyContext())) == []
+
+
+def test_dead_code_elimination_proposes_the_graph_without_unused_ops():
+    graph, _ = _program("relu_cos")
+    with_dead_op = G.copy_graph(graph)
+    x = G.placeholders(with_dead_op)[0]
+    with with_dead_op.inserting_after(x):
+        with_dead_op.call_function(torch.ops.aten.exp.default, (x,))
+    (candidate,) = S.eliminate_dead_code(with_dead_op, S.StrategyContext())
+    assert _ops(candidate.graph) == ["aten.relu.default", "aten.cos.default"]
+
+
+def test_non_strict_accuracy_skips_candidates_without_float_outputs():
+    graph, _ = _program("accuracy_vs_strict")
+    lenient = _descriptions(S.truncate_suffix(graph, ACCURACY))
+    strict = _descriptions(S.truncate_suffix(graph, STRICT_ACCURACY))
+    assert "truncate after logical_not_1 (granularity 4)" in strict
+    assert "truncate after logical_not_1 (granularity 4)" not in lenient
+    assert "truncate after relu (granularity 1)" in lenient
+
+
+def test_keep_single_output_tries_each_output_alone():
+    graph, _ = _multi_output_graph()
+    assert _descriptions(S.keep_single_output(graph, S.StrategyContext())) == [
+        "keep only output 0 (sin)", "keep only output 1 (cos)", "keep only output 2 (relu)",
+        "keep only output 3 (exp)"]
+
+
+def test_one_minimal_proposes_dropping_and_promoting_each_op():
+    graph = _chain_graph(("sin", "relu"))
+    assert _descriptions(S.one_minimal(graph, S.StrategyContext())) == [
+        "drop sin", "promote sin to an input", "drop relu", "promote relu to an input"]
+
+
+def test_passes_name_the_default_and_final_tiers():
+    assert [name for name, _ in S.PASSES[0]] == [s.__name__ for s in S.DEFAULT_STRATEGIES]
+    assert [name for name, _ in S.PASSES[1]] == [s.__name__ for s in S.FINAL_STRATEGIES]
+
+
+# --- greedy minimization with a simulated failure --------------------------------------------
+
+
+def test_a_chain_reduces_to_the_failing_op():
+    graph = _chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    assert _ops(_minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))) == ["aten.relu.default"]
+
+
+def test_a_transformer_layer_reduces_to_the_failing_op():
+    graph, values = _program("transformer_layer")
+    result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
+    assert _ops(result) == ["aten.relu.default"]
+
+
+def test_linear_relu_sigmoid_reduces_to_torchs_aoti_repro():
+    graph, _ = _program("linear_relu_sigmoid")
+    result = _minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))
+    assert G.graph_code(result).splitlines() == [
+        "def forward(self, linear):",
+        "    relu = torch.ops.aten.relu.default(linear);  linear = None",
+        "    return (relu,)",
+    ]
+
+
+def test_relu_cos_with_a_relu_bug_reduces_to_relu():
+    graph, values = _program("relu_cos")
+    result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
+    assert _ops(result) == ["aten.relu.default"]
+
+
+def test_non_strict_accuracy_localizes_the_bug_that_changes_float_outputs():
+    graph, values = _program("accuracy_vs_strict")
+    result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
+    assert _ops(result) == ["aten.relu.default"]
+
+
+def test_strict_accuracy_localizes_the_bug_behind_the_boolean_mask():
+    graph, values = _program("accuracy_vs_strict")
+    result = _minimize(graph, STRICT_ACCURACY, _accuracy_bug(values, strict=True))
+    assert _ops(result) == ["aten.log1p.default"]
+
+
+def test_the_final_pass_drops_ops_between_two_that_fail_together():
+    graph = _chain_graph(("sin", "relu", "cos", "exp"))
+
+    def needs_sin_and_cos(candidate: fx.Graph) -> bool:
+        return {"aten.sin.default", "aten.cos.default"} <= set(_ops(candidate))
+
+    torch_like = _minimize(graph, S.StrategyContext(), needs_sin_and_cos, (S.DEFAULT_STRATEGIES,))
+    assert _ops(torch_like) == ["aten.sin.default", "aten.relu.default", "aten.cos.default"]
+    ours = _minimize(graph, S.StrategyContext(), needs_sin_and_cos)
+    assert _ops(ours) == ["aten.sin.default", "aten.cos.default"]
