@@ -1,0 +1,355 @@
+"""`minify-client` as a user runs it: a subprocess, against a scripted server or a closed port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from minify_client.models import JobState, ProgressEvent
+
+from tests.test_client_support import (
+    Exchange,
+    ScriptedServer,
+    closed_port_url,
+    job_status,
+    minimizing_events,
+    serve_job,
+)
+
+GRAPH_CODE = "def forward(self, x):\n    relu = torch.ops.aten.relu.default(x)\n    return (relu,)"
+ARTIFACTS = {
+    "minimized.pt2": b"pt2",
+    "repro.py": b"raise SystemExit(1)\n",
+    "inputs.pt": b"inputs",
+}
+
+
+def run_cli(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "minify_client.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env(env),
+    )
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MINIFY_SERVER", "MINIFY_TOKEN")}
+    return {**env, **(extra or {})}
+
+
+@pytest.fixture
+def server():
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    path = tmp_path / "relu_cos.pt2"
+    path.write_bytes(b"PK-not-really-a-program")
+    return path
+
+
+def serve_finished_job(server: ScriptedServer, state: JobState, reason: str | None = None) -> None:
+    names = [*ARTIFACTS, "report.json"] if state != JobState.cancelled else []
+    status = job_status("j1", state, artifacts=names, reason=reason,
+                        graph_code=GRAPH_CODE if state == JobState.succeeded else None)
+    files = dict(ARTIFACTS)
+    if status.result is not None:
+        files["report.json"] = status.result.model_dump_json().encode()
+    serve_job(server, status, minimizing_events(state), files)
+
+
+# ---- packaging and usage ------------------------------------------------------------------------
+
+
+def test_the_client_imports_without_torch():
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is not installed here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "import minify_client, minify_client.cli, minify_client.client, minify_client.capture\n"
+        "minify_client.cli.build_parser()\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_help_lists_every_subcommand():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("submit", "status", "watch", "download", "cancel", "list"):
+        assert command in result.stdout
+
+
+def test_no_subcommand_is_a_usage_error():
+    assert run_cli().returncode == 2
+
+
+def test_a_missing_program_file_is_a_usage_error(tmp_path: Path):
+    result = run_cli("submit", tmp_path / "nope.pt2", "--server", closed_port_url())
+    assert result.returncode == 2
+    assert result.stderr == f"minify-client: error: no such program file: {tmp_path / 'nope.pt2'}\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--config", "no-equals-sign"], "--config expects KEY=VALUE"),
+        (["--backend", "not a backend"], "invalid spec: backend"),
+        (["--device", "tpu"], "invalid spec: device"),
+    ],
+)
+def test_an_invalid_spec_is_a_usage_error_before_anything_is_sent(
+    server: ScriptedServer, program: Path, flags: list[str], message: str
+):
+    result = run_cli("submit", program, *flags, "--server", server.url)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert server.exchanges == []
+
+
+# ---- errors talking to the server --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["submit", "PROGRAM"], ["submit", "PROGRAM", "--wait"], ["status", "j1"], ["watch", "j1"],
+     ["download", "j1"], ["cancel", "j1"], ["list"]],
+)
+def test_a_stopped_server_gives_one_clear_line_and_exit_1(program: Path, tmp_path: Path, command: list[str]):
+    url = closed_port_url()
+    args = [program if part == "PROGRAM" else part for part in command]
+    result = run_cli(*args, "--server", url, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"minify-client: error: cannot reach minify server at {url}: ")
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_the_server_comes_from_minify_server_when_not_given(program: Path):
+    url = closed_port_url()
+    result = run_cli("submit", program, env={"MINIFY_SERVER": url})
+    assert f"cannot reach minify server at {url}" in result.stderr
+
+
+def test_a_refused_token_is_one_line_and_exit_1(server: ScriptedServer, program: Path):
+    server.route("POST", "/v1/jobs", lambda e: e.send_json(401, {"error": "missing or unknown bearer token"}))
+    result = run_cli("submit", program, "--server", server.url, env={"MINIFY_TOKEN": "wrong"})
+    assert result.returncode == 1
+    assert result.stderr == "minify-client: error: the server answered 401: missing or unknown bearer token\n"
+    assert server.exchanges[0].headers["authorization"] == "Bearer wrong"
+
+
+def test_an_upload_the_server_refuses_is_a_usage_error(server: ScriptedServer, program: Path):
+    server.route("POST", "/v1/jobs", lambda e: e.send_json(415, {"error": "program is not a .pt2 archive"}))
+    result = run_cli("submit", program, "--server", server.url)
+    assert result.returncode == 2
+    assert "program is not a .pt2 archive" in result.stderr
+
+
+def test_a_server_error_is_one_line_and_exit_1(server: ScriptedServer):
+    server.route("GET", "/v1/jobs/j1", lambda e: e.send_bytes(500, b"Internal Server Error", "text/plain"))
+    result = run_cli("status", "j1", "--server", server.url)
+    assert result.returncode == 1
+    assert result.stderr == "minify-client: error: the server answered 500: Internal Server Error\n"
+
+
+def test_an_unknown_job_is_exit_1(server: ScriptedServer):
+    result = run_cli("status", "nope", "--server", server.url)
+    assert result.returncode == 1
+    assert "404" in result.stderr
+
+
+# ---- submit --------------------------------------------------------------------------------------
+
+
+def test_submit_prints_the_job_id_then_the_dashboard_url(server: ScriptedServer, program: Path):
+    serve_job(server, job_status("j1", JobState.queued), [])
+    result = run_cli("submit", program, "--server", server.url,
+                     "--config", "cpp.inject_relu_bug_TESTING_ONLY=compile_error")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["j1", f"dashboard: {server.url}/#/jobs/j1"]
+    assert b"cpp.inject_relu_bug_TESTING_ONLY" in server.requests_to("POST", "/v1/jobs")[0].body
+
+
+def test_submit_json_prints_the_created_job(server: ScriptedServer, program: Path):
+    serve_job(server, job_status("j1", JobState.queued), [])
+    result = run_cli("submit", program, "--server", server.url, "--json")
+    created = json.loads(result.stdout)
+    assert created["id"] == "j1"
+    assert created["dashboard"] == f"{server.url}/#/jobs/j1"
+
+
+def test_submit_sends_the_inputs_file(server: ScriptedServer, program: Path, tmp_path: Path):
+    serve_job(server, job_status("j1", JobState.queued), [])
+    inputs = tmp_path / "inputs.pt"
+    inputs.write_bytes(b"real-inputs")
+    assert run_cli("submit", program, "--inputs", inputs, "--server", server.url).returncode == 0
+    assert b"real-inputs" in server.requests_to("POST", "/v1/jobs")[0].body
+
+
+def test_submit_wait_on_a_minimized_job_exits_0_with_artifacts_and_graph(
+    server: ScriptedServer, program: Path, tmp_path: Path
+):
+    serve_finished_job(server, JobState.succeeded)
+    out = tmp_path / "repro"
+    result = run_cli("submit", program, "--wait", "--out", out, "--server", server.url)
+
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([*ARTIFACTS, "report.json"])
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"submitted job j1: {server.url}/#/jobs/j1"
+    assert "[    1.0s] truncate: 2 → 1 nodes, 4 checks (1 cached)" in lines
+    assert "succeeded: 2 → 1 nodes, 5 checks (1 cached) in 1.5s" in lines
+    assert GRAPH_CODE in result.stdout
+    assert f"reproduce with: python {out / 'repro.py'}" in lines
+
+
+def test_submit_wait_on_a_not_reproducible_job_exits_3(server: ScriptedServer, program: Path, tmp_path: Path):
+    serve_finished_job(server, JobState.not_reproducible, reason="the original program passes")
+    result = run_cli("submit", program, "--wait", "--server", server.url, cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "not reproducible: the original program passes" in result.stdout
+    assert (tmp_path / "minify-j1" / "report.json").is_file()
+
+
+@pytest.mark.parametrize("state", [JobState.failed, JobState.cancelled])
+def test_submit_wait_on_a_failed_or_cancelled_job_exits_1(
+    server: ScriptedServer, program: Path, tmp_path: Path, state: JobState
+):
+    serve_finished_job(server, state, reason="worker died")
+    result = run_cli("submit", program, "--wait", "--server", server.url, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert f"{state.value}: worker died" in result.stdout
+
+
+def test_submit_wait_json_keeps_stdout_for_one_json_document(
+    server: ScriptedServer, program: Path, tmp_path: Path
+):
+    serve_finished_job(server, JobState.succeeded)
+    result = run_cli("submit", program, "--wait", "--json", "--out", tmp_path / "out", "--server", server.url)
+    assert result.returncode == 0
+    outcome = json.loads(result.stdout)
+    assert outcome["status"] == "succeeded"
+    assert outcome["exit_code"] == 0
+    assert outcome["report"]["graph_code"] == GRAPH_CODE
+    assert Path(outcome["artifacts"]["repro.py"]).read_bytes() == ARTIFACTS["repro.py"]
+    assert "truncate: 2 → 1 nodes" in result.stderr
+
+
+def test_an_interrupted_download_is_one_line_and_exit_1(server: ScriptedServer, program: Path, tmp_path: Path):
+    serve_finished_job(server, JobState.succeeded)
+    server.route("GET", "/v1/jobs/j1/artifacts/minimized.pt2",
+                 lambda e: e.send_truncated(b"x" * 10, announced=1000))
+    result = run_cli("submit", program, "--wait", "--out", tmp_path / "out", "--server", server.url)
+    assert result.returncode == 1
+    assert result.stderr.startswith("minify-client: error: download of minimized.pt2 interrupted: ")
+    assert not (tmp_path / "out" / "minimized.pt2").exists()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".part")]
+
+
+def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_resume(
+    server: ScriptedServer, program: Path, tmp_path: Path
+):
+    def endless(exchange: Exchange) -> None:
+        exchange.start_events()
+        exchange.send_event("1", ProgressEvent(type="status", status=JobState.running))
+        time.sleep(30)
+
+    serve_job(server, job_status("j1", JobState.running), [])
+    server.route("GET", "/v1/jobs/j1/events", endless)
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minify_client.cli", "submit", str(program), "--wait", "--out", str(out),
+         "--server", server.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None),
+    )
+    try:
+        assert process.stdout is not None
+        while "status: running" not in process.stdout.readline():
+            pass
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert f"resume with: minify-client watch j1 --server {server.url} --out {out}" in stderr
+    assert server.requests_to("DELETE", "/v1/jobs/j1") == []
+
+
+# ---- the other subcommands ---------------------------------------------------------------------
+
+
+def test_watch_follows_a_job_and_exits_with_its_outcome(server: ScriptedServer, tmp_path: Path):
+    serve_finished_job(server, JobState.not_reproducible, reason="passes")
+    result = run_cli("watch", "j1", "--server", server.url, cwd=tmp_path)
+    assert result.returncode == 3
+    assert "status: not_reproducible" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # without --out, watch downloads nothing
+
+
+def test_watch_with_out_downloads_the_artifacts(server: ScriptedServer, tmp_path: Path):
+    serve_finished_job(server, JobState.succeeded)
+    result = run_cli("watch", "j1", "--out", tmp_path / "out", "--server", server.url)
+    assert result.returncode == 0
+    assert (tmp_path / "out" / "repro.py").read_bytes() == ARTIFACTS["repro.py"]
+
+
+def test_status_prints_the_job(server: ScriptedServer):
+    serve_finished_job(server, JobState.not_reproducible, reason="passes")
+    result = run_cli("status", "j1", "--server", server.url)
+    assert result.returncode == 0
+    assert "status:    not_reproducible" in result.stdout
+    assert "reason:    passes" in result.stdout
+
+
+def test_status_json_is_the_job_status(server: ScriptedServer):
+    serve_finished_job(server, JobState.succeeded)
+    result = run_cli("status", "j1", "--json", "--server", server.url)
+    assert json.loads(result.stdout)["result"]["graph_code"] == GRAPH_CODE
+
+
+def test_download_one_named_artifact(server: ScriptedServer, tmp_path: Path):
+    serve_finished_job(server, JobState.succeeded)
+    result = run_cli("download", "j1", "--name", "repro.py", "--out", tmp_path, "--server", server.url)
+    assert result.returncode == 0
+    assert result.stdout.strip() == str(tmp_path / "repro.py")
+    assert [p.name for p in tmp_path.iterdir()] == ["repro.py"]
+
+
+def test_cancel_prints_the_new_status(server: ScriptedServer):
+    cancelled = job_status("j1", JobState.cancelled)
+    server.route("DELETE", "/v1/jobs/j1", lambda e: e.send_json(200, cancelled.model_dump(mode="json")))
+    result = run_cli("cancel", "j1", "--server", server.url)
+    assert result.returncode == 0
+    assert result.stdout == "j1: cancelled\n"
+
+
+def test_list_prints_a_table_and_filters_by_status(server: ScriptedServer):
+    jobs = [job_status("j2", JobState.running), job_status("j1", JobState.succeeded)]
+    server.route("GET", "/v1/jobs", lambda e: e.send_json(
+        200, {"jobs": [j.model_dump(mode="json") for j in jobs], "total": 7, "offset": 0, "limit": 2}))
+    result = run_cli("list", "--status", "running", "--limit", "2", "--server", server.url)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED"]
+    assert lines[1].split()[:3] == ["j2", "running", "relu_cos.pt2"]
+    assert lines[-1] == "(2 of 7 jobs)"
+    assert "status=running" in server.requests_to("GET", "/v1/jobs")[0].query
+
+
+def test_list_rejects_an_unknown_status():
+    assert run_cli("list", "--status", "sleeping").returncode == 2
