@@ -1,0 +1,67 @@
+"""Pieces the benchmark's parent and its per-run children share: the result record, JSON files.
+
+Imports no torch: the parent stays light, and each child imports torch itself, once, fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The bug every case carries: inductor's C++ backend emits code that does not compile for relu.
+DEFAULT_CONFIG: dict[str, Any] = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+
+MINIFIERS = ("torch", "torch-isolate", "ours")
+
+
+@dataclass
+class RunResult:
+    """One minifier on one case, as a child reports it (and the parent completes it)."""
+
+    case: str
+    minifier: str
+    status: str = "ok"  # ok | timeout | error
+    wall_s: float | None = None  # the minify call itself, program already loaded
+    process_s: float | None = None  # the whole child, interpreter start and torch import included
+    checks: int = 0
+    checks_distinct: int | None = None
+    checks_cached: int | None = None
+    ops_initial: int | None = None
+    ops_final: int | None = None
+    inputs_final: int | None = None
+    check_s_total: float | None = None
+    by_strategy: dict[str, dict[str, float]] = field(default_factory=dict)  # torch's, from its stderr
+    outcomes: dict[str, int] = field(default_factory=dict)  # ours: candidate outcomes by kind
+    final_code: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**known)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically, so a parent that kills the child mid-write still reads a whole file."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(partial, path)
+
+
+def result_to_json(result: RunResult) -> dict[str, Any]:
+    return asdict(result)
+
+
+def apply_inductor_config(config: dict[str, Any]) -> None:
+    """Set dotted `torch._inductor.config` keys, as the job spec's `config` does in our children."""
+    import torch._inductor.config as inductor_config
+
+    for key, value in config.items():
+        owner: Any = inductor_config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        setattr(owner, leaf, value)

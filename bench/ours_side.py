@@ -1,0 +1,78 @@
+"""Child process: run our engine on one .pt2, as `minify-worker minify` does offline.
+
+    python bench/ours_side.py PROGRAM.pt2 --out DIR --result FILE [--config JSON] [--parallelism N]
+
+The engine isolates every candidate by design (a fork server, one child per candidate), so there
+is no in-process variant to compare. The result file is rewritten on every progress event, so a
+parent that kills this process at its time limit still knows how far it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import DEFAULT_CONFIG, RunResult, result_to_json, write_json
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("program", type=Path)
+    parser.add_argument("--case", default="")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
+    parser.add_argument("--parallelism", type=int, default=None)
+    options = parser.parse_args(argv)
+
+    process_start = time.perf_counter()
+    from minify_client.models import JobSpec, ProgressEvent
+    from minify_worker.engine import minify
+
+    spec = JobSpec(
+        backend="inductor",
+        config=json.loads(options.config),
+        failure={"kind": "compile_error"},
+        limits={"parallelism": options.parallelism},
+    )
+    result = RunResult(case=options.case, minifier="ours")
+
+    def on_event(event: ProgressEvent) -> None:
+        if event.type != "progress":
+            return
+        result.checks = event.checks_total
+        result.checks_cached = event.checks_cached
+        result.ops_initial = event.nodes_original
+        result.wall_s = time.perf_counter() - minify_start
+        result.process_s = time.perf_counter() - process_start
+        write_json(options.result, result_to_json(result))
+
+    minify_start = time.perf_counter()
+    try:
+        outcome = minify(options.program, spec, options.out, on_event=on_event)
+    except Exception as error:  # the engine promises not to raise; a bench reports it if it does
+        result.status = "error"
+        result.error = f"{type(error).__name__}: {error}"
+    else:
+        report = outcome.report
+        result.status = "ok" if outcome.status.value == "succeeded" else "error"
+        result.error = None if result.status == "ok" else f"{outcome.status.value}: {outcome.reason}"
+        result.checks = report.checks_total
+        result.checks_cached = report.checks_cached
+        result.checks_distinct = report.checks_total - report.checks_cached
+        result.ops_initial = report.nodes_original
+        result.ops_final = report.nodes_final
+        result.final_code = report.graph_code
+        result.outcomes = dict(report.outcomes)
+    result.wall_s = time.perf_counter() - minify_start
+    result.process_s = time.perf_counter() - process_start
+    write_json(options.result, result_to_json(result))
+    return 0 if result.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

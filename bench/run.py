@@ -1,0 +1,273 @@
+"""Benchmark: torch's own minifier against ours, on the same failing graphs, in one run.
+
+    python bench/run.py [--cases ...] [--minifiers torch torch-isolate ours] [--repeat N]
+                        [--limit SECONDS] [--json FILE] [--work DIR]
+
+Every case is a flat aten ExportedProgram (core aten plus inductor's decompositions) that fails
+to compile under inductor with `cpp.inject_relu_bug_TESTING_ONLY = "compile_error"`
+(bench/cases.py). Each run of each minifier is its own child process with its own scratch folder
+and its own empty inductor cache (`TORCHINDUCTOR_CACHE_DIR`), so nothing one run compiled can
+speed up another:
+
+- `torch`: torch._functorch.fx_minifier.minifier with after_aot's `inductor_fails` (in-process);
+- `torch-isolate`: the same with after_aot's `isolate_fails` (`--isolate`: a fresh Python per check);
+- `ours`: minify_worker.engine.minify (isolated by design).
+
+Torch has no time limit of its own; `--limit` bounds every run, and a run that hits it is shown
+as "> limit". See docs/bench.md for what the columns mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import DEFAULT_CONFIG, MINIFIERS, RunResult, result_to_json
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+CASE_NAMES = ("relu_cos", "transformer_layer", "transformer_stack4", "transformer_layer_core")
+DEFAULT_CASES = CASE_NAMES[:3]  # the last shows torch's drift; it is not a speed comparison
+
+
+def run_child(
+    command: list[str], scratch: Path, result_path: Path, limit_s: float, case: str, minifier: str
+) -> RunResult:
+    """Run one minifier in a fresh process group; kill the whole group at the limit."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
+    started = time.perf_counter()
+    with open(scratch / "log.txt", "wb") as log:
+        child = subprocess.Popen(
+            command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            child.wait(timeout=limit_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    elapsed = time.perf_counter() - started
+    if result_path.exists():
+        result = RunResult.from_json(json.loads(result_path.read_text()))
+    else:
+        result = RunResult(case=case, minifier=minifier, status="error")
+        result.error = f"no result (exit {child.returncode}); see {scratch / 'log.txt'}"
+    result.case, result.minifier = case, minifier
+    if timed_out:
+        result.status = "timeout"
+        result.wall_s = limit_s
+        result.ops_final = None
+    if result.process_s is None:
+        result.process_s = elapsed
+    return result
+
+
+def run_once(case: str, program: Path, minifier: str, scratch: Path, options: argparse.Namespace) -> RunResult:
+    scratch.mkdir(parents=True, exist_ok=True)
+    result_path = scratch / "result.json"
+    result_path.unlink(missing_ok=True)
+    config = json.dumps(DEFAULT_CONFIG)
+    if minifier == "ours":
+        command = [
+            sys.executable,
+            str(BENCH_DIR / "ours_side.py"),
+            str(program),
+            "--out",
+            str(scratch / "artifacts"),
+            "--config",
+            config,
+        ]
+        if options.parallelism:
+            command += ["--parallelism", str(options.parallelism)]
+    else:
+        mode = "inprocess" if minifier == "torch" else "isolate"
+        command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
+    command += ["--case", case, "--result", str(result_path)]
+    return run_child(command, scratch, result_path, options.limit, case, minifier)
+
+
+def median_run(runs: list[RunResult]) -> RunResult:
+    """The run whose wall time is the median (the lower one for an even count)."""
+    ordered = sorted(runs, key=lambda run: run.wall_s if run.wall_s is not None else float("inf"))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def format_seconds(run: RunResult, limit_s: float) -> str:
+    if run.status == "timeout":
+        return f"> {limit_s:.0f}"
+    return "-" if run.wall_s is None else f"{run.wall_s:.1f}"
+
+
+def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, int], limit_s: float) -> str:
+    header = ("case", "ops", "minifier", "wall s", "spread s", "checks", "run", "ops left", "torch/ours")
+    rows: list[tuple[str, ...]] = []
+    for case, by_minifier in table.items():
+        ours = median_run(by_minifier["ours"]) if "ours" in by_minifier else None
+        for minifier, runs in by_minifier.items():
+            run = median_run(runs)
+            walls = [r.wall_s for r in runs if r.wall_s is not None and r.status == "ok"]
+            spread = f"{max(walls) - min(walls):.1f}" if len(walls) > 1 else "-"
+            checks_run = run.checks - (run.checks_cached or 0)
+            ratio = "-"
+            if minifier != "ours" and ours is not None and ours.status == "ok" and run.wall_s:
+                ratio = f"{'> ' if run.status == 'timeout' else ''}{run.wall_s / ours.wall_s:.1f}x"
+            ops_left = "-" if run.ops_final is None else str(run.ops_final)
+            if run.status == "error":
+                ops_left = "error"
+            rows.append(
+                (
+                    case,
+                    str(ops[case]),
+                    minifier,
+                    format_seconds(run, limit_s),
+                    spread,
+                    str(run.checks),
+                    str(checks_run),
+                    ops_left,
+                    ratio,
+                )
+            )
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (width + 2) for width in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |" for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
+    """The targets of issue 2, case by case: ours isolated vs torch in-process and torch --isolate."""
+    lines = []
+    for case, by_minifier in table.items():
+        if "ours" not in by_minifier:
+            continue
+        ours = median_run(by_minifier["ours"])
+        if ours.status != "ok" or ours.wall_s is None:
+            lines.append(f"{case}: ours did not finish ({ours.status}: {ours.error})")
+            continue
+        checks = []
+        if "torch" in by_minifier:
+            torch_run = median_run(by_minifier["torch"])
+            if torch_run.wall_s:
+                checks.append(f"time <= torch in-process: {'yes' if ours.wall_s <= torch_run.wall_s else 'NO'}")
+            if torch_run.ops_final is not None and ours.ops_final is not None:
+                checks.append(f"ops left <= torch: {'yes' if ours.ops_final <= torch_run.ops_final else 'NO'}")
+        if "torch-isolate" in by_minifier:
+            isolate = median_run(by_minifier["torch-isolate"])
+            if isolate.wall_s:
+                speedup = isolate.wall_s / ours.wall_s
+                bound = ">= " if isolate.status == "timeout" else ""
+                checks.append(
+                    f">= 5x faster than torch --isolate: {'yes' if speedup >= 5 else 'NO'} ({bound}{speedup:.1f}x)"
+                )
+        lines.append(f"{case}: " + "; ".join(checks))
+    return lines
+
+
+def start_op_mismatches(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, int]) -> list[str]:
+    """Both sides must start from the same graph: every run's initial op count is the case's."""
+    problems = []
+    for case, by_minifier in table.items():
+        for minifier, runs in by_minifier.items():
+            for run in runs:
+                if run.ops_initial is not None and run.ops_initial != ops[case]:
+                    problems.append(f"{case}/{minifier} started from {run.ops_initial} ops, not {ops[case]}")
+    return problems
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--cases", nargs="+", choices=CASE_NAMES, default=list(DEFAULT_CASES))
+    parser.add_argument("--minifiers", nargs="+", choices=MINIFIERS, default=list(MINIFIERS))
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case and minifier (median shown)")
+    parser.add_argument("--limit", type=float, default=600.0, help="wall-clock limit of one run, seconds")
+    parser.add_argument("--parallelism", type=int, default=None, help="ours: candidates at once")
+    parser.add_argument("--json", type=Path, default=None, help="write every run's record here")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=REPO / "out" / "bench",
+        help="programs, scratch folders and logs (default: out/bench)",
+    )
+    options = parser.parse_args(argv)
+
+    from cases import save_case  # imports torch: only after the arguments are known good
+
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    programs: dict[str, Path] = {}
+    ops: dict[str, int] = {}
+    for case in options.cases:
+        programs[case], ops[case] = save_case(case, options.work / "programs")
+        print(f"{case}: {ops[case]} ops -> {programs[case]}", flush=True)
+
+    table: dict[str, dict[str, list[RunResult]]] = {
+        case: {minifier: [] for minifier in options.minifiers} for case in options.cases
+    }
+    # Repeats go round the whole grid, so slow drift in machine load spreads over every minifier.
+    for repeat in range(options.repeat):
+        for case in options.cases:
+            for minifier in options.minifiers:
+                scratch = options.work / "runs" / case / f"{minifier}-{repeat}"
+                run = run_once(case, programs[case], minifier, scratch, options)
+                table[case][minifier].append(run)
+                print(
+                    f"  {case} / {minifier} #{repeat}: {run.status}, "
+                    f"{format_seconds(run, options.limit)} s, {run.checks} checks, "
+                    f"{run.ops_initial} -> {run.ops_final} ops" + (f" ({run.error})" if run.error else ""),
+                    flush=True,
+                )
+
+    load_after = os.getloadavg()
+    print()
+    print(render_table(table, ops, options.limit))
+    print()
+    for line in verdicts(table) + start_op_mismatches(table, ops):
+        print(line)
+    print(
+        f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
+        f"{os.cpu_count()} cpus; total {time.perf_counter() - started:.0f} s"
+    )
+
+    if options.json:
+        record = {
+            "commit": git_commit(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": load_after,
+            "limit_s": options.limit,
+            "ops": ops,
+            "runs": [
+                result_to_json(run) for by_minifier in table.values() for runs in by_minifier.values() for run in runs
+            ],
+        }
+        options.json.parent.mkdir(parents=True, exist_ok=True)
+        options.json.write_text(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
