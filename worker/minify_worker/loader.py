@@ -1,0 +1,442 @@
+"""Prepare a user's program for minimization: the flat graph and its value store (docs/internals.md).
+
+Runs in a sandbox child only (`prepare_in_child`, a `SandboxPool.call` target; the parent calls
+`sandbox.prepare_program`): loading a user's file is the first thing that may crash.
+
+Accepted programs:
+- a `.pt2` written by `torch.export.save`;
+- a pickled `torch.fx.GraphModule` written by `torch.save(gm)`, only when `MINIFY_ALLOW_PICKLE=1`
+  (a pickle runs code when loaded): it is re-exported with `torch.export.export(gm, args)`.
+
+Inputs (`--inputs FILE.pt`, read with `torch.load(weights_only=True)`), in the program's calling
+convention, one of:
+- `(args, kwargs)`: a pair of a tuple/list of positional arguments and a dict of keyword ones;
+- a tuple or list: the positional arguments;
+- a dict: the keyword arguments (or, if that does not fit the program, its one positional dict);
+- a single tensor: the only positional argument.
+The first reading whose structure fits the program's input spec is used. Without an inputs file:
+the program's own `example_inputs` (torch.export.save keeps them), else inputs made from the
+placeholders' metadata (randn for floating point, randint(0, 2) for integers, zeros for bool).
+
+Outputs, in the work dir: `values.pt` (`dict[str, Tensor | int | float | bool]`: every input by
+placeholder name, every promotable intermediate by node name, from one eager run, on the CPU)
+and `program.json` (`{"format", "graph": wire form, "metadata": {...}}`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROGRAM_JSON = "program.json"
+VALUES = "values.pt"
+FORMAT = "minify-program/1"
+ALLOW_PICKLE_ENV = "MINIFY_ALLOW_PICKLE"
+
+EXPORT_HINT = (
+    "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
+)
+
+
+class ProgramError(Exception):
+    """The program or its inputs cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class PreparedProgram:
+    """What prepare wrote into the work dir."""
+
+    wire_graph: dict[str, Any]
+    values_path: Path
+    program_json: Path
+    metadata: dict[str, Any]
+
+    @property
+    def nodes_original(self) -> int:
+        return int(self.metadata.get("nodes_original", 0))
+
+    @classmethod
+    def read(cls, workdir: Path) -> PreparedProgram:
+        path = Path(workdir) / PROGRAM_JSON
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ProgramError(f"{path} is not a {FORMAT} file")
+        return cls(data["graph"], Path(workdir) / VALUES, path, data["metadata"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points (in the child)
+
+
+def prepare_in_child(context: Any, *, program: str, inputs: str | None = None) -> dict[str, Any]:
+    """`SandboxPool.call` target: `prepare` into the pool's work dir on the spec's device."""
+    return prepare(Path(program), None if inputs is None else Path(inputs), Path(context.workdir),
+                   device=context.spec.device)
+
+
+def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cpu") -> dict[str, Any]:
+    """Load `program` (and `inputs`), write values.pt and program.json into `workdir`; returns the metadata."""
+    import torch
+
+    from .graph import count_ops, flat_graph_from_exported_program, graph_to_wire
+
+    raw_inputs = read_inputs(inputs) if inputs is not None else None
+    ep, source = load_program(program, raw_inputs)
+    flat_inputs = user_inputs(ep, raw_inputs)
+    try:
+        graph = flat_graph_from_exported_program(ep)
+    except ValueError as error:
+        raise ProgramError(f"the program uses something minify cannot handle: {error}") from error
+    values = placeholder_values(ep, graph, flat_inputs)
+    values.update(concrete_values(graph, values, device))
+    _drop_missing_value_keys(graph, values)
+    workdir.mkdir(parents=True, exist_ok=True)
+    torch.save(values, workdir / VALUES)
+    signature = ep.graph_signature
+    metadata = {
+        "source": source,
+        "program": program.name,
+        "user_inputs": list(signature.user_inputs),
+        "parameters": list(signature.parameters),
+        "buffers": list(signature.buffers),
+        "constants": [s.arg.name for s in signature.input_specs if s.kind.name == "CONSTANT_TENSOR"],
+        "user_outputs": [str(name) for name in signature.user_outputs],
+        "in_spec": str(ep.call_spec.in_spec) if ep.call_spec.in_spec is not None else None,
+        "out_spec": str(ep.call_spec.out_spec) if ep.call_spec.out_spec is not None else None,
+        "nodes_original": count_ops(graph),
+        "device": device,
+        "torch_version": torch.__version__,
+    }
+    document = {"format": FORMAT, "graph": graph_to_wire(graph), "metadata": metadata}
+    (workdir / PROGRAM_JSON).write_text(json.dumps(document))
+    return metadata
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+def read_inputs(path: Path) -> Any:
+    import torch
+
+    if not path.is_file():
+        raise ProgramError(f"inputs file {path.name} does not exist")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:
+        raise ProgramError(
+            f"cannot read inputs file {path.name} with torch.load(weights_only=True): {_short(error)}; "
+            "save the inputs with torch.save((args, kwargs), 'inputs.pt') using tensors, numbers, "
+            "tuples, lists and dicts only"
+        ) from error
+
+
+def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
+    """The ExportedProgram in `path` and its source kind ("pt2" or "pickle")."""
+    import torch
+
+    if not path.is_file():
+        raise ProgramError(f"program file {path.name} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ProgramError(
+            f"{path.name} is not a torch.export archive (.pt2): it is not a readable zip file "
+            f"(a text file, or a truncated upload?); {EXPORT_HINT}"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as error:
+        raise ProgramError(f"{path.name} is a damaged zip file: {_short(error)}") from error
+    if any(name.endswith("archive_format") or "/models/" in name for name in names):
+        try:
+            return torch.export.load(path), "pt2"
+        except Exception as error:
+            raise ProgramError(
+                f"{path.name} could not be loaded with torch.export.load (truncated or damaged?): "
+                f"{_short(error)}"
+            ) from error
+    if any(name.endswith("data.pkl") for name in names):
+        return _export_pickled_module(path, raw_inputs), "pickle"
+    raise ProgramError(f"{path.name} is a zip file but not a torch.export archive; {EXPORT_HINT}")
+
+
+def _export_pickled_module(path: Path, raw_inputs: Any) -> Any:
+    import torch
+
+    if os.environ.get(ALLOW_PICKLE_ENV) != "1":
+        raise ProgramError(
+            f"{path.name} is a pickle (torch.save), which runs arbitrary code when loaded; it is refused "
+            f"unless the worker's operator sets {ALLOW_PICKLE_ENV}=1. {EXPORT_HINT}"
+        )
+    try:
+        module = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as error:
+        raise ProgramError(f"cannot unpickle {path.name}: {_short(error)}") from error
+    if not isinstance(module, torch.nn.Module):
+        raise ProgramError(f"{path.name} holds a {type(module).__name__}, not a torch.fx.GraphModule")
+    if raw_inputs is None:
+        args: tuple[Any, ...] = tuple(_inputs_from_placeholder_meta(module))
+        kwargs: dict[str, Any] = {}
+    else:
+        args, kwargs = _positional_reading(raw_inputs)
+    try:
+        with torch.no_grad():
+            return torch.export.export(module, args, kwargs)
+    except Exception as error:
+        raise ProgramError(f"cannot torch.export the pickled module with its inputs: {_short(error)}") from error
+
+
+def _positional_reading(raw: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    for args, kwargs in _readings(raw):
+        return args, kwargs
+    raise ProgramError(f"inputs must be (args, kwargs), a tuple, a list, a dict or a tensor, not {type(raw).__name__}")
+
+
+def _inputs_from_placeholder_meta(module: Any) -> list[Any]:
+    values = []
+    for node in module.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        meta = node.meta.get("val", node.meta.get("example_value"))
+        if meta is None:
+            raise ProgramError(
+                f"the pickled module's input {node.name!r} has no recorded shape: pass an inputs file"
+            )
+        values.append(make_value(meta))
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _readings(raw: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The ways `raw` can be read as (args, kwargs), most specific first."""
+    import torch
+
+    readings: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    if isinstance(raw, torch.Tensor):
+        readings.append(((raw,), {}))
+    if isinstance(raw, tuple | list):
+        if len(raw) == 2 and isinstance(raw[0], tuple | list) and isinstance(raw[1], dict):
+            readings.append((tuple(raw[0]), dict(raw[1])))
+        readings.append((tuple(raw), {}))
+    if isinstance(raw, dict):
+        readings.append(((), dict(raw)))
+        readings.append(((raw,), {}))
+    return readings
+
+
+def user_inputs(ep: Any, raw_inputs: Any) -> list[Any]:
+    """The user inputs, flattened in the order of the user-input placeholders, checked against them."""
+    expected = _user_input_nodes(ep)
+    if raw_inputs is None:
+        example = getattr(ep, "example_inputs", None)
+        if example is not None:
+            flat = _flatten_for(ep, *example)
+            if flat is not None:
+                return flat
+        return [make_value(node.meta.get("val")) for node in expected]
+    for args, kwargs in _readings(raw_inputs):
+        flat = _flatten_for(ep, args, kwargs)
+        if flat is not None:
+            check_inputs(expected, flat)
+            return flat
+    raise ProgramError(
+        f"the inputs do not fit the program: it takes {_describe_spec(ep)}, the file holds "
+        f"{_describe_value(raw_inputs)}; save them as torch.save((args, kwargs), 'inputs.pt')"
+    )
+
+
+def _user_input_nodes(ep: Any) -> list[Any]:
+    names = set(ep.graph_signature.user_inputs)
+    return [node for node in ep.graph.nodes if node.op == "placeholder" and node.name in names]
+
+
+def _flatten_for(ep: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+    """`(args, kwargs)` flattened by the program's input spec, or None when the structure differs."""
+    from torch.fx._pytree import tree_flatten_spec
+    from torch.utils._pytree import tree_flatten
+
+    in_spec = ep.call_spec.in_spec
+    if in_spec is None:
+        flat = list(args)
+    else:
+        try:
+            flat = list(tree_flatten_spec((tuple(args), dict(kwargs)), in_spec))
+        except Exception:
+            return None
+        if len(tree_flatten((tuple(args), dict(kwargs)))[0]) != in_spec.num_leaves:
+            return None
+    return flat if len(flat) == len(_user_input_nodes(ep)) else None
+
+
+def check_inputs(expected: list[Any], given: list[Any]) -> None:
+    """Raise a `ProgramError` naming the first input whose kind, dtype or shape differs."""
+    import torch
+
+    for position, (node, value) in enumerate(zip(expected, given, strict=True)):
+        meta = node.meta.get("val")
+        where = f"input {position} ({node.name!r})"
+        if isinstance(meta, torch.Tensor):
+            if not isinstance(value, torch.Tensor):
+                raise ProgramError(f"{where} must be a tensor {_describe_value(meta)}, got {_describe_value(value)}")
+            if value.dtype != meta.dtype:
+                raise ProgramError(f"{where} must have dtype {meta.dtype}, got {value.dtype}")
+            if value.dim() != meta.dim():
+                raise ProgramError(f"{where} must have shape {_shape(meta)}, got {list(value.shape)}")
+            for axis, (want, got) in enumerate(zip(meta.shape, value.shape, strict=True)):
+                if isinstance(want, int) and want != got:
+                    raise ProgramError(f"{where} must have shape {_shape(meta)}, got {list(value.shape)} "
+                                       f"(dimension {axis})")
+        elif isinstance(value, torch.Tensor) and meta is not None:
+            raise ProgramError(f"{where} must be a {type(meta).__name__}, got a tensor")
+
+
+def make_value(meta: Any) -> Any:
+    """An input value for a placeholder from its `val` metadata (a fake tensor or a number)."""
+    import torch
+
+    if isinstance(meta, torch.Tensor):
+        shape = [_hint(size) for size in meta.shape]
+        if meta.dtype == torch.bool:
+            return torch.zeros(shape, dtype=torch.bool)
+        if meta.dtype.is_floating_point or meta.dtype.is_complex:
+            return torch.randn(shape, dtype=meta.dtype)
+        return torch.randint(0, 2, shape, dtype=meta.dtype)
+    if isinstance(meta, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return _hint(meta)
+    if isinstance(meta, bool | int | float):
+        return meta
+    raise ProgramError(f"cannot make an input from metadata {meta!r}: pass an inputs file")
+
+
+def _hint(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        hint = getattr(value.node, "hint", None)
+        if hint is None:
+            raise ProgramError(f"input size {value} has no example value: pass an inputs file")
+        return hint
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The value store
+
+
+def placeholder_values(ep: Any, graph: Any, flat_inputs: list[Any]) -> dict[str, Any]:
+    """Every placeholder's value by name: user inputs in order, parameters, buffers and constants
+    from the program's state by the graph signature."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    by_name: dict[str, Any] = dict(zip(_names(_user_input_nodes(ep)), flat_inputs, strict=True))
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            if spec.target in ep.state_dict:
+                by_name[name] = ep.state_dict[spec.target]
+            elif spec.target in ep.constants:
+                by_name[name] = ep.constants[spec.target]
+            else:
+                raise ProgramError(f"the program has no value for {spec.kind.name.lower()} {spec.target!r}")
+        elif spec.kind != InputKind.USER_INPUT:
+            raise ProgramError(f"input {name!r} is a {spec.kind.name.lower()}, which minify does not support")
+    values: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = by_name.get(node.name)
+        if isinstance(value, torch.Tensor):
+            values[node.name] = value.detach().to("cpu")
+        elif isinstance(value, bool | int | float):
+            values[node.name] = value
+        else:
+            raise ProgramError(f"input {node.name!r} is a {type(value).__name__}; "
+                               "only tensors and numbers are supported")
+    return values
+
+
+def _names(nodes: list[Any]) -> list[str]:
+    return [node.name for node in nodes]
+
+
+def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str, Any]:
+    """The value of every tensor- or number-valued node, from one eager run (torch's ConcreteProp)."""
+    import torch
+    from torch import fx
+
+    from .graph import to_graph_module
+
+    gm = to_graph_module(graph)
+    args = [_to_device(inputs[node.name], device) for node in gm.graph.nodes if node.op == "placeholder"]
+    recorded: dict[str, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            result = super().run_node(node)
+            if node.op == "call_function":
+                if isinstance(result, torch.Tensor):
+                    recorded[node.name] = result.detach().to("cpu").clone()
+                elif isinstance(result, bool | int | float):
+                    recorded[node.name] = result
+            return result
+
+    try:
+        with torch.no_grad():
+            Recorder(gm).run(*args)
+    except Exception as error:
+        raise ProgramError(f"the program fails when run eagerly on its inputs: {_short(error)}") from error
+    return recorded
+
+
+def _drop_missing_value_keys(graph: Any, values: dict[str, Any]) -> None:
+    from .graph import META_VALUE
+
+    for node in graph.nodes:
+        if node.meta.get(META_VALUE) is not None and node.meta[META_VALUE] not in values:
+            del node.meta[META_VALUE]
+
+
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _shape(meta: Any) -> list[Any]:
+    return [size if isinstance(size, int) else str(size) for size in meta.shape]
+
+
+def _describe_value(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"tensor{_shape(value)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, tuple | list):
+        inner = ", ".join(_describe_value(item) for item in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key!r}: {_describe_value(item)}" for key, item in value.items()) + "}"
+    return type(value).__name__
+
+
+def _describe_spec(ep: Any) -> str:
+    nodes = _user_input_nodes(ep)
+    flat = ", ".join(f"{node.name}: {_describe_value(node.meta.get('val'))}" for node in nodes)
+    return f"{len(nodes)} inputs ({flat}) structured as {ep.call_spec.in_spec}"

@@ -1,0 +1,163 @@
+"""Run one candidate inside a sandbox child and classify what happened (docs/internals.md).
+
+`run_wire_candidate` is what a child executes for `SandboxPool.submit`: rebuild the candidate from
+its wire form, take its inputs from the value store, compile it with the job's backend, run it,
+and return one `Outcome`. Exceptions become values here; only a dead child (a signal, a hang) is
+classified by the parent.
+
+- an exception while compiling → `Fails(compile_error)`, while running → `Fails(runtime_error)`;
+- an allocator running out of memory (CUDA or host) → `OutOfMemory`;
+- failure kind `accuracy`: the compiled result against eager the way torch's accuracy minifier
+  does it (`backend_accuracy_fails` / `same_two_models` in torch/_dynamo/debug_utils.py, with
+  `ACCURACY_FAILS` of torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
+  `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref, tol, equal_nan=True,
+  ignore_non_fp=not strict)`, fp64 required unless strict → `Fails(accuracy, "AccuracyError")`;
+- a candidate that cannot be built, or whose eager reference cannot run → `Invalid`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from minify_client.models import JobSpec
+from torch import fx
+
+from . import oracle
+from .backends import Backend, BackendError, apply_inductor_config, resolve_backend, run_compiled
+from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
+
+ACCURACY_EXC_TYPE = "AccuracyError"
+
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    error = oracle.unwrap_exception(error)
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _clone_inputs(inputs: list[Any]) -> list[Any]:
+    return [value.clone() if isinstance(value, torch.Tensor) else value for value in inputs]
+
+
+def _to_device(inputs: list[Any], device: str) -> list[Any]:
+    return [value.to(device) if isinstance(value, torch.Tensor) else value for value in inputs]
+
+
+def _synchronize(device: str) -> None:
+    # CUDA errors are asynchronous: make them surface while the candidate is "running".
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _failure(error: BaseException, kind: str, started: float) -> Outcome:
+    duration = time.monotonic() - started
+    if is_out_of_memory(error):
+        return OutOfMemory(message=str(oracle.unwrap_exception(error))[:2000], duration_s=duration)
+    return Fails(signature=oracle.signature_from_exception(error, kind), duration_s=duration)  # type: ignore[arg-type]
+
+
+def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple[fx.GraphModule, list[Any]]:
+    """The candidate's GraphModule and its inputs, in placeholder order, from the value store."""
+    from .graph import graph_from_wire, to_graph_module
+
+    graph = graph_from_wire(wire_graph)
+    gm = to_graph_module(graph)
+    inputs = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        key = node.meta.get("minify_value", node.name)
+        if key not in values:
+            raise KeyError(f"input {node.name!r} has no value {key!r} in the value store")
+        inputs.append(values[key])
+    return gm, inputs
+
+
+def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec: JobSpec,
+                       workdir: Path) -> Outcome:
+    """Build the candidate from its wire form and `run_candidate` it."""
+    started = time.monotonic()
+    try:
+        gm, inputs = build_candidate(wire_graph, values)
+    except Exception as error:
+        return Invalid(message=f"cannot build the candidate: {type(error).__name__}: {error}",
+                       duration_s=time.monotonic() - started)
+    return run_candidate(gm, inputs, spec, workdir)
+
+
+def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path) -> Outcome:
+    """Compile `gm` with the spec's backend and config, run it on `inputs`, classify the result."""
+    started = time.monotonic()
+    try:
+        apply_inductor_config(spec.config)
+        backend = resolve_backend(spec.backend, workdir)
+        inputs = _to_device(inputs, spec.device)
+    except (BackendError, RuntimeError) as error:
+        return Invalid(message=str(error), duration_s=time.monotonic() - started)
+    if spec.failure.kind == "accuracy":
+        return _run_for_accuracy(gm, inputs, backend, spec, started)
+    try:
+        compiled = backend(gm, _clone_inputs(inputs))
+    except Exception as error:
+        return _failure(error, "compile_error", started)
+    try:
+        run_compiled(compiled, inputs)
+        _synchronize(spec.device)
+    except Exception as error:
+        return _failure(error, "runtime_error", started)
+    return Passes(duration_s=time.monotonic() - started)
+
+
+def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
+                      started: float) -> Outcome:
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.debug_utils import cast_to_fp64
+    from torch._dynamo.utils import same
+
+    strict = spec.failure.strict_accuracy
+    try:
+        reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
+    except Exception as error:
+        return Invalid(message=f"the eager reference run failed: {type(error).__name__}: {error}"[:2000],
+                       duration_s=time.monotonic() - started)
+    fp64_reference = None
+    if dynamo_config.same_two_models_use_fp64:
+        try:
+            fp64_model, fp64_inputs = cast_to_fp64(copy.deepcopy(gm), _clone_inputs(inputs))
+            fp64_reference = fp64_model(*fp64_inputs)
+        except Exception as error:
+            # torch's non-strict accuracy requires the fp64 reference and skips the graph without it.
+            if not strict:
+                return Invalid(message=f"cannot compute the fp64 reference: {type(error).__name__}: {error}",
+                               duration_s=time.monotonic() - started)
+    try:
+        compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
+    except Exception as error:
+        return _failure(error, "compile_error", started)
+    try:
+        result = run_compiled(compiled, _clone_inputs(inputs))
+        _synchronize(spec.device)
+    except Exception as error:
+        return _failure(error, "runtime_error", started)
+    divergences: list[str] = []
+
+    def log_error(message: str, *args: Any) -> None:
+        divergences.append(message % args if args else message)
+
+    passing = same(reference, result, fp64_reference, tol=spec.failure.tolerance, equal_nan=True,
+                   ignore_non_fp=not strict, log_error=log_error)
+    duration = time.monotonic() - started
+    if passing:
+        return Passes(duration_s=duration)
+    detail = "; ".join(divergences)[:2000] or "compiled result differs from eager"
+    signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="",
+                          text=f"{ACCURACY_EXC_TYPE}: {detail}")
+    return Fails(signature=signature, duration_s=duration)

@@ -1,0 +1,777 @@
+"""Run candidates in child processes forked from a warm fork server (ARCHITECTURE.md, "Isolation model").
+
+Processes::
+
+    parent (engine)                      fork server (python -m minify_worker.sandbox)
+      SandboxPool ──requests (pipe)──▶     imports torch + inductor, never CUDA, no tensor ops
+                  ◀──events (pipe)────     loads values.pt (mmap, weights_only)
+                                           forks one child per request ──▶ child: setsid, run, write result, _exit
+
+The parent talks to the server over two private pipes (JSON lines), never over stdout: children
+inherit stdout, and user code prints. The server is the only one that forks, waits and kills, so
+a pid can never be reused under it: it enforces each request's timeout, kills a child's whole
+process group (`os.killpg`: the child and what it started, e.g. a C++ compiler) on timeout,
+cancel or shutdown, reaps every child (it is a child subreaper, so orphaned grandchildren come
+back to it), and reports how each child ended. A killed parent leaves nothing behind: the server
+has `PR_SET_PDEATHSIG=SIGKILL` towards the pool's I/O thread, every child towards the server.
+
+Everything the pool writes lives under `workdir/sandbox/` (result files, child logs, TMPDIR,
+inductor and triton caches) and `close()` removes it; the rest of `workdir` is the caller's.
+
+API (parent side)::
+
+    pool = SandboxPool(workdir, values_path, spec, parallelism)   # values_path may be None
+    future = pool.submit(wire_graph, timeout_s, purpose="candidate")   # Future[Outcome]
+    pool.cancel(future)               # or future.cancel(): kills that child
+    value = pool.call("minify_worker.artifacts:write_minimized", kwargs, timeout_s)   # -> dict
+    pool.load_values(values_path)     # (re)load the value store in the server, e.g. after prepare
+    pool.wait_ready(timeout_s)        # -> the server's warm-up report
+    pool.close()                      # kills everything, reaps, removes workdir/sandbox
+
+A call target is a module-level function of `minify_worker` called in a child as
+`fn(context: ChildContext, **kwargs) -> dict` (JSON-safe); the context carries the value store.
+How a child ended becomes an `Outcome` here: its reported outcome, else `TimedOut` (killed at its
+deadline), `Crashed(signal)`, `OutOfMemory` for an unexplained SIGKILL (the kernel's OOM killer),
+or `Crashed(0, ExitStatus)` for an exit without a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import itertools
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minify_client.models import JobSpec
+
+from . import oracle
+from .loader import PreparedProgram, ProgramError
+from .outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict, outcome_to_dict
+
+log = logging.getLogger(__name__)
+
+CALL_PREFIX = "minify_worker."
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_LOG_TAIL = 4000
+
+
+class SandboxError(Exception):
+    """The sandbox itself failed (the fork server died or could not start)."""
+
+
+class SandboxCallError(SandboxError):
+    """A `SandboxPool.call` target raised, crashed or timed out in its child.
+
+    `error_type` is the exception's type name when the target raised, else the outcome kind
+    (`crashed`, `timed_out`, `oom`).
+    """
+
+    def __init__(self, message: str, error_type: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.detail = detail
+
+
+@dataclass
+class ChildContext:
+    """What a `SandboxPool.call` target receives."""
+
+    workdir: Path
+    spec: JobSpec
+    values: dict[str, Any]
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    future: Future
+    kind: str  # "candidate" | "call" | "load_values"
+    purpose: str
+    timeout_s: float | None
+
+
+class SandboxPool:
+    """Children forked from one warm fork server; see the module docstring."""
+
+    def __init__(self, workdir: Path, values: Path | PreparedProgram | None, spec: JobSpec, parallelism: int = 1, *,
+                 threads_per_child: int | None = None, warm: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.root = self.workdir / "sandbox"
+        self.spec = spec
+        self.parallelism = max(1, parallelism)
+        self.threads_per_child = threads_per_child or max(1, usable_cores() // self.parallelism)
+        for sub in ("results", "logs", "tmp", "cache", "triton"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._dead_reason: str | None = None
+        self._ready = threading.Event()
+        self._ready_info: dict[str, Any] = {}
+        self._spawned = threading.Event()
+        self._spawn_error: BaseException | None = None
+        self._process: subprocess.Popen | None = None
+        self._request_w: int | None = None
+        command = [
+            sys.executable, "-m", "minify_worker.sandbox",
+            "--root", str(self.root),
+            "--workdir", str(self.workdir),
+            "--spec", spec.model_dump_json(),
+            "--parallelism", str(self.parallelism),
+            "--threads", str(self.threads_per_child),
+            "--parent-pid", str(os.getpid()),
+        ]
+        values_path = values.values_path if isinstance(values, PreparedProgram) else values
+        if values_path is not None:
+            command += ["--values", str(Path(values_path).resolve())]
+        if not warm:
+            command.append("--no-warm")
+        self._environment = self._server_environment(env)
+        # The I/O thread starts the server: PR_SET_PDEATHSIG follows the thread that forked it,
+        # and this thread lives exactly as long as the pool.
+        self._thread = threading.Thread(target=self._serve, args=(command,), name="minify-sandbox-io",
+                                        daemon=True)
+        self._thread.start()
+        self._spawned.wait()
+        if self._spawn_error is not None:
+            raise SandboxError(f"cannot start the fork server: {self._spawn_error}") from self._spawn_error
+
+    def _server_environment(self, extra: dict[str, str] | None) -> dict[str, str]:
+        environment = dict(os.environ)
+        environment.update({
+            "TMPDIR": str(self.root / "tmp"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.root / "cache"),
+            "TRITON_CACHE_DIR": str(self.root / "triton"),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        environment.update(extra or {})
+        return environment
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
+               purpose: str = "candidate") -> Future[Outcome]:
+        """Run one candidate in a fresh child; the future resolves with its `Outcome`."""
+        return self._request("candidate", {"graph": wire_graph}, timeout_s, purpose)
+
+    def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,
+                    purpose: str = "call") -> Future[dict[str, Any]]:
+        """Run `target(context, **kwargs)` in a child; the future resolves with its dict or raises
+        `SandboxCallError`."""
+        module, _, name = target.partition(":")
+        if not module.startswith(CALL_PREFIX) or not name:
+            raise ValueError(f"call target {target!r} must be 'minify_worker.module:function'")
+        return self._request("call", {"target": target, "kwargs": kwargs or {}}, timeout_s, purpose)
+
+    def call(self, target: str, kwargs: dict[str, Any] | None = None,
+             timeout_s: float | None = 600.0) -> dict[str, Any]:
+        """`submit_call(...).result()`."""
+        return self.submit_call(target, kwargs, timeout_s).result()
+
+    def load_values(self, values_path: Path, timeout_s: float = 600.0) -> None:
+        """Load (or replace) the value store in the fork server; later children see it."""
+        future = self._request("load_values", {"path": str(Path(values_path).resolve())}, None, "load_values")
+        future.result(timeout=timeout_s)
+
+    def cancel(self, future: Future) -> bool:
+        """Cancel a submitted request: a queued one never starts, a running child is killed."""
+        return future.cancel()
+
+    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the server's warm-up; returns its report (warmup_s, cuda_initialized, ...)."""
+        if not self._ready.wait(timeout_s):
+            if self._dead_reason:
+                raise SandboxError(self._dead_reason)
+            raise SandboxError(f"the fork server is not ready after {timeout_s} s")
+        return dict(self._ready_info)
+
+    @property
+    def server_pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def close(self) -> None:
+        """Kill every child, stop the server, reap, and remove `workdir/sandbox`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            request_w, self._request_w = self._request_w, None
+        if request_w is not None:
+            os.close(request_w)  # EOF: the server kills its children, reaps them and exits
+        process = self._process
+        if process is not None:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()  # its children follow by PR_SET_PDEATHSIG
+                process.wait()
+        self._thread.join(timeout=15)
+        for pending in list(self._pending.values()):
+            pending.future.cancel()
+        self._pending.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _request(self, kind: str, payload: dict[str, Any], timeout_s: float | None, purpose: str) -> Future:
+        request_id = next(self._ids)
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox pool is closed")
+            if self._dead_reason:
+                raise SandboxError(self._dead_reason)
+            self._pending[request_id] = _Pending(future, kind, purpose, timeout_s)
+        future.add_done_callback(lambda done: self._on_done(request_id, done))
+        self._send({"op": "run", "id": request_id, "kind": kind, "purpose": purpose,
+                    "timeout_s": timeout_s, **payload})
+        return future
+
+    def _on_done(self, request_id: int, future: Future) -> None:
+        if future.cancelled():
+            self._send({"op": "kill", "id": request_id}, quiet=True)
+
+    def _send(self, message: dict[str, Any], quiet: bool = False) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self._lock:
+            if self._request_w is None:
+                if quiet:
+                    return
+                raise SandboxError(self._dead_reason or "the sandbox pool is closed")
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(self._request_w, view)
+                    view = view[written:]
+            except OSError as error:
+                if not quiet:
+                    raise SandboxError(self._dead_reason or f"the fork server is gone: {error}") from error
+
+    def _serve(self, command: list[str]) -> None:
+        request_r, request_w = os.pipe()
+        event_r, event_w = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [*command, "--request-fd", str(request_r), "--event-fd", str(event_w)],
+                pass_fds=(request_r, event_w), env=self._environment,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=str(self.root / "tmp"),
+            )
+        except BaseException as error:
+            for fd in (request_r, request_w, event_r, event_w):
+                os.close(fd)
+            self._spawn_error = error
+            self._spawned.set()
+            return
+        os.close(request_r)
+        os.close(event_w)
+        self._request_w = request_w
+        self._spawned.set()
+        with os.fdopen(event_r, "rb") as events:
+            for line in events:
+                try:
+                    self._handle_event(json.loads(line))
+                except Exception:
+                    log.exception("sandbox: bad event from the fork server")
+        code = self._process.wait()
+        reason = self._dead_reason or f"the fork server exited (status {code})"
+        with self._lock:
+            self._dead_reason = reason
+            if self._request_w is not None:
+                os.close(self._request_w)
+                self._request_w = None
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for item in pending:
+            _resolve(item.future, error=SandboxError(reason))
+
+    def _handle_event(self, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        if name == "ready":
+            self._ready_info = event
+            self._ready.set()
+        elif name == "fatal":
+            self._dead_reason = f"the fork server failed: {event.get('message')}"
+        elif name == "done":
+            with self._lock:
+                pending = self._pending.pop(event["id"], None)
+            if pending is not None:
+                _finish(pending, event)
+
+
+def _resolve(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except Exception:  # cancelled concurrently
+        pass
+
+
+def _finish(pending: _Pending, event: dict[str, Any]) -> None:
+    if pending.future.cancelled():
+        return
+    result = event.get("result")
+    if pending.kind == "candidate":
+        _resolve(pending.future, result=outcome_of_child(event, pending.timeout_s))
+        return
+    if isinstance(result, dict) and result.get("ok"):
+        _resolve(pending.future, result=result.get("value"))
+        return
+    if isinstance(result, dict):
+        error_type, message = result.get("error_type", ""), result.get("error", "failed")
+        detail = result.get("traceback", "")
+    else:
+        outcome = outcome_of_child(event, pending.timeout_s)
+        error_type, message, detail = outcome.kind, _describe(outcome), event.get("log_tail", "")
+    _resolve(pending.future, error=SandboxCallError(f"{pending.purpose} failed in its child: {message}",
+                                                    error_type, detail))
+
+
+def _describe(outcome: Outcome) -> str:
+    if isinstance(outcome, Crashed):
+        return str(outcome.signature)
+    if isinstance(outcome, TimedOut):
+        return f"after {outcome.after_s:.1f} s"
+    return getattr(outcome, "message", "")
+
+
+def outcome_of_child(event: dict[str, Any], timeout_s: float | None) -> Outcome:
+    """The outcome of one candidate child from the server's report of how it ended."""
+    wall = float(event.get("wall_s") or 0.0)
+    result = event.get("result")
+    if isinstance(result, dict) and "outcome" in result:
+        return outcome_from_dict(result["outcome"])
+    if event.get("timed_out"):
+        return TimedOut(after_s=wall)
+    if isinstance(result, dict) and "error" in result:
+        return Invalid(message=f"sandbox child error: {result['error']}", duration_s=wall)
+    number = event.get("signal")
+    if number:
+        if number == signal.SIGKILL and not event.get("killed"):
+            return OutOfMemory(message="killed by SIGKILL without a timeout or cancel "
+                                       "(most likely the kernel's OOM killer)", duration_s=wall)
+        return Crashed(signal=number, signature=oracle.crash_signature(number), duration_s=wall)
+    code = int(event.get("exit_code") or 0)
+    return Crashed(signal=0, signature=oracle.exit_signature(code), duration_s=wall)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fork server side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    request: dict[str, Any]
+    pid: int
+    started: float
+    deadline: float | None
+    result_path: Path
+    log_path: Path
+    timed_out: bool = False
+    killed: bool = False
+
+
+@dataclass
+class _Server:
+    root: Path
+    workdir: Path
+    spec: JobSpec
+    parallelism: int
+    threads: int
+    request_fd: int
+    event_fd: int
+    values: dict[str, Any] = field(default_factory=dict)
+    queue: deque = field(default_factory=deque)
+    running: dict[int, _Child] = field(default_factory=dict)  # pid -> child
+    wake_r: int = -1
+    wake_w: int = -1
+    selector: selectors.BaseSelector | None = None
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def emit(self, event: dict[str, Any]) -> None:
+        data = memoryview((json.dumps(event) + "\n").encode())
+        while data:
+            data = data[os.write(self.event_fd, data):]
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "kill":
+            self.kill_request(message["id"])
+        elif op == "run" and message.get("kind") == "load_values":
+            self.emit({"event": "done", "id": message["id"], "result": self.load_values(message["path"])})
+        elif op == "run":
+            self.queue.append(message)
+
+    def load_values(self, path: str) -> dict[str, Any]:
+        import torch
+
+        try:
+            self.values = torch.load(path, mmap=True, weights_only=True)
+        except Exception as error:
+            return {"ok": False, "error": f"cannot load the value store {path}: {type(error).__name__}: {error}"}
+        return {"ok": True, "value": {"names": len(self.values)}}
+
+    def kill_request(self, request_id: int) -> None:
+        for message in list(self.queue):
+            if message["id"] == request_id:
+                self.queue.remove(message)
+                self.emit({"event": "done", "id": request_id, "killed": True, "result": None})
+                return
+        for child in self.running.values():
+            if child.request["id"] == request_id:
+                child.killed = True
+                _kill_group(child.pid)
+
+    # -- children -------------------------------------------------------------------------------
+
+    def start_queued(self) -> None:
+        while self.queue and len(self.running) < self.parallelism:
+            self.fork(self.queue.popleft())
+
+    def fork(self, request: dict[str, Any]) -> None:
+        request_id = request["id"]
+        result_path = self.root / "results" / f"{request_id}.json"
+        log_path = self.root / "logs" / f"{request_id}.log"
+        server_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 70
+            try:
+                self.child_main(request, server_pid, result_path, log_path)
+                code = 0
+            finally:
+                os._exit(code)
+        now = time.monotonic()
+        timeout = request.get("timeout_s")
+        deadline = now + float(timeout) if timeout else None
+        self.running[pid] = _Child(request, pid, now, deadline, result_path, log_path)
+        self.emit({"event": "started", "id": request_id, "pid": pid})
+
+    def child_main(self, request: dict[str, Any], server_pid: int, result_path: Path, log_path: Path) -> None:
+        os.setsid()
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != server_pid:
+            os._exit(1)
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        if self.selector is not None:
+            self.selector.close()
+        for fd in (self.request_fd, self.event_fd, self.wake_r, self.wake_w):
+            os.close(fd)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        import torch
+
+        torch.set_num_threads(self.threads)
+        try:
+            result = self.run_request(request)
+        except BaseException as error:
+            result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        temporary = result_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(result))
+        os.replace(temporary, result_path)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def run_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request["kind"] == "candidate":
+            from .runner import run_wire_candidate
+
+            outcome = run_wire_candidate(request["graph"], self.values, self.spec, self.root / "tmp")
+            return {"outcome": outcome_to_dict(outcome)}
+        module_name, _, name = request["target"].partition(":")
+        try:
+            if not module_name.startswith(CALL_PREFIX):
+                raise ValueError(f"call target {request['target']!r} is not in minify_worker")
+            function = getattr(importlib.import_module(module_name), name)
+            value = function(ChildContext(self.workdir, self.spec, self.values), **request["kwargs"])
+            json.dumps(value)
+        except Exception as error:
+            return {"ok": False, "error_type": type(error).__name__, "error": f"{type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc()}
+        return {"ok": True, "value": value}
+
+    def reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            pid = info.si_pid
+            child = self.running.pop(pid, None)
+            if child is not None:
+                # The zombie still holds its pid: the group id cannot have been reused yet.
+                _kill_group(pid)
+            _, status = os.waitpid(pid, 0)
+            if child is not None:
+                self.report(child, status)
+
+    def report(self, child: _Child, status: int) -> None:
+        result = None
+        if child.result_path.exists():
+            try:
+                result = json.loads(child.result_path.read_text())
+            except ValueError:
+                result = None
+        event: dict[str, Any] = {
+            "event": "done", "id": child.request["id"], "pid": child.pid, "result": result,
+            "timed_out": child.timed_out, "killed": child.killed or child.timed_out,
+            "wall_s": round(time.monotonic() - child.started, 4),
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        }
+        if result is None or "error" in result:
+            event["log_tail"] = _tail(child.log_path)
+        for path in (child.result_path, child.result_path.with_suffix(".tmp"), child.log_path):
+            path.unlink(missing_ok=True)
+        self.emit(event)
+
+    def enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for child in self.running.values():
+            if child.deadline is not None and now >= child.deadline and not child.timed_out:
+                child.timed_out = True
+                _kill_group(child.pid)
+
+    def next_wakeup(self) -> float | None:
+        deadlines = [c.deadline for c in self.running.values() if c.deadline is not None and not c.timed_out]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    # -- loop -----------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.request_fd, selectors.EVENT_READ, "requests")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        buffer = b""
+        while True:
+            self.start_queued()
+            for key, _ in self.selector.select(self.next_wakeup()):
+                if key.data == "wake":
+                    _drain(self.wake_r)
+                    continue
+                chunk = os.read(self.request_fd, 1 << 20)
+                if not chunk:
+                    return
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self.handle(json.loads(line))
+            self.reap()
+            self.enforce_deadlines()
+
+    def shutdown(self) -> None:
+        self.queue.clear()
+        for pid in list(self.running):
+            _kill_group(pid)
+        for pid in list(self.running):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.running.clear()
+        _kill_adopted_descendants()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        # Not yet a group leader (killed before its setsid): it has started nothing yet.
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_adopted_descendants() -> None:
+    """Kill and reap processes re-parented to this subreaper that escaped their group (setsid)."""
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[1] == me:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                os.waitpid(int(entry.name), 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - _LOG_TAIL))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def warm_up(spec: JobSpec) -> dict[str, Any]:
+    """Import what every child needs, without initializing CUDA or starting OpenMP threads.
+
+    For inductor on the CPU it also runs inductor's vector-ISA probe (a few small C++ builds, each
+    checked by a `python -c` dlopen subprocess): its result is cached in this process, so every
+    forked child inherits it instead of probing again.
+    """
+    started = time.monotonic()
+    import torch
+    import torch._dynamo
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx
+    import torch._inductor.config as inductor_config
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+    import torch.export
+
+    from . import backends, runner  # noqa: F401
+
+    inductor_config.compile_threads = 1
+    imported = time.monotonic()
+    if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
+        cpu_vec_isa.pick_vec_isa()
+    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - started, 3),
+            "cuda_initialized": bool(torch.cuda.is_initialized())}
+
+
+def _server_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="minify fork server (started by SandboxPool)")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--parallelism", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--values", type=Path)
+    parser.add_argument("--no-warm", action="store_true")
+    parser.add_argument("--request-fd", type=int, required=True)
+    parser.add_argument("--event-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != args.parent_pid:
+        return 1
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = _Server(args.root, args.workdir, JobSpec.model_validate_json(args.spec), args.parallelism,
+                     args.threads, args.request_fd, args.event_fd)
+    try:
+        info: dict[str, Any] = {"imports_s": 0.0, "warmup_s": 0.0, "cuda_initialized": False}
+        if args.no_warm:
+            import torch  # noqa: F401  (every child needs it)
+        else:
+            info = warm_up(server.spec)
+        if args.values is not None:
+            loaded = server.load_values(str(args.values))
+            if not loaded["ok"]:
+                server.emit({"event": "fatal", "message": loaded["error"]})
+                return 2
+        server.emit({"event": "ready", "pid": os.getpid(), **info})
+        server.serve()
+    except BrokenPipeError:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_server_main())
+
+
+def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,
+                    timeout_s: float | None = 600.0, pool: SandboxPool | None = None) -> PreparedProgram:
+    """Run the loader in a sandbox child: values.pt and program.json into `workdir`.
+
+    Uses `pool` if given (it need not have a value store yet), else a one-shot pool without
+    inductor warm-up. Any failure (a bad file, inputs that do not fit, a crash or hang while
+    loading) raises `ProgramError` with a message for the user.
+    """
+    own_pool = pool is None
+    active = pool or SandboxPool(workdir, None, spec, 1, warm=False)
+    kwargs = {"program": str(Path(program).resolve()),
+              "inputs": None if inputs is None else str(Path(inputs).resolve())}
+    try:
+        active.call("minify_worker.loader:prepare_in_child", kwargs, timeout_s)
+    except SandboxCallError as error:
+        if error.error_type == "ProgramError":
+            raise ProgramError(str(error).split("ProgramError: ", 1)[-1]) from None
+        if error.error_type in ("crashed", "timed_out", "oom"):
+            raise ProgramError(f"loading the program failed: {error.error_type} ({error})") from None
+        raise ProgramError(f"cannot prepare the program: {error}") from None
+    finally:
+        if own_pool:
+            active.close()
+    return PreparedProgram.read(workdir)
