@@ -1,0 +1,49 @@
+"""Is an upload a torch.export archive? Decided from the zip directory alone: no torch, no unpickling."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+# Entries that mark a torch.export archive, relative to its single top-level folder: the pt2 archive
+# format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.
+_MARKERS = ("archive_format", "serialized_exported_program.json")
+_MODEL_PREFIX = "models/"
+
+
+class NotAnExportArchive(ValueError):
+    """The file is not what `torch.export.save` writes."""
+
+
+def check_export_archive(path: Path) -> None:
+    """Raise NotAnExportArchive with the reason when `path` is not a torch.export .pt2 archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as error:
+        raise NotAnExportArchive(f"not a torch.export archive: not a zip file ({error})") from error
+    if not names:
+        raise NotAnExportArchive("not a torch.export archive: the zip file is empty")
+    roots = {name.split("/", 1)[0] for name in names}
+    if len(roots) != 1 or any("/" not in name for name in names):
+        raise NotAnExportArchive("not a torch.export archive: expected one top-level folder in the zip")
+    if any(name.startswith("/") or ".." in name.split("/") for name in names):
+        raise NotAnExportArchive("not a torch.export archive: unsafe entry names")
+    (root,) = roots
+    inner = {name[len(root) + 1:] for name in names}
+    has_model = any(name.startswith(_MODEL_PREFIX) and name.endswith(".json") for name in inner)
+    if not (has_model or any(marker in inner for marker in _MARKERS)):
+        raise NotAnExportArchive(
+            "not a torch.export archive: no archive_format, models/*.json or serialized_exported_program.json"
+        )
+
+
+def check_torch_save_file(path: Path) -> None:
+    """inputs.pt is a torch.save zip: one top-level folder holding data.pkl (never unpickled here)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as error:
+        raise NotAnExportArchive("not a torch.save file (not a zip)") from error
+    if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
+        raise NotAnExportArchive("not a torch.save file (no data.pkl)")

@@ -1,0 +1,96 @@
+"""`minify-server`: the API and dashboard; without --redis-url also an embedded Redis and local workers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvicorn
+from pydantic import ValidationError
+
+from minify_server.app import create_app
+from minify_server.config import BindingError, Settings, check_binding
+from minify_server.embedded import EmbeddedRedis, LocalWorker, local_worker_queues
+
+log = logging.getLogger("minify_server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minify-server",
+        description="The minify API and dashboard. Every flag has a MINIFY_<NAME> environment variable.")
+    parser.add_argument("--redis-url", help="a shared Redis; without it an embedded one runs in the data dir")
+    parser.add_argument("--data-dir", type=Path, help="uploads, results, embedded Redis (default ./minify-data)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 8000)")
+    parser.add_argument("--upload-limit", type=int, dest="upload_limit_bytes", metavar="BYTES",
+                        help="largest upload (default 2 GiB)")
+    parser.add_argument("--tokens", help="comma-separated bearer tokens (default: MINIFY_TOKENS; none: no auth)")
+    parser.add_argument("--allowed-backends", help="custom backend module prefixes, passed to local workers")
+    parser.add_argument("--workers", type=int, help="local workers in embedded mode (default 1)")
+    parser.add_argument("--worker-queues", help="queues of the local workers (default cpu, +cuda on a GPU)")
+    parser.add_argument("--insecure-no-auth", action="store_true", default=None,
+                        help="allow --host beyond loopback without tokens")
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {name: value for name, value in vars(args).items() if value is not None and name != "log_level"}
+    return Settings(**overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = settings_from_args(args)
+        check_binding(settings)
+    except (ValidationError, BindingError) as error:
+        print(f"minify-server: {error}", file=sys.stderr)
+        return 2
+    settings.data_dir = settings.data_dir.resolve()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM behaves like Ctrl-C: uvicorn drains, then the finally below stops the children in order.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    redis_server: EmbeddedRedis | None = None
+    workers: list[LocalWorker] = []
+    try:
+        redis_url = settings.redis_url
+        if redis_url is None:
+            redis_server = EmbeddedRedis(settings.data_dir)
+            redis_server.start()
+            redis_url = redis_server.url
+            workers = _start_workers(settings, redis_url)
+        app = create_app(settings, redis_url)
+        log.info("minify at http://%s:%d (data in %s)", settings.host, settings.port, settings.data_dir)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the children
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for worker in workers:
+            worker.stop()
+        if redis_server is not None:
+            redis_server.stop()
+    return 0
+
+
+def _start_workers(settings: Settings, redis_url: str) -> list[LocalWorker]:
+    env = dict(os.environ)
+    env["MINIFY_ALLOWED_BACKENDS"] = settings.allowed_backends
+    queues = settings.worker_queues or local_worker_queues()
+    workers = [LocalWorker(index, redis_url, queues, env) for index in range(settings.workers)]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+if __name__ == "__main__":
+    sys.exit(main())

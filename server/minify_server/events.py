@@ -1,0 +1,41 @@
+"""A job's Redis stream as Server-Sent Events: history first, then live, until the job ends."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from minify_client.models import JobState
+from redis.asyncio import Redis
+
+from minify_server.records import events_key, record_key
+
+BLOCK_MS = 10_000
+BATCH = 500
+
+
+def _is_final(fields: dict[str, str]) -> bool:
+    if fields.get("event") != "status":
+        return False
+    status = json.loads(fields.get("data", "{}")).get("status")
+    return status is not None and JobState(status).finished
+
+
+async def job_events(redis: Redis, job_id: str, last_event_id: str | None) -> AsyncIterator[str]:
+    """`id:`/`event:`/`data:` frames; the stream entry id is the SSE id, so Last-Event-ID resumes."""
+    stream = events_key(job_id)
+    cursor = last_event_id or "0-0"
+    yield "retry: 2000\n\n"
+    while True:
+        batches = await redis.xread({stream: cursor}, count=BATCH, block=BLOCK_MS)
+        if not batches:
+            status = await redis.hget(record_key(job_id), "status")
+            if status is None or JobState(status).finished:
+                return  # ended without a final event we have not sent (e.g. expired history)
+            yield ": keep-alive\n\n"
+            continue
+        for entry_id, fields in batches[0][1]:
+            cursor = entry_id
+            yield f"id: {entry_id}\nevent: {fields.get('event', 'log')}\ndata: {fields.get('data', '{}')}\n\n"
+            if _is_final(fields):
+                return

@@ -1,0 +1,48 @@
+"""`/metrics`: Prometheus text built at scrape time from the job records and the Redis counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from minify_client.models import JobState
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+
+class _Snapshot:
+    """A one-shot collector over values already read from Redis."""
+
+    def __init__(self, statuses: list[str], depths: dict[str, int], workers: int,
+                 counters: dict[str, int]) -> None:
+        self.statuses = Counter(statuses)
+        self.depths = depths
+        self.workers = workers
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("minify_jobs", "Jobs by status", labels=["status"])
+        for state in JobState:
+            jobs.add_metric([state.value], self.statuses.get(state.value, 0))
+        yield jobs
+        depth = GaugeMetricFamily("minify_queue_depth", "Jobs waiting per queue", labels=["queue"])
+        for name, count in self.depths.items():
+            depth.add_metric([name], count)
+        yield depth
+        yield GaugeMetricFamily("minify_workers", "RQ workers registered", value=self.workers)
+        yield CounterMetricFamily("minify_checks", "Candidate checks run by finished jobs",
+                                  value=self.counters.get("checks_total", 0))
+        yield CounterMetricFamily("minify_checks_cached", "Candidate checks answered from the memo",
+                                  value=self.counters.get("checks_cached", 0))
+        outcomes = CounterMetricFamily("minify_candidate_outcomes", "Candidate outcomes by kind",
+                                       labels=["kind"])
+        for name, count in sorted(self.counters.items()):
+            if name.startswith("outcome:"):
+                outcomes.add_metric([name.removeprefix("outcome:")], count)
+        yield outcomes
+
+
+def render(statuses: list[str], depths: dict[str, int], workers: int, counters: dict[str, int]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(statuses, depths, workers, counters))
+    return generate_latest(registry)

@@ -1,0 +1,50 @@
+"""The queue producer: one RQ queue per device class (`cpu`, `cuda`); the worker's job entry runs jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minify_client.models import JobSpec
+from redis import Redis
+from rq import Callback, Queue, Retry
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job
+from rq.worker import Worker
+
+QUEUE_NAMES = ("cpu", "cuda")
+JOB_ENTRY = "minify_worker.job.run_job"
+JOB_FAILED = "minify_worker.job.on_rq_failure"
+# RQ's hard timeout is a backstop: the job entry ends the engine itself at the spec's job_timeout_s.
+TIMEOUT_MARGIN_S = 120
+RESULT_TTL_S = 7 * 24 * 3600
+
+
+def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], retries: int) -> Job:
+    queue = Queue(spec.device_class, connection=redis)
+    return queue.enqueue(
+        JOB_ENTRY,
+        ticket,
+        job_id=job_id,
+        job_timeout=int(spec.limits.job_timeout_s) + TIMEOUT_MARGIN_S,
+        retry=Retry(max=retries) if retries else None,
+        on_failure=Callback(JOB_FAILED),
+        result_ttl=RESULT_TTL_S,
+        failure_ttl=RESULT_TTL_S,
+        description=f"minify {job_id} on {spec.device}",
+    )
+
+
+def dequeue(redis: Redis, job_id: str) -> None:
+    """Take a queued job off its queue (it was cancelled before a worker took it)."""
+    try:
+        Job.fetch(job_id, connection=redis).cancel()
+    except (NoSuchJobError, InvalidJobOperation):
+        pass
+
+
+def queue_depths(redis: Redis) -> dict[str, int]:
+    return {name: Queue(name, connection=redis).count for name in QUEUE_NAMES}
+
+
+def worker_count(redis: Redis) -> int:
+    return Worker.count(connection=redis)

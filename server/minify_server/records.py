@@ -1,0 +1,129 @@
+"""Job records in Redis: the layout the server reads and the worker's job entry writes.
+
+One hash per job (`minify:job:<id>`), one stream of ProgressEvents per job
+(`minify:job:<id>:events`), a cancel flag (`minify:job:<id>:cancel`), a sorted set of all jobs
+by creation time (`minify:jobs`) and a hash of counters (`minify:counters`). The worker gets the
+key names in the job's ticket (ticket_keys), so this module is the one place they are spelled.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Report
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+INDEX_KEY = "minify:jobs"
+COUNTERS_KEY = "minify:counters"
+EVENTS_MAXLEN = 10_000
+
+
+def record_key(job_id: str) -> str:
+    return f"minify:job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    return f"minify:job:{job_id}:events"
+
+
+def cancel_key(job_id: str) -> str:
+    return f"minify:job:{job_id}:cancel"
+
+
+def ticket_keys(job_id: str) -> dict[str, str]:
+    return {
+        "record": record_key(job_id),
+        "events": events_key(job_id),
+        "cancel": cancel_key(job_id),
+        "counters": COUNTERS_KEY,
+    }
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def event_fields(event: ProgressEvent) -> dict[str, str]:
+    """A stream entry: the SSE event type and the ProgressEvent as JSON."""
+    return {"event": event.type, "data": event.model_dump_json(exclude_none=True)}
+
+
+def to_job_status(fields: dict[str, str]) -> JobStatus:
+    data: dict[str, Any] = {
+        "id": fields["id"],
+        "status": fields["status"],
+        "spec": JobSpec.model_validate_json(fields["spec"]),
+        "created_at": fields["created_at"],
+        "attempts": int(fields.get("attempts", 0)),
+    }
+    for name in ("started_at", "finished_at", "reason", "worker", "program_name"):
+        if fields.get(name):
+            data[name] = fields[name]
+    if fields.get("progress"):
+        data["progress"] = json.loads(fields["progress"])
+    if fields.get("result"):
+        data["result"] = Report.model_validate_json(fields["result"])
+    return JobStatus.model_validate(data)
+
+
+class JobRecords:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def create(self, job_id: str, fields: dict[str, str]) -> None:
+        created = datetime.fromisoformat(fields["created_at"]).timestamp()
+        queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(record_key(job_id), mapping=fields)
+            pipe.zadd(INDEX_KEY, {job_id: created})
+            pipe.xadd(events_key(job_id), event_fields(queued), maxlen=EVENTS_MAXLEN, approximate=True)
+            await pipe.execute()
+
+    async def get(self, job_id: str) -> dict[str, str] | None:
+        fields = await self.redis.hgetall(record_key(job_id))
+        return fields or None
+
+    async def page(self, offset: int, limit: int) -> tuple[list[dict[str, str]], int]:
+        """Records newest first."""
+        total = await self.redis.zcard(INDEX_KEY)
+        ids = await self.redis.zrevrange(INDEX_KEY, offset, offset + limit - 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(record_key(job_id))
+            rows = await pipe.execute()
+        return [row for row in rows if row], total
+
+    async def statuses(self) -> list[str]:
+        ids = await self.redis.zrange(INDEX_KEY, 0, -1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(record_key(job_id), "status")
+            return [status for status in await pipe.execute() if status]
+
+    async def request_cancel(self, job_id: str) -> bool:
+        """Flag the job for cancellation; when still queued, mark it cancelled now. True if it was queued."""
+        await self.redis.set(cancel_key(job_id), "1")
+        key = record_key(job_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    if await pipe.hget(key, "status") != JobState.queued.value:
+                        await pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, mapping={"status": JobState.cancelled.value, "finished_at": now_iso(),
+                                            "reason": "cancelled before it started"})
+                    event = ProgressEvent(type="status", status=JobState.cancelled,
+                                          message="cancelled before it started")
+                    pipe.xadd(events_key(job_id), event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+                    await pipe.execute()
+                    return True
+                except WatchError:  # the worker moved it meanwhile: look again
+                    continue
+
+    async def counters(self) -> dict[str, int]:
+        return {name: int(value) for name, value in (await self.redis.hgetall(COUNTERS_KEY)).items()}

@@ -1,0 +1,193 @@
+"""/v1/jobs: submit, list, status, events, artifacts, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
+from minify_client.specflags import describe_validation_error
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from minify_server import queue
+from minify_server.archive import NotAnExportArchive, check_export_archive, check_torch_save_file
+from minify_server.auth import require_token
+from minify_server.errors import ApiError
+from minify_server.events import job_events
+from minify_server.records import JobRecords, now_iso, ticket_keys, to_job_status
+from minify_server.store import ArtifactStore, Blob, UnknownArtifact, UploadTooLarge
+from minify_server.uploads import BadUpload, JobUpload, receive_job_upload
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
+
+_UPLOAD_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object",
+            "required": ["program", "spec"],
+            "properties": {
+                "program": {"type": "string", "format": "binary", "description": ".pt2 from torch.export.save"},
+                "inputs": {"type": "string", "format": "binary", "description": "optional .pt from torch.save"},
+                "spec": {"type": "string", "description": "the JobSpec as JSON"},
+            },
+        }}},
+    }
+}
+
+
+def _store(request: Request) -> ArtifactStore:
+    return request.app.state.store
+
+
+def _records(request: Request) -> JobRecords:
+    return request.app.state.records
+
+
+def _links(job_id: str, artifacts: list[str]) -> JobLinks:
+    base = f"/v1/jobs/{job_id}"
+    return JobLinks(self=base, events=f"{base}/events",
+                    artifacts={name: f"{base}/artifacts/{name}" for name in artifacts},
+                    dashboard=f"/?job={job_id}")
+
+
+async def _job(request: Request, job_id: str) -> JobStatus:
+    fields = await _records(request).get(job_id) if len(job_id) <= 64 else None
+    if fields is None:
+        raise ApiError(404, f"no job {job_id!r}")
+    status = to_job_status(fields)
+    artifacts = _store(request).available(job_id) if status.status.finished else []
+    status.links = _links(job_id, artifacts)
+    return status
+
+
+def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
+    if "spec" not in upload.texts:
+        raise ApiError(400, "missing form field 'spec' (the JobSpec as JSON; '{}' for the defaults)")
+    try:
+        spec = JobSpec.model_validate_json(upload.texts["spec"])
+    except ValidationError as error:
+        raise ApiError(400, describe_validation_error(error),
+                       detail=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]) from error
+    if ":" in spec.backend:
+        module = spec.backend.split(":", 1)[0]
+        prefixes = [prefix.strip() for prefix in allowed_backends.split(",") if prefix.strip()]
+        if not any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            raise ApiError(400, f"backend module {module!r} is not allowed on this service "
+                                f"(MINIFY_ALLOWED_BACKENDS={allowed_backends!r})")
+    return spec
+
+
+def _check_files(upload: JobUpload) -> None:
+    if "program" not in upload.files:
+        raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
+    try:
+        check_export_archive(upload.files["program"].path)
+    except NotAnExportArchive as error:
+        raise ApiError(415, f"program {upload.filenames.get('program') or ''!r}: {error}") from error
+    if "inputs" in upload.files:
+        try:
+            check_torch_save_file(upload.files["inputs"].path)
+        except NotAnExportArchive as error:
+            raise ApiError(415, f"inputs: {error}") from error
+
+
+@router.post("", status_code=201, response_model=JobCreated, openapi_extra=_UPLOAD_FORM,
+             summary="Submit a failing program")
+async def create_job(request: Request) -> JobCreated:
+    settings = request.app.state.settings
+    store = _store(request)
+    content_length = request.headers.get("content-length")
+    if content_length and content_length.isdigit() and int(content_length) > settings.upload_limit_bytes:
+        raise ApiError(413, f"upload of {content_length} bytes exceeds the limit of "
+                            f"{settings.upload_limit_bytes} bytes")
+    try:
+        upload = await receive_job_upload(request.headers.get("content-type", ""), request.stream(), store,
+                                          settings.upload_limit_bytes)
+    except UploadTooLarge as error:
+        raise ApiError(413, str(error)) from error
+    except BadUpload as error:
+        raise ApiError(400, str(error)) from error
+    try:
+        spec = _parse_spec(upload, settings.allowed_backends)
+        _check_files(upload)
+    except ApiError:
+        upload.discard()
+        raise
+    blobs: dict[str, Blob] = {name: store.commit(writer) for name, writer in upload.files.items()}
+    job_id = uuid.uuid4().hex
+    out_dir = store.out_dir(job_id)
+    program_name = Path(upload.filenames.get("program") or "program.pt2").name
+    await _records(request).create(job_id, {
+        "id": job_id, "status": JobState.queued.value, "spec": spec.model_dump_json(),
+        "created_at": now_iso(), "attempts": "0", "program_name": program_name,
+        "program_sha256": blobs["program"].sha256, "queue": spec.device_class,
+    })
+    ticket = {
+        "job_id": job_id,
+        "program": str(blobs["program"].path),
+        "inputs": str(blobs["inputs"].path) if "inputs" in blobs else None,
+        "out_dir": str(out_dir),
+        "spec": spec.model_dump_json(),
+        "keys": ticket_keys(job_id),
+    }
+    await run_in_threadpool(queue.enqueue, request.app.state.sync_redis, job_id, spec, ticket,
+                            settings.job_retries)
+    return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []))
+
+
+@router.get("", response_model=JobList, summary="Jobs, newest first")
+async def list_jobs(request: Request, offset: int = Query(0, ge=0),
+                    limit: int = Query(50, ge=1, le=500)) -> JobList:
+    rows, total = await _records(request).page(offset, limit)
+    jobs = []
+    for fields in rows:
+        status = to_job_status(fields)
+        status.links = _links(status.id, [])
+        jobs.append(status)
+    return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
+
+
+@router.get("/{job_id}", response_model=JobStatus, summary="A job's status, progress and result")
+async def get_job(request: Request, job_id: str) -> JobStatus:
+    return await _job(request, job_id)
+
+
+@router.get("/{job_id}/events", summary="Server-Sent Events: progress, status, log; ends with the job",
+            response_class=StreamingResponse)
+async def job_event_stream(request: Request, job_id: str,
+                           last_event_id: str | None = Header(default=None)) -> StreamingResponse:
+    await _job(request, job_id)
+    cursor = last_event_id or request.query_params.get("last_event_id")
+    return StreamingResponse(job_events(request.app.state.redis, job_id, cursor), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{job_id}/artifacts/{name}", summary="Download an artifact", response_class=FileResponse)
+async def get_artifact(request: Request, job_id: str, name: str) -> FileResponse:
+    status = await _job(request, job_id)
+    if not status.status.finished:
+        raise ApiError(404, f"job {job_id} is {status.status.value}; artifacts appear when it ends")
+    try:
+        path = await run_in_threadpool(_store(request).artifact, job_id, name)
+    except UnknownArtifact as error:
+        raise ApiError(404, str(error).strip("'\"")) from error
+    media_type = "text/x-python" if name.endswith(".py") else (
+        "application/json" if name.endswith(".json") else "application/octet-stream")
+    return FileResponse(path, media_type=media_type, filename=name)
+
+
+@router.delete("/{job_id}", status_code=202, response_model=JobStatus,
+               summary="Cancel: a queued job at once, a running one within seconds")
+async def cancel_job(request: Request, job_id: str) -> JobStatus:
+    status = await _job(request, job_id)
+    if status.status.finished:
+        if status.status is JobState.cancelled:
+            return status
+        raise ApiError(409, f"job {job_id} already ended: {status.status.value}")
+    if await _records(request).request_cancel(job_id):
+        await run_in_threadpool(queue.dequeue, request.app.state.sync_redis, job_id)
+    return await _job(request, job_id)

@@ -1,0 +1,207 @@
+"""Start the real `minify-server` (embedded Redis, real RQ workers) for a test, and stop it cleanly.
+
+    from tests.support.service import start_service
+
+    with start_service(tmp_path / "data", workers=1, tokens=["s3cret"]) as service:
+        httpx.get(f"{service.url}/v1/jobs", headers=service.headers)
+
+On exit the server gets SIGTERM (as on Ctrl-C), and the helper checks that no process it started
+is left: every descendant carries a marker in its environment, so even orphans are found.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+MARKER = "MINIFY_TEST_SERVICE"
+TESTING_BACKENDS = "minify_worker.testing_backends"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment holds MINIFY_TEST_SERVICE=<marker> (the server and all it started)."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+@dataclass
+class Service:
+    url: str
+    data_dir: Path
+    process: subprocess.Popen
+    marker: str
+    log_path: Path
+    tokens: list[str] = field(default_factory=list)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Authorization for the first token (empty without tokens)."""
+        return {"Authorization": f"Bearer {self.tokens[0]}"} if self.tokens else {}
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=30, **kwargs)
+
+    def pids(self) -> list[int]:
+        """Every live process of this service: server, Redis, workers, work horses, sandbox children."""
+        return marked_pids(self.marker)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM the server, wait for it, then fail if any process it started is still alive."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._kill_all()
+                raise ServiceError(f"minify-server did not stop in {timeout_s:.0f} s\n{self.log()[-4000:]}") from None
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self.pids()
+        if left:
+            described = [_describe(pid) for pid in left]
+            self._kill_all()
+            raise ServiceError(f"processes left after minify-server stopped: {described}")
+
+    def _kill_all(self) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _describe(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return str(pid)
+    return f"{pid}: {command[:200]}"
+
+
+def wait_healthy(url: str, workers: int, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServiceError(f"minify-server exited with {process.returncode}")
+        try:
+            response = httpx.get(f"{url}/healthz", timeout=2)
+            body = response.json()
+            if response.status_code == 200 and body.get("workers", 0) >= workers:
+                return
+            last = response.text
+        except (httpx.HTTPError, ValueError) as error:
+            last = repr(error)
+        time.sleep(0.1)
+    raise ServiceError(f"minify-server not healthy after {timeout_s:.0f} s: {last}")
+
+
+@contextmanager
+def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers: int = 1,
+                  tokens: list[str] | None = None, args: list[str] | None = None,
+                  timeout_s: float = 60.0) -> Iterator[Service]:
+    """The real `minify-server` on a free port with an embedded Redis in `data_dir` and `workers` workers.
+
+    `env` adds to (or overrides) the environment; the test backends are allowed by default.
+    Yields a Service; stops it on exit and fails if any of its processes is left.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    marker = uuid.uuid4().hex
+    full_env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": TESTING_BACKENDS, **(env or {}), MARKER: marker}
+    full_env.pop("MINIFY_REDIS_URL", None)
+    if tokens:
+        full_env["MINIFY_TOKENS"] = ",".join(tokens)
+    log_path = data_dir / f"server-{port}.log"
+    command = [sys.executable, "-c", "import sys; from minify_server.cli import main; sys.exit(main())",
+               "--data-dir", str(data_dir), "--port", str(port), "--workers", str(workers), *(args or [])]
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(command, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
+    service = Service(url=f"http://127.0.0.1:{port}", data_dir=data_dir, process=process, marker=marker,
+                      log_path=log_path, tokens=list(tokens or []))
+    try:
+        wait_healthy(service.url, workers, process, timeout_s)
+    except BaseException as error:
+        service._kill_all()
+        process.wait()
+        raise ServiceError(f"{error}\n--- server log ---\n{service.log()[-4000:]}") from error
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    id: str
+    event: str
+    data: dict
+
+
+def read_events(client: httpx.Client, job_id: str, last_event_id: str | None = None,
+                timeout_s: float = 120.0) -> list[SseEvent]:
+    """All Server-Sent Events of a job, from the first (or after `last_event_id`) until the stream ends."""
+    import json
+
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    events: list[SseEvent] = []
+    frame: dict[str, str] = {}
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout_s) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line:
+                name, _, value = line.partition(":")
+                frame[name] = value.removeprefix(" ")
+                continue
+            if "data" in frame:
+                events.append(SseEvent(frame.get("id", ""), frame.get("event", "message"), json.loads(frame["data"])))
+            frame = {}
+    return events
+
+
+def wait_for_status(client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 120.0) -> dict:
+    """Poll GET /v1/jobs/{id} until its status is one of `statuses`; returns the JobStatus JSON."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/jobs/{job_id}").json()
+        if body["status"] in statuses:
+            return body
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {body['status']} after {timeout_s:.0f} s: {body}")
+        time.sleep(0.1)

@@ -1,0 +1,249 @@
+"""The RQ job entry: run the engine on one job and keep its Redis record and event stream current.
+
+The server enqueues `run_job(ticket)`; the ticket names the program, the spec, the result folder
+and the Redis keys to write (the layout is the server's, in minify_server/records.py; see
+docs/service.md). This module imports no torch: the RQ parent imports it for `on_rq_failure` and
+`record_worker_lost`; only `run_job`, in the forked work horse, reaches the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from minify_client.models import JobSpec, JobState, Progress, ProgressEvent, Report
+from redis import Redis
+from redis.exceptions import RedisError, WatchError
+from rq import get_current_job
+from rq.job import Job
+
+log = logging.getLogger(__name__)
+
+EVENTS_MAXLEN = 10_000
+CANCEL_POLL_S = 0.25
+FINAL_WRITE_PATIENCE_S = 120.0
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _event_fields(event: ProgressEvent) -> dict[str, str]:
+    return {"event": event.type, "data": event.model_dump_json(exclude_none=True)}
+
+
+class JobChannel:
+    """Writes one job's record, event stream and counters (the keys come from the ticket)."""
+
+    def __init__(self, redis: Redis, keys: dict[str, str]) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    def status(self) -> JobState | None:
+        value = self.redis.hget(self.keys["record"], "status")
+        return JobState(value.decode() if isinstance(value, bytes) else value) if value else None
+
+    def cancel_requested(self) -> bool:
+        return bool(self.redis.exists(self.keys["cancel"]))
+
+    def start(self, worker: str) -> bool:
+        """queued → running, unless the job was cancelled (or already ended) meanwhile."""
+        key = self.keys["record"]
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    status = pipe.hget(key, "status")
+                    status = status.decode() if isinstance(status, bytes) else status
+                    if status is None or JobState(status).finished:
+                        pipe.unwatch()
+                        return False
+                    attempt = int(pipe.hget(key, "attempts") or 0) + 1
+                    pipe.multi()
+                    pipe.hset(key, mapping={"status": JobState.running.value, "started_at": _now(),
+                                            "worker": worker, "attempts": str(attempt)})
+                    pipe.hdel(key, "reason")
+                    event = ProgressEvent(type="status", status=JobState.running,
+                                          message=f"running on {worker} (attempt {attempt})")
+                    pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+                    pipe.execute()
+                    return True
+                except WatchError:
+                    continue
+
+    def publish(self, event: ProgressEvent) -> None:
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+            if event.type == "progress":
+                progress = Progress.model_validate(event.model_dump(include=set(Progress.model_fields)))
+                pipe.hset(self.keys["record"], "progress", progress.model_dump_json())
+            pipe.execute()
+
+    def log(self, message: str) -> None:
+        self.publish(ProgressEvent(type="log", message=message))
+
+    def finish(self, status: JobState, reason: str | None, report: Report | None) -> None:
+        """The final status, the result and the counters, in one transaction with the last event."""
+        fields = {"status": status.value, "finished_at": _now()}
+        if reason:
+            fields["reason"] = reason
+        if report is not None:
+            fields["result"] = report.model_dump_json()
+        event = ProgressEvent(type="status", status=status, message=reason or status.value)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys["record"], mapping=fields)
+            if report is not None:
+                pipe.hset(self.keys["record"], "progress", _final_progress(report).model_dump_json())
+                counters = self.keys["counters"]
+                pipe.hincrby(counters, "checks_total", report.checks_total)
+                pipe.hincrby(counters, "checks_cached", report.checks_cached)
+                for kind, count in report.outcomes.items():
+                    pipe.hincrby(counters, f"outcome:{kind}", count)
+            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+            pipe.delete(self.keys["cancel"])
+            pipe.execute()
+
+
+def _final_progress(report: Report) -> Progress:
+    return Progress(phase="done", nodes_original=report.nodes_original, nodes_current=report.nodes_final,
+                    checks_total=report.checks_total, checks_cached=report.checks_cached,
+                    outcomes=report.outcomes, elapsed_s=report.elapsed_s, signature=report.signature)
+
+
+def _retry_redis(action: Callable[[], None], patience_s: float) -> None:
+    """Redis may be restarting (embedded mode restarts it); the final write must still land."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            action()
+            return
+        except RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+class WorkerShutdown(Exception):
+    """The worker was stopped mid-job (cold shutdown): RQ re-queues the job while retries are left."""
+
+
+class _Watcher(threading.Thread):
+    """Turns the Redis cancel flag, or the job's deadline, into the engine's cancel Event."""
+
+    def __init__(self, channel: JobChannel, timeout_s: float) -> None:
+        super().__init__(name="minify-cancel-watcher", daemon=True)
+        self.channel = channel
+        self.deadline = time.monotonic() + timeout_s
+        self.cancel = threading.Event()
+        self.cancelled = False
+        self.timed_out = False
+        self.interrupted = False
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(CANCEL_POLL_S):
+            if time.monotonic() > self.deadline:
+                self.timed_out = True
+                self.cancel.set()
+                return
+            try:
+                if self.channel.cancel_requested():
+                    self.cancelled = True
+                    self.cancel.set()
+                    return
+            except RedisError:
+                continue
+
+    def interrupt(self, signum: int, frame: object) -> None:
+        """SIGTERM in the work horse (the worker's cold shutdown): stop the engine, then re-queue."""
+        self.interrupted = True
+        self.cancel.set()
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def run_job(ticket: dict[str, Any]) -> str:
+    """Entry point RQ runs in the work horse. Returns the final status."""
+    rq_job = get_current_job()
+    assert rq_job is not None, "run_job runs inside an RQ work horse"
+    channel = JobChannel(rq_job.connection, ticket["keys"])
+    worker = os.environ.get("RQ_WORKER_ID") or rq_job.worker_name or f"pid {os.getpid()}"
+    if channel.cancel_requested():
+        if channel.status() is JobState.queued:
+            channel.finish(JobState.cancelled, "cancelled before it started", None)
+        return JobState.cancelled.value
+    if not channel.start(worker):
+        return (channel.status() or JobState.cancelled).value
+    spec = JobSpec.model_validate_json(ticket["spec"])
+    out_dir = Path(ticket["out_dir"])
+    shutil.rmtree(out_dir, ignore_errors=True)  # a retried attempt starts clean
+    out_dir.mkdir(parents=True)
+    watcher = _Watcher(channel, spec.limits.job_timeout_s)
+    watcher.start()
+    signal.signal(signal.SIGTERM, watcher.interrupt)
+    status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel)
+    watcher.stop()
+    if watcher.interrupted:
+        raise WorkerShutdown("the worker shut down mid-job")
+    if watcher.timed_out:
+        status, reason = JobState.failed, f"job timed out after {spec.limits.job_timeout_s:g} s (limits.job_timeout_s)"
+    elif watcher.cancelled:
+        status, reason = JobState.cancelled, "cancelled"
+    _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
+    return status.value
+
+
+def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir: Path,
+            cancel: threading.Event) -> tuple[JobState, str | None, Report | None]:
+    from minify_worker import engine  # torch lives behind the engine: import it in the horse only
+
+    def on_event(event: ProgressEvent) -> None:
+        if event.type == "status" and event.status is not None and event.status.finished:
+            return  # the final status is published by finish(), together with the record
+        try:
+            channel.publish(event)
+        except RedisError as error:
+            log.warning("dropped a progress event (Redis unreachable: %s)", error)
+
+    inputs = Path(ticket["inputs"]) if ticket.get("inputs") else None
+    try:
+        result = engine.minify(Path(ticket["program"]), spec, out_dir, inputs=inputs, on_event=on_event,
+                               cancel=cancel)
+    except Exception as error:
+        log.exception("the engine raised")
+        try:
+            channel.log("".join(traceback.format_exception(error))[-4000:])
+        except RedisError:
+            pass
+        return JobState.failed, f"internal error: {type(error).__name__}: {error}", None
+    return result.status, result.reason, result.report
+
+
+def record_worker_lost(redis: Redis, rq_job: Job, why: str) -> None:
+    """The job's process died under it: re-queued while RQ has retries left, else failed."""
+    ticket = rq_job.args[0]
+    channel = JobChannel(redis, ticket["keys"])
+    status = channel.status()
+    if status is None or status.finished:
+        return
+    if rq_job.retries_left:
+        redis.hset(ticket["keys"]["record"], "status", JobState.queued.value)
+        channel.publish(ProgressEvent(type="status", status=JobState.queued,
+                                      message=f"{why}; re-queued ({rq_job.retries_left} retries left)"))
+    else:
+        channel.finish(JobState.failed, f"{why}; no retries left", None)
+
+
+def on_rq_failure(rq_job: Job, connection: Redis, exc_type: type, exc_value: BaseException, tb: Any) -> None:
+    """RQ failure callback: an abandoned job (its worker died) or an error that escaped run_job."""
+    record_worker_lost(connection, rq_job, f"worker lost the job ({exc_type.__name__})")
