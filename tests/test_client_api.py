@@ -9,6 +9,7 @@ from minify_client import (
     ApiError,
     BadRequest,
     Client,
+    Conflict,
     ConnectionFailed,
     DownloadInterrupted,
     JobSpec,
@@ -245,3 +246,13 @@ def test_submit_accepts_a_dict_spec_and_refuses_an_invalid_one_before_sending(
     sent = server.requests_to("POST", "/v1/jobs")
     assert len(sent) == 1
     assert b'"backend":"eager"' in sent[0].body.replace(b" ", b"")
+
+
+def test_download_of_a_running_job_is_a_conflict_before_any_file_is_asked_for(
+    server: ScriptedServer, tmp_path: Path
+):
+    serve_job(server, job_status("j1", JobState.running), [])
+    with Client(server.url) as client, pytest.raises(Conflict) as caught:
+        client.download("j1", tmp_path)
+    assert caught.value.message == "job j1 is running; artifacts appear when it ends"
+    assert [e.path for e in server.exchanges] == ["/v1/jobs/j1"]

@@ -178,6 +178,8 @@ def _download(args: argparse.Namespace) -> int:
     out_dir: Path = args.out or Path(f"minify-{args.job_id}")
     with _client(args) as client:
         paths = client.download(args.job_id, out_dir, args.name)
+    if not paths:
+        return _fail(f"job {args.job_id} has no artifacts", EXIT_FAILED)
     if args.json:
         _print_json({"id": args.job_id, "artifacts": {name: str(path) for name, path in paths.items()}})
     else:

@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from minify_client._sse import ServerSentEvent, parse_events
-from minify_client.errors import ConnectionFailed, DownloadInterrupted, NotFound, api_error
+from minify_client.errors import Conflict, ConnectionFailed, DownloadInterrupted, NotFound, api_error
 from minify_client.models import (
     ARTIFACT_NAMES,
     Health,
@@ -186,6 +186,8 @@ class Client:
         written to a temporary name and renamed once complete, so no half file is ever left.
         """
         status = self.status(job_id)
+        if not status.status.finished:
+            raise Conflict(409, f"job {job_id} is {status.status.value}; artifacts appear when it ends")
         listed = _listed_artifacts(status)
         wanted = list(names) if names is not None else [n for n in listed or DEFAULT_ARTIFACTS
                                                          if n != "bundle.tar.gz"]
