@@ -9,9 +9,9 @@ import operator
 import pytest
 import torch
 import torch.fx as fx
-from minify_worker import graph as G
 
 from examples import programs
+from minify_worker import graph as G
 
 
 def _flat(builder_name: str) -> fx.Graph:
@@ -315,3 +315,43 @@ def test_size_key_orders_ops_then_outputs_then_inputs():
     graph = _flat("linear_relu_sigmoid")
     assert G.size_key(graph) == (3, 1, 3, 0)
     assert G.size_key(G.canonicalize(G.promote_to_inputs(graph, ["linear"]))) < G.size_key(graph)
+
+
+# --- derive: the fused primitives strategies use ---------------------------------------------
+
+
+def _hash(graph: fx.Graph) -> str:
+    return G.structural_hash(graph)
+
+
+def test_derive_cut_equals_canonical_truncation():
+    graph = _flat("transformer_layer")
+    for node in [n for n in graph.nodes if n.op == "call_function"]:
+        assert _hash(G.derive(graph, cut=node.name)) == _hash(G.canonicalize(G.truncate_after(graph, node.name)))
+
+
+def test_derive_promote_equals_canonical_promotion():
+    graph = _flat("transformer_layer")
+    body = [n.name for n in graph.nodes if n.op == "call_function"]
+    for chunk in (body[:1], body[3:9], body[10:30:3]):
+        targets = G.promotion_targets(graph, chunk)
+        assert _hash(G.derive(graph, promote=targets)) == _hash(G.canonicalize(G.promote_to_inputs(graph, chunk)))
+
+
+def test_derive_bypass_equals_canonical_drop():
+    graph = _flat("transformer_layer")
+    for node in [n for n in graph.nodes if n.op == "call_function"]:
+        stand_in = G.stand_in_for(graph, node.name)
+        if stand_in is not None:
+            expected = G.canonicalize(G.drop_node(graph, node.name))
+            assert _hash(G.derive(graph, bypass={node.name: stand_in})) == _hash(expected)
+
+
+def test_derive_keep_outputs_equals_canonical_pruning():
+    graph = _max_dim_graph()
+    assert _hash(G.derive(graph, keep_outputs=[1])) == _hash(G.canonicalize(G.prune_outputs(graph, [1])))
+
+
+def test_derive_gives_promoted_inputs_their_role():
+    graph = G.derive(_flat("linear_relu_sigmoid"), cut="relu", promote=["linear"])
+    assert [(n.name, n.meta[G.META_ROLE]) for n in G.placeholders(graph)] == [("linear", "promoted")]

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.fx as fx
-from minify_worker import graph as G
-from minify_worker import strategies as S
 
 from examples import programs
+from minify_worker import graph as G
+from minify_worker import strategies as S
 
 Oracle = Callable[[fx.Graph], bool]
 ACCURACY = S.StrategyContext(accuracy=True)
@@ -248,7 +248,8 @@ def test_keep_single_output_tries_each_output_alone():
 def test_one_minimal_proposes_dropping_and_promoting_each_op():
     graph = _chain_graph(("sin", "relu"))
     assert _descriptions(S.one_minimal(graph, S.StrategyContext())) == [
-        "drop sin", "promote sin to an input", "drop relu", "promote relu to an input"]
+        "drop sin (users read x)", "promote sin to an input", "drop relu (users read sin)",
+        "promote relu to an input"]
 
 
 def test_passes_name_the_default_and_final_tiers():

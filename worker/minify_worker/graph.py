@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -502,8 +502,68 @@ def _inputs_first(nodes: Iterable[fx.Node]) -> list[fx.Node]:
 
 def canonicalize(graph: fx.Graph) -> fx.Graph:
     """Dead code out, unused inputs out, inputs first (in one copy): every candidate's form."""
-    live = _live_nodes(graph)
-    return _rebuild(graph, lambda node: node in live, order=_inputs_first(graph.nodes))
+    return derive(graph)
+
+
+def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[int] | None = None,
+           promote: Iterable[str] = (), bypass: Mapping[str, str] | None = None) -> fx.Graph:
+    """A canonical candidate in one copy: the fused form of the primitives below.
+
+    `cut`: output only that node, dropping everything after it (`truncate_after`).
+    `keep_outputs`: keep only these output positions (`prune_outputs`).
+    `promote`: these nodes become placeholders (names from `promotion_targets`).
+    `bypass`: {node: stand-in}: users of the node read the stand-in instead (`drop_node`).
+    The result is canonical (`canonicalize`): live nodes only, placeholders first, in order.
+    """
+    nodes = list(graph.nodes)
+    by_name = {node.name: node for node in nodes}
+    stand_ins = {by_name[name]: by_name[other] for name, other in (bypass or {}).items()}
+    promoted = {by_name[name] for name in promote}
+
+    def resolve(node: fx.Node) -> fx.Node:
+        while node in stand_ins:
+            node = stand_ins[node]
+        return node
+
+    if cut is not None:
+        last = nodes.index(by_name[cut])
+        values: list[Any] = [by_name[cut]]
+    else:
+        last = len(nodes) - 1
+        values = outputs(graph)
+        if keep_outputs is not None:
+            values = [values[index] for index in keep_outputs]
+    values = [resolve(value) if isinstance(value, fx.Node) else value for value in values]
+    stack = [value for value in values if isinstance(value, fx.Node)]
+    stack += [node for node in nodes[: last + 1] if _is_mutating(node) and node not in stand_ins]
+    live: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            if node not in promoted:
+                stack.extend(resolve(arg) for arg in node.all_input_nodes)
+
+    inputs = [n for n in nodes if n in live and (n.op == "placeholder" or n in promoted)]
+    body = [n for n in nodes if n in live and n.op == "call_function" and n not in promoted]
+    new_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs + body:
+        if node in promoted:
+            env[node] = _promoted_placeholder(new_graph, node)
+        else:
+            env[node] = new_graph.node_copy(node, lambda arg: env[resolve(arg)])
+            env[node].meta = dict(node.meta)
+    new_output = new_graph.output(tuple(env[v] if isinstance(v, fx.Node) else v for v in values))
+    new_output.meta = dict(output_node(graph).meta)
+    return new_graph
+
+
+def _promoted_placeholder(new_graph: fx.Graph, node: fx.Node) -> fx.Node:
+    new_node = new_graph.create_node("placeholder", node.name, name=node.name)
+    new_node.meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
+    new_node.meta[META_ROLE] = "promoted"
+    return new_node
 
 
 def truncate_after(graph: fx.Graph, node_name: str) -> fx.Graph:
@@ -547,13 +607,7 @@ def promote_to_inputs(graph: fx.Graph, node_names: Iterable[str]) -> fx.Graph:
     if not targets:
         raise ValueError(f"none of {list(node_names)!r} can be promoted to an input")
 
-    def placeholder(new_graph: fx.Graph, node: fx.Node) -> fx.Node:
-        new_node = new_graph.create_node("placeholder", node.name, name=node.name)
-        new_node.meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
-        new_node.meta[META_ROLE] = "promoted"
-        return new_node
-
-    return _rebuild(graph, lambda node: True, replace=dict.fromkeys(targets, placeholder))
+    return _rebuild(graph, lambda node: True, replace=dict.fromkeys(targets, _promoted_placeholder))
 
 
 def remove_outputs(graph: fx.Graph, indices: Iterable[int]) -> fx.Graph:
@@ -569,25 +623,30 @@ def prune_outputs(graph: fx.Graph, keep: Iterable[int]) -> fx.Graph:
 
 
 def drop_node(graph: fx.Graph, node_name: str) -> fx.Graph | None:
-    """Remove an op by wiring its users to one of its inputs of the same shape, stride, dtype and
-    device (a different stride could break a later `view`).
+    """Remove an op: its users read `stand_in_for(node)` instead. None when there is none.
 
-    None when no input can stand in for it. The result is DCE'd.
+    The result is DCE'd (not otherwise canonicalized).
     """
-    node = _node(graph, node_name)
-    meta = node.meta.get(META_TENSOR)
-    if node.op != "call_function" or node.meta.get(META_KIND) != "tensor" or meta is None:
-        return None
-    stand_in = next((arg for arg in node.all_input_nodes
-                     if arg.meta.get(META_KIND) == "tensor"
-                     and _same_type(arg.meta.get(META_TENSOR), meta)), None)
+    stand_in = stand_in_for(graph, node_name)
     if stand_in is None:
         return None
     new_graph = copy_graph(graph)
     new_node = _node(new_graph, node_name)
-    new_node.replace_all_uses_with(_node(new_graph, stand_in.name))
+    new_node.replace_all_uses_with(_node(new_graph, stand_in))
     new_graph.erase_node(new_node)
     return eliminate_dead_code(new_graph)
+
+
+def stand_in_for(graph: fx.Graph, node_name: str) -> str | None:
+    """An input of the op with the same shape, stride, dtype and device, that could replace it
+    (a different stride could break a later `view`); None when there is none."""
+    node = _node(graph, node_name)
+    meta = node.meta.get(META_TENSOR)
+    if node.op != "call_function" or node.meta.get(META_KIND) != "tensor" or meta is None:
+        return None
+    return next((arg.name for arg in node.all_input_nodes
+                 if arg.meta.get(META_KIND) == "tensor" and _same_type(arg.meta.get(META_TENSOR), meta)),
+                None)
 
 
 def _same_type(left: dict[str, Any] | None, right: dict[str, Any]) -> bool:

@@ -139,7 +139,7 @@ def truncations_at(graph: fx.Graph, context: StrategyContext, granularity: int,
     proposals = proposals or _Proposals(graph, context)
     for index, node in enumerate(graph.nodes):
         if index % granularity == 0 and index % (2 * granularity) != 0 and _is_output_candidate(node):
-            candidate = g.canonicalize(g.truncate_after(graph, node.name))
+            candidate = g.derive(graph, cut=node.name)
             yield from proposals.offer(candidate, f"truncate after {node.name} (granularity {granularity})")
 
 
@@ -153,7 +153,7 @@ def promotions_at(graph: fx.Graph, context: StrategyContext, granularity: int,
         targets = g.promotion_targets(graph, chunk)
         if not targets:
             continue
-        candidate = g.canonicalize(g.promote_to_inputs(graph, targets))
+        candidate = g.derive(graph, promote=targets)
         yield from proposals.offer(candidate, f"promote {_names(targets)} to inputs (granularity {granularity})")
 
 
@@ -170,7 +170,7 @@ def output_removals_at(graph: fx.Graph, context: StrategyContext, granularity: i
                    else len(position))
     for start in range(0, len(order), granularity):
         dropped = order[start:start + granularity]
-        candidate = g.canonicalize(g.remove_outputs(graph, dropped))
+        candidate = g.derive(graph, keep_outputs=[i for i in range(len(values)) if i not in dropped])
         yield from proposals.offer(candidate, f"remove outputs {sorted(dropped)}")
 
 
@@ -238,7 +238,7 @@ def keep_single_output(graph: fx.Graph, context: StrategyContext) -> Iterator[Ca
         return
     for index, value in enumerate(values):
         if isinstance(value, fx.Node):
-            yield from proposals.offer(g.canonicalize(g.prune_outputs(graph, [index])),
+            yield from proposals.offer(g.derive(graph, keep_outputs=[index]),
                                        f"keep only output {index} ({value.name})")
 
 
@@ -249,11 +249,13 @@ def one_minimal(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        dropped = g.drop_node(graph, node.name)
-        if dropped is not None:
-            yield from proposals.offer(g.canonicalize(dropped), f"drop {node.name}")
-        if g.promotion_targets(graph, [node.name]):
-            yield from proposals.offer(g.canonicalize(g.promote_to_inputs(graph, [node.name])),
+        stand_in = g.stand_in_for(graph, node.name)
+        if stand_in is not None:
+            yield from proposals.offer(g.derive(graph, bypass={node.name: stand_in}),
+                                       f"drop {node.name} (users read {stand_in})")
+        targets = g.promotion_targets(graph, [node.name])
+        if targets:
+            yield from proposals.offer(g.derive(graph, promote=targets),
                                        f"promote {node.name} to an input")
 
 
