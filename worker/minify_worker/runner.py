@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from minify_client.models import JobSpec
 from torch import fx
+
+from minify_client.models import JobSpec
 
 from . import oracle
 from .backends import Backend, BackendError, apply_inductor_config, resolve_backend, run_compiled

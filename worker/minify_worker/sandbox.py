@@ -13,7 +13,10 @@ a pid can never be reused under it: it enforces each request's timeout, kills a 
 process group (`os.killpg`: the child and what it started, e.g. a C++ compiler) on timeout,
 cancel or shutdown, reaps every child (it is a child subreaper, so orphaned grandchildren come
 back to it), and reports how each child ended. A killed parent leaves nothing behind: the server
-has `PR_SET_PDEATHSIG=SIGKILL` towards the pool's I/O thread, every child towards the server.
+has `PR_SET_PDEATHSIG=SIGKILL` towards the pool's I/O thread, every child towards the server,
+and a tiny guardian process (forked by the server before it imports torch) kills the process
+group of every child still registered with it when the server dies, so that what a child
+started (a compiler, a `sleep`) dies too.
 
 Everything the pool writes lives under `workdir/sandbox/` (result files, child logs, TMPDIR,
 inductor and triton caches) and `close()` removes it; the rest of `workdir` is the caller's.
@@ -52,6 +55,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -139,6 +143,7 @@ class SandboxPool:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self._pids: weakref.WeakKeyDictionary[Future, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._closed = False
         self._dead_reason: str | None = None
@@ -222,6 +227,10 @@ class SandboxPool:
             raise SandboxError(f"the fork server is not ready after {timeout_s} s")
         return dict(self._ready_info)
 
+    def child_pid(self, future: Future) -> int | None:
+        """The pid of the child that ran (or runs) `future`'s request, once it started."""
+        return self._pids.get(future)
+
     @property
     def server_pid(self) -> int | None:
         return self._process.pid if self._process else None
@@ -232,6 +241,11 @@ class SandboxPool:
             if self._closed:
                 return
             self._closed = True
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for item in pending:
+            item.future.cancel()  # kills its child, if one runs
+        with self._lock:
             request_w, self._request_w = self._request_w, None
         if request_w is not None:
             os.close(request_w)  # EOF: the server kills its children, reaps them and exits
@@ -243,9 +257,6 @@ class SandboxPool:
                 process.kill()  # its children follow by PR_SET_PDEATHSIG
                 process.wait()
         self._thread.join(timeout=15)
-        for pending in list(self._pending.values()):
-            pending.future.cancel()
-        self._pending.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SandboxPool:
@@ -334,6 +345,11 @@ class SandboxPool:
             self._ready.set()
         elif name == "fatal":
             self._dead_reason = f"the fork server failed: {event.get('message')}"
+        elif name == "started":
+            with self._lock:
+                pending = self._pending.get(event["id"])
+            if pending is not None:
+                self._pids[pending.future] = event["pid"]
         elif name == "done":
             with self._lock:
                 pending = self._pending.pop(event["id"], None)
@@ -430,6 +446,7 @@ class _Server:
     values: dict[str, Any] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
     running: dict[int, _Child] = field(default_factory=dict)  # pid -> child
+    guardian_fd: int = -1
     wake_r: int = -1
     wake_w: int = -1
     selector: selectors.BaseSelector | None = None
@@ -493,6 +510,7 @@ class _Server:
         timeout = request.get("timeout_s")
         deadline = now + float(timeout) if timeout else None
         self.running[pid] = _Child(request, pid, now, deadline, result_path, log_path)
+        self.tell_guardian(f"+{pid}")
         self.emit({"event": "started", "id": request_id, "pid": pid})
 
     def child_main(self, request: dict[str, Any], server_pid: int, result_path: Path, log_path: Path) -> None:
@@ -505,8 +523,9 @@ class _Server:
             signal.signal(number, signal.SIG_DFL)
         if self.selector is not None:
             self.selector.close()
-        for fd in (self.request_fd, self.event_fd, self.wake_r, self.wake_w):
-            os.close(fd)
+        for fd in (self.request_fd, self.event_fd, self.wake_r, self.wake_w, self.guardian_fd):
+            if fd >= 0:
+                os.close(fd)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
@@ -557,7 +576,16 @@ class _Server:
                 _kill_group(pid)
             _, status = os.waitpid(pid, 0)
             if child is not None:
+                self.tell_guardian(f"-{pid}")
                 self.report(child, status)
+
+    def tell_guardian(self, line: str) -> None:
+        if self.guardian_fd >= 0:
+            try:
+                os.write(self.guardian_fd, f"{line}\n".encode())
+            except OSError:
+                log.warning("sandbox: the guardian is gone; children may outlive a killed server")
+                self.guardian_fd = -1
 
     def report(self, child: _Child, status: int) -> None:
         result = None
@@ -632,6 +660,34 @@ class _Server:
                 pass
         self.running.clear()
         _kill_adopted_descendants()
+
+
+def _start_guardian() -> int:
+    """Fork the guardian; returns the pipe it reads "+pid"/"-pid" lines from. When the pipe closes
+    (the server exited or was killed), it kills the process group of every pid still registered."""
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        try:
+            os.close(write_fd)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            groups: set[int] = set()
+            buffer = b""
+            while chunk := os.read(read_fd, 4096):
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    if line.startswith(b"+"):
+                        groups.add(int(line[1:]))
+                    elif line.startswith(b"-"):
+                        groups.discard(int(line[1:]))
+            for pid in groups:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    return write_fd
 
 
 def _kill_group(pid: int) -> None:
@@ -723,10 +779,11 @@ def _server_main(argv: list[str] | None = None) -> int:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != args.parent_pid:
         return 1
+    guardian_fd = _start_guardian()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = _Server(args.root, args.workdir, JobSpec.model_validate_json(args.spec), args.parallelism,
-                     args.threads, args.request_fd, args.event_fd)
+                     args.threads, args.request_fd, args.event_fd, guardian_fd=guardian_fd)
     try:
         info: dict[str, Any] = {"imports_s": 0.0, "warmup_s": 0.0, "cuda_initialized": False}
         if args.no_warm:

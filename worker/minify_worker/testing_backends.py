@@ -125,6 +125,18 @@ def oom_on(op: str) -> Backend:
     return raise_on(op, torch.OutOfMemoryError, "CUDA out of memory. Tried to allocate 2.00 GiB", at="run")
 
 
+def by_op(backends: dict[str, Backend]) -> Backend:
+    """The backend for the first op of `backends` the graph has (in the dict's order), else eager."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        for op, chosen in backends.items():
+            if has_op(gm, op):
+                return chosen(gm, example_inputs)
+        return _eager(gm)
+
+    return backend
+
+
 fail_on_relu = raise_on("relu")
 fail_on_relu_at_runtime = raise_on("relu", at="run")
 fail_on_cos = raise_on("cos", ValueError, "injected failure on cos")
@@ -136,6 +148,18 @@ exit_on_relu = exit_on("relu")
 wrong_on_relu = wrong_on("relu")
 oom_on_relu = oom_on("relu")
 
+# One backend that misbehaves a different way per op, so one warm pool can show every outcome.
+misbehave_by_op = by_op({
+    "relu": raise_on("relu"),
+    "neg": raise_on("neg", at="run"),
+    "cos": raise_on("cos", ValueError, "injected failure on cos"),
+    "sin": signal_on("sin", signal.SIGSEGV),
+    "tanh": hang_on("tanh", with_grandchild=True),
+    "exp": exit_on("exp"),
+    "sigmoid": oom_on("sigmoid"),
+    "abs": wrong_on("abs"),
+})
+
 
 def echo(context: Any, **kwargs: Any) -> dict[str, Any]:
     """A `SandboxPool.call` target: returns its arguments and the child's pid."""
@@ -145,6 +169,24 @@ def echo(context: Any, **kwargs: Any) -> dict[str, Any]:
 def value_names(context: Any) -> dict[str, Any]:
     """A `SandboxPool.call` target: the names in the value store the child sees."""
     return {"names": sorted(context.values)}
+
+
+def temp_dir(context: Any) -> dict[str, Any]:
+    """A `SandboxPool.call` target: where the child's temporary files and inductor caches go."""
+    import tempfile
+
+    return {"tempdir": tempfile.gettempdir(), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
+
+
+def run_with_spec(context: Any, *, wire_graph: dict[str, Any], spec_json: str) -> dict[str, Any]:
+    """A `SandboxPool.call` target: run a candidate under another spec (tests reuse one warm pool)."""
+    from minify_client.models import JobSpec
+
+    from .outcomes import outcome_to_dict
+    from .runner import run_wire_candidate
+
+    spec = JobSpec.model_validate_json(spec_json)
+    return outcome_to_dict(run_wire_candidate(wire_graph, context.values, spec, context.workdir))
 
 
 def crash_in_call(context: Any) -> dict[str, Any]:

@@ -1,0 +1,228 @@
+"""The sandbox: every candidate in its own child of a warm fork server; a dead child is a result.
+
+One module-scoped pool runs the test backend `misbehave_by_op`, which fails a different way per
+op (relu: compile error, neg: runtime error, sin: SIGSEGV, tanh: hang with a grandchild, exp:
+exit without a report, sigmoid: out of memory), so a one-op graph picks the misbehaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+from minify_client.models import JobSpec
+from minify_worker.graph import graph_to_wire
+from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
+from minify_worker.sandbox import SandboxCallError, SandboxPool
+
+BACKEND = "minify_worker.testing_backends:misbehave_by_op"
+
+
+def chain(*ops: str) -> dict:
+    """The wire form of x → ops... → output, with x read from the value store."""
+    graph = fx.Graph()
+    node = graph.placeholder("x")
+    node.meta["minify_value"] = "x"
+    for op in ops:
+        node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
+    graph.output((node,))
+    return graph_to_wire(graph)
+
+
+def session_members(session_id: int) -> list[int]:
+    """Pids of live processes in session `session_id` (each child is a session and group leader)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if int(fields[3]) == session_id and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sandbox")
+    torch.save({"x": torch.randn(4, 4)}, path / "values.pt")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pool(workdir: Path) -> Iterator[SandboxPool]:
+    spec = JobSpec(backend=BACKEND)
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2,
+                     env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}) as sandbox:
+        sandbox.wait_ready(180)
+        yield sandbox
+
+
+def test_a_candidate_that_compiles_and_runs_passes(pool: SandboxPool) -> None:
+    assert isinstance(pool.submit(chain("abs"), timeout_s=60).result(), Passes)
+
+
+def test_a_compile_error_comes_back_as_its_signature(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("relu"), timeout_s=60).result()
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type) == ("compile_error", "RuntimeError")
+    assert outcome.signature.key == "injected failure on relu"
+
+
+def test_an_error_while_running_is_a_runtime_error(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("neg"), timeout_s=60).result()
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "runtime_error"
+
+
+def test_a_segfaulting_child_is_crashed_with_sigsegv(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("sin"), timeout_s=60).result()
+    assert isinstance(outcome, Crashed)
+    assert outcome.signal == signal.SIGSEGV and outcome.signature.exc_type == "SIGSEGV"
+
+
+def test_a_child_that_exits_without_reporting_is_crashed_with_its_exit_status(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("exp"), timeout_s=60).result()
+    assert isinstance(outcome, Crashed)
+    assert (outcome.signal, outcome.signature.exc_type, outcome.signature.key) == (0, "ExitStatus", "3")
+
+
+def test_running_out_of_memory_is_out_of_memory_not_a_failure(pool: SandboxPool) -> None:
+    assert isinstance(pool.submit(chain("sigmoid"), timeout_s=60).result(), OutOfMemory)
+
+
+def test_a_hanging_child_times_out_and_its_whole_group_dies(pool: SandboxPool) -> None:
+    started = time.monotonic()
+    future = pool.submit(chain("tanh"), timeout_s=1.5)
+    outcome = future.result(timeout=60)
+    assert isinstance(outcome, TimedOut)
+    assert 1.5 <= outcome.after_s < 10 and time.monotonic() - started < 15
+    pid = pool.child_pid(future)
+    assert pid is not None
+    assert wait_until(lambda: not session_members(pid)), "the child or its `sleep` grandchild outlived it"
+
+
+def test_cancel_kills_the_running_child(pool: SandboxPool) -> None:
+    future = pool.submit(chain("tanh"), timeout_s=120)
+    assert wait_until(lambda: pool.child_pid(future) is not None)
+    pid = pool.child_pid(future)
+    assert pool.cancel(future) and future.cancelled()
+    assert wait_until(lambda: not session_members(pid))
+
+
+def test_children_run_in_parallel(pool: SandboxPool) -> None:
+    started = time.monotonic()
+    futures = [pool.submit(chain("tanh"), timeout_s=3) for _ in range(2)]
+    assert all(isinstance(future.result(timeout=60), TimedOut) for future in futures)
+    assert time.monotonic() - started < 5.5, "two 3 s hangs with parallelism 2 ran one after the other"
+
+
+def test_more_requests_than_parallelism_queue_and_all_finish(pool: SandboxPool) -> None:
+    futures = [pool.submit(chain(op), timeout_s=60) for op in ("abs", "relu", "sin", "abs", "neg")]
+    kinds = [future.result(timeout=120).kind for future in futures]
+    assert kinds == ["passes", "fails", "crashed", "passes", "fails"]
+
+
+def test_call_runs_a_function_in_a_child_with_the_value_store(pool: SandboxPool) -> None:
+    assert pool.call("minify_worker.testing_backends:value_names", timeout_s=60) == {"names": ["x"]}
+    echoed = pool.call("minify_worker.testing_backends:echo", {"a": 1}, timeout_s=60)
+    assert echoed["kwargs"] == {"a": 1} and echoed["pid"] != os.getpid()
+
+
+def test_a_crashing_call_raises_sandbox_call_error(pool: SandboxPool) -> None:
+    with pytest.raises(SandboxCallError) as raised:
+        pool.call("minify_worker.testing_backends:crash_in_call", timeout_s=60)
+    assert raised.value.error_type == "crashed" and "SIGSEGV" in str(raised.value)
+
+
+def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> None:
+    with pytest.raises(ValueError, match="minify_worker"):
+        pool.call("os:system", {"command": "true"})
+
+
+def test_children_keep_temporary_files_and_caches_in_the_work_dir(pool: SandboxPool, workdir: Path) -> None:
+    where = pool.call("minify_worker.testing_backends:temp_dir", timeout_s=60)
+    assert Path(where["tempdir"]).is_relative_to(workdir)
+    assert Path(where["inductor_cache"]).is_relative_to(workdir)
+
+
+def test_the_fork_server_never_initializes_cuda(pool: SandboxPool) -> None:
+    assert pool.wait_ready(0)["cuda_initialized"] is False
+
+
+def test_close_kills_children_and_removes_the_sandbox_dir(tmp_path: Path) -> None:
+    torch.save({"x": torch.randn(2)}, tmp_path / "values.pt")
+    sandbox = SandboxPool(tmp_path, tmp_path / "values.pt", JobSpec(backend=BACKEND), parallelism=1, warm=False,
+                          env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"})
+    future = sandbox.submit(chain("tanh"), timeout_s=300)
+    assert wait_until(lambda: sandbox.child_pid(future) is not None, 120)
+    pid, server = sandbox.child_pid(future), sandbox.server_pid
+    sandbox.close()
+    assert future.cancelled()
+    assert not session_members(pid) and not alive(server)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["values.pt"]
+
+
+PARENT = textwrap.dedent("""
+    import sys, time, torch
+    from pathlib import Path
+    from torch import fx
+    from minify_client.models import JobSpec
+    from minify_worker.graph import graph_to_wire
+    from minify_worker.sandbox import SandboxPool
+
+    workdir = Path(sys.argv[1])
+    torch.save({"x": torch.randn(2)}, workdir / "values.pt")
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(torch.ops.aten.tanh.default, (x,)),))
+    pool = SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False,
+                       env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"})
+    future = pool.submit(graph_to_wire(graph), timeout_s=300)
+    while pool.child_pid(future) is None:
+        time.sleep(0.05)
+    print(pool.server_pid, pool.child_pid(future), flush=True)
+    time.sleep(300)
+""")
+
+
+def test_a_killed_parent_leaves_no_orphans(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), BACKEND], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        server, child = (int(pid) for pid in parent.stdout.readline().split())
+        assert alive(server) and alive(child)
+        assert wait_until(lambda: len(session_members(child)) >= 2), "the hang's grandchild did not start"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert wait_until(lambda: not alive(server) and not session_members(child))
