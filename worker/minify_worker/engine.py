@@ -1,13 +1,44 @@
-"""The engine's entry point: minify one program, offline or inside an RQ job (docs/internals.md)."""
+"""The engine's entry point: minify one program, offline or inside an RQ job (docs/internals.md).
+
+prepare (sandbox child) → reproduce the original several times (target signature, flakiness,
+calibrated timeout) → reduce with the strategies (scheduler, sandbox children) → artifacts.
+User errors (a bad upload, a program that does not fail) come back as results, never raised.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minify_client.models import JobSpec, JobState, ProgressEvent, Report
+import torch
+import torch.fx as fx
+
+from minify_client.models import JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_worker import artifacts, oracle, strategies
+from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
+from minify_worker.loader import PreparedProgram
+from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
+from minify_worker.sandbox import SandboxCallError, SandboxError, SandboxPool
+from minify_worker.scheduler import Scheduler, Stopped, reduce
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_RUNS = 3
+# A candidate may take this many times the original's slowest run before it counts as a hang:
+# candidates are smaller, but their compiles can miss caches the original's warmed.
+TIMEOUT_FACTOR = 4.0
+MIN_CANDIDATE_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_FAILURE_S = 60.0
+EVENT_INTERVAL_S = 0.2
 
 
 @dataclass
@@ -28,4 +59,298 @@ def minify(
     cancel: threading.Event | None = None,
 ) -> MinifyResult:
     """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised."""
-    raise NotImplementedError("the engine lands in the engine issue")
+    run = _Run(spec, Path(out_dir), on_event, cancel or threading.Event())
+    return run.execute(Path(program), None if inputs is None else Path(inputs))
+
+
+def default_parallelism(spec: JobSpec) -> int:
+    """What the device can hold: one child per core on CPU; a few per GPU (they share its memory)."""
+    if spec.limits.parallelism:
+        return spec.limits.parallelism
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, 4 if spec.device_class == "cuda" else 16))
+
+
+class _SandboxEvaluator:
+    """The scheduler's view of the sandbox: graphs in, outcomes out, with the calibrated timeout."""
+
+    def __init__(self, pool: SandboxPool, timeout_s: float) -> None:
+        self.pool = pool
+        self.timeout_s = timeout_s
+
+    def submit(self, graph: fx.Graph) -> Future[Outcome]:
+        return self.pool.submit(graph_to_wire(graph), timeout_s=self.timeout_s)
+
+    def cancel(self, future: Future[Outcome]) -> None:
+        self.pool.cancel(future)
+
+
+class _Run:
+    def __init__(self, spec: JobSpec, out_dir: Path, on_event: Callable[[ProgressEvent], None] | None,
+                 cancel: threading.Event) -> None:
+        self.spec = spec
+        self.out_dir = out_dir
+        self.on_event = on_event
+        self.cancel = cancel
+        self.started = time.monotonic()
+        self.deadline = self.started + spec.limits.job_timeout_s
+        self.scheduler: Scheduler | None = None
+        self.nodes_original: int | None = None
+        self.best: fx.Graph | None = None
+        self.signature: Signature | None = None
+        self.timeline: list[TimelinePoint] = []
+        self.phase = "prepare"
+        self.flaky = False
+        self.original_failures = 0
+        self.original_runs = 0
+        self.candidate_timeout_s: float | None = None
+        self._last_event = 0.0
+        self._event_lock = threading.Lock()
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def execute(self, program: Path, inputs: Path | None) -> MinifyResult:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="minify-job-"))
+        try:
+            return self._execute(program, inputs, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
+        self._emit(force=True, message=f"preparing {program.name}")
+        parallelism = default_parallelism(self.spec)
+        try:
+            pool = SandboxPool(workdir, None, self.spec, parallelism=parallelism)
+        except SandboxError as error:
+            return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
+        with pool:
+            try:
+                prepared = self._prepare(pool, program, inputs, workdir)
+            except SandboxCallError as error:
+                return self._finish(JobState.failed, _prepare_failure(error))
+            graph = graph_from_wire(prepared.wire_graph)
+            self.nodes_original = count_ops(graph)
+            self.best = graph
+            self._record_point()
+            if self.cancel.is_set():
+                return self._finish(JobState.cancelled, "cancelled before it started")
+            reproduced = self._reproduce(pool, graph)
+            if reproduced is not None:
+                return reproduced
+            assert self.signature is not None and self.candidate_timeout_s is not None
+            evaluator = _SandboxEvaluator(pool, self.candidate_timeout_s)
+            target, failure = self.signature, self.spec.failure
+            self.scheduler = Scheduler(
+                evaluator,
+                lambda outcome: oracle.still_fails(outcome, target, failure),
+                parallelism=parallelism,
+                on_check=self._emit,
+                should_stop=self._stop_reason,
+            )
+            self.scheduler.remember(graph, Fails(target))
+            status, reason = JobState.succeeded, None
+            try:
+                reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
+            except Stopped as stopped:
+                status, reason = self._status_when_stopped(stopped.reason)
+            if status is JobState.cancelled:
+                return self._finish(status, reason)
+            self.phase = "artifacts"
+            self._emit(force=True, message="writing artifacts")
+            written = self._write_program_artifacts(pool)
+        return self._finish(status, reason, written)
+
+    def _prepare(self, pool: SandboxPool, program: Path, inputs: Path | None, workdir: Path) -> PreparedProgram:
+        """Load the untrusted program in a child; the parent reads back only JSON and mmap-able tensors."""
+        pool.call(
+            "minify_worker.loader:prepare_in_child",
+            {"program": str(program.resolve()), "inputs": None if inputs is None else str(inputs.resolve())},
+            timeout_s=self._remaining(),
+        )
+        prepared = PreparedProgram.read(workdir)
+        pool.load_values(prepared.values_path, timeout_s=self._remaining())
+        return prepared
+
+    def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:
+        """Run the original several times: target signature, flakiness, calibrated timeout."""
+        self.phase = "reproduce"
+        self._emit(force=True, message=f"running the original {ORIGINAL_RUNS} times")
+        failure = self.spec.failure
+        bound = self.spec.limits.candidate_timeout_s
+        first_timeout = bound or (DEFAULT_TIMEOUT_FAILURE_S if failure.kind == "timeout" else self._remaining())
+        wire = graph_to_wire(graph)
+        futures = [pool.submit(wire, timeout_s=first_timeout) for _ in range(ORIGINAL_RUNS)]
+        outcomes: list[Outcome] = []
+        for future in futures:
+            while not future.done():
+                if self._stop_reason():
+                    for other in futures:
+                        pool.cancel(other)
+                    return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed,
+                                        self._stop_reason())
+                time.sleep(0.05)
+            outcomes.append(future.result())
+        self.original_runs = len(outcomes)
+        target = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
+                       and oracle.still_fails(o, sig, failure)), None)
+        if target is None and all(outcome.kind == "invalid" for outcome in outcomes):
+            return self._finish(JobState.failed, f"the program could not be run: {outcomes[0].message}")  # type: ignore[union-attr]
+        if target is None:
+            return self._finish(JobState.not_reproducible, _not_reproducible_reason(outcomes, self.spec))
+        self.signature = target
+        failing = [o for o in outcomes if oracle.still_fails(o, target, failure)]
+        self.original_failures = len(failing)
+        self.flaky = len(failing) < len(outcomes)
+        if failure.kind == "timeout":
+            self.candidate_timeout_s = first_timeout
+        else:
+            slowest = max(_duration(o) for o in outcomes)
+            calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * slowest)
+            self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
+        message = f"reproduced: {target}"
+        if self.flaky:
+            message += f" (flaky: failed {len(failing)} of {len(outcomes)} runs)"
+        self._emit(force=True, message=message)
+        return None
+
+    def _context(self) -> strategies.StrategyContext:
+        return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
+
+    def _accepted(self, graph: fx.Graph, description: str) -> None:
+        self.best = graph
+        self._record_point()
+        self._emit(force=True, graph=graph, message=description)
+
+    def _write_program_artifacts(self, pool: SandboxPool) -> dict[str, Path]:
+        assert self.best is not None
+        result = pool.call(
+            "minify_worker.artifacts:write_program_artifacts",
+            {
+                "wire_graph": graph_to_wire(self.best),
+                "out_dir": str(self.out_dir),
+                "spec_json": self.spec.model_dump_json(),
+                "signature": asdict(self.signature) if self.signature else None,
+            },
+            timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
+        )
+        return {name: self.out_dir / name for name in result.get("files", [])}
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None) -> MinifyResult:
+        self.phase = "done"
+        stats = self.scheduler.stats if self.scheduler else None
+        best = self.best
+        report = Report(
+            status=status,
+            reason=reason,
+            nodes_original=self.nodes_original,
+            nodes_final=count_ops(best) if best is not None and status is JobState.succeeded else None,
+            checks_total=stats.checks_total if stats else 0,
+            checks_cached=stats.checks_cached if stats else 0,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+            signature=str(self.signature) if self.signature else None,
+            failure_kind=self.signature.kind if self.signature else None,
+            flaky=self.flaky,
+            original_runs=self.original_runs,
+            original_failures=self.original_failures,
+            candidate_timeout_s=self.candidate_timeout_s,
+            backend=self.spec.backend,
+            device=self.spec.device,
+            config=self.spec.config,
+            torch_version=torch.__version__,
+            outcomes=dict(stats.outcomes) if stats else {},
+            timeline=self.timeline,
+            graph_code=graph_code(best) if best is not None and status is JobState.succeeded else None,
+        )
+        files = dict(written or {})
+        report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
+        files["report.json"] = artifacts.write_report(report, self.out_dir)
+        if len(files) > 1:
+            files["bundle.tar.gz"] = artifacts.write_bundle(self.out_dir)
+        self._emit(force=True, status=status, message=reason or status.value)
+        return MinifyResult(status, reason, report, files)
+
+    def _status_when_stopped(self, reason: str) -> tuple[JobState, str]:
+        if self.cancel.is_set():
+            return JobState.cancelled, reason
+        return JobState.succeeded, f"{reason}: the result is the smallest failing program found so far"
+
+    def _stop_reason(self) -> str | None:
+        if self.cancel.is_set():
+            return "cancelled"
+        if time.monotonic() > self.deadline:
+            return f"job timeout of {self.spec.limits.job_timeout_s:g}s reached"
+        return None
+
+    def _remaining(self) -> float:
+        return max(1.0, self.deadline - time.monotonic())
+
+    # -- progress --------------------------------------------------------------------------
+
+    def _record_point(self) -> None:
+        assert self.best is not None
+        checks = self.scheduler.stats.checks_total if self.scheduler else 0
+        self.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
+                                           nodes=count_ops(self.best), checks=checks))
+
+    def _emit(self, force: bool = False, *, graph: fx.Graph | None = None, status: JobState | None = None,
+              message: str | None = None) -> None:
+        if self.on_event is None:
+            return
+        now = time.monotonic()
+        with self._event_lock:
+            if not force and now - self._last_event < EVENT_INTERVAL_S:
+                return
+            self._last_event = now
+        stats = self.scheduler.stats if self.scheduler else None
+        event = ProgressEvent(
+            type="status" if status is not None else "progress",
+            phase=stats.phase if stats and self.phase not in ("done", "artifacts") else self.phase,
+            nodes_original=self.nodes_original,
+            nodes_current=count_ops(self.best) if self.best is not None else None,
+            checks_total=stats.checks_total if stats else 0,
+            checks_cached=stats.checks_cached if stats else 0,
+            checks_in_flight=stats.checks_in_flight if stats else 0,
+            outcomes=dict(stats.outcomes) if stats else {},
+            elapsed_s=round(now - self.started, 3),
+            signature=str(self.signature) if self.signature else None,
+            graph_code=graph_code(graph) if graph is not None else None,
+            status=status,
+            message=message,
+        )
+        try:
+            self.on_event(event)
+        except Exception:  # a broken subscriber must not break the job
+            log.exception("progress callback failed")
+
+
+def _prepare_failure(error: SandboxCallError) -> str:
+    """The loader's own words when it refused the program; else how the prepare child died."""
+    message = str(error).split("failed in its child: ", 1)[-1]
+    if error.error_type in ("crashed", "timed_out", "oom"):
+        return f"loading the program failed: {message}"
+    return message
+
+
+def _duration(outcome: Outcome) -> float:
+    if isinstance(outcome, TimedOut):
+        return outcome.after_s
+    return getattr(outcome, "duration_s", 0.0)
+
+
+def _not_reproducible_reason(outcomes: list[Outcome], spec: JobSpec) -> str:
+    kinds = Counter(outcome.kind for outcome in outcomes)
+    seen = ", ".join(f"{kind} {count}x" for kind, count in sorted(kinds.items()))
+    first_failure = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None), None)
+    wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
+    if spec.failure.match:
+        wanted += f" matching {spec.failure.match!r}"
+    reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
+    if first_failure is not None:
+        reason += f"; it failed differently: {first_failure.text or first_failure}"
+    invalid = next((o for o in outcomes if o.kind == "invalid"), None)
+    if invalid is not None:
+        reason += f"; {invalid.message}"  # type: ignore[union-attr]
+    return reason

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch.fx as fx
 
-from minify_worker.graph import count_ops, structural_hash
+from minify_worker.graph import size_key, structural_hash
 from minify_worker.outcomes import Fails, Outcome
 from minify_worker.strategies import Candidate, StrategyContext
 
@@ -57,15 +57,6 @@ class Stats:
     checks_in_flight: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     phase: str = ""
-
-
-def graph_size(graph: fx.Graph) -> tuple[int, int, int]:
-    """What "smaller" means: fewer ops, then fewer inputs, then fewer outputs."""
-    placeholders = sum(1 for node in graph.nodes if node.op == "placeholder")
-    output = next(node for node in reversed(graph.nodes) if node.op == "output")
-    result = output.args[0]
-    outputs = len(result) if isinstance(result, (list, tuple)) else 1
-    return count_ops(graph), placeholders, outputs
 
 
 @dataclass
@@ -112,7 +103,7 @@ class Scheduler:
     def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate]) -> Candidate | None:
         """The first candidate, in the given order, that is smaller than `current` and still fails."""
         source = iter(candidates)
-        current_size = graph_size(current)
+        current_size = size_key(current)
         current_key = structural_hash(current)
         window: list[_Pending] = []
         exhausted = False
@@ -148,8 +139,8 @@ class Scheduler:
                 if not pending.done and pending.future is not None:
                     self._release(pending)
 
-    def _start(self, candidate: Candidate, current_key: str, current_size: tuple[int, int, int]) -> _Pending | None:
-        if graph_size(candidate.graph) >= current_size:
+    def _start(self, candidate: Candidate, current_key: str, current_size: tuple[int, ...]) -> _Pending | None:
+        if size_key(candidate.graph) >= current_size:
             return None
         key = structural_hash(candidate.graph)
         if key == current_key:

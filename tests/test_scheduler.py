@@ -1,0 +1,180 @@
+"""The scheduler: first-in-order wins at any parallelism, memo, cancellation, stopping.
+
+The evaluator here is a thread pool over a pure-Python oracle: the scheduler is under test, not
+the sandbox (tests/test_sandbox*.py and tests/test_engine*.py run real children).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+import torch.fx as fx
+
+from examples import programs
+from minify_worker import graph as g
+from minify_worker.outcomes import Fails, Outcome, Passes, Signature
+from minify_worker.scheduler import Scheduler, Stopped, reduce
+from minify_worker.strategies import PASSES, Candidate, StrategyContext
+
+SIGNATURE = Signature("compile_error", "RuntimeError", "injected failure on relu")
+
+
+def op_names(graph: fx.Graph) -> list[str]:
+    return [node.target.__name__.split(".")[0] for node in graph.nodes if node.op == "call_function"]
+
+
+def contains_relu(graph: fx.Graph) -> bool:
+    return "relu" in op_names(graph)
+
+
+class ThreadEvaluator:
+    """Answers Fails when `oracle(graph)`, after `delay(graph)` seconds, on worker threads."""
+
+    def __init__(self, oracle: Callable[[fx.Graph], bool], delay: Callable[[fx.Graph], float] = lambda _: 0.0,
+                 workers: int = 8) -> None:
+        self.oracle = oracle
+        self.delay = delay
+        self.pool = ThreadPoolExecutor(workers)
+        self.submitted: list[fx.Graph] = []
+        self.cancelled: list[Future[Outcome]] = []
+        self.max_in_flight = 0
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def submit(self, graph: fx.Graph) -> Future[Outcome]:
+        self.submitted.append(graph)
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        return self.pool.submit(self._run, graph)
+
+    def _run(self, graph: fx.Graph) -> Outcome:
+        try:
+            time.sleep(self.delay(graph))
+            return Fails(SIGNATURE) if self.oracle(graph) else Passes()
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def cancel(self, future: Future[Outcome]) -> None:
+        self.cancelled.append(future)
+
+
+def still_fails(outcome: Outcome) -> bool:
+    return isinstance(outcome, Fails) and outcome.signature.same_as(SIGNATURE)
+
+
+def chain_graph(ops: tuple[str, ...]) -> fx.Graph:
+    ep, _ = programs.chain(ops)
+    return g.flat_graph_from_exported_program(ep)
+
+
+def truncations(graph: fx.Graph) -> list[Candidate]:
+    names = [node.name for node in graph.nodes if node.op == "call_function"]
+    return [Candidate(g.truncate_after(graph, name), f"truncate after {name}") for name in names]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4, 8])
+def test_first_failing_candidate_in_order_wins_at_any_parallelism(parallelism: int) -> None:
+    graph = chain_graph(("sin", "cos", "relu", "exp", "tanh", "neg"))
+    # Later candidates answer first: a scheduler that took the first answer would pick a longer prefix.
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.02 * (10 - g.count_ops(cand)))
+    scheduler = Scheduler(evaluator, still_fails, parallelism=parallelism)
+
+    chosen = scheduler.first_failing(graph, truncations(graph))
+
+    assert chosen is not None
+    assert chosen.description == "truncate after relu"
+
+
+def test_parallelism_bounds_candidates_in_flight() -> None:
+    graph = chain_graph(("sin", "cos", "exp", "tanh", "neg", "abs", "relu"))
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 0.05)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=3)
+
+    scheduler.first_failing(graph, truncations(graph))
+
+    assert 2 <= evaluator.max_in_flight <= 3
+
+
+def test_a_candidate_seen_before_is_answered_from_the_memo() -> None:
+    graph = chain_graph(("sin", "relu", "cos"))
+    evaluator = ThreadEvaluator(lambda _: False)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2)
+
+    scheduler.first_failing(graph, truncations(graph))
+    submitted = len(evaluator.submitted)
+    scheduler.first_failing(graph, truncations(graph))
+
+    assert len(evaluator.submitted) == submitted
+    assert scheduler.stats.checks_cached == submitted
+
+
+def test_renamed_candidates_share_a_memo_entry() -> None:
+    graph = chain_graph(("sin", "relu", "cos"))
+    renamed = g.copy_graph(graph)
+    for node in renamed.nodes:
+        if node.op == "call_function":
+            node.name = f"renamed_{node.name}"
+    evaluator = ThreadEvaluator(lambda _: False)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=1)
+
+    scheduler.first_failing(graph, truncations(graph))
+    scheduler.first_failing(renamed, truncations(renamed))
+
+    assert scheduler.stats.checks_cached == len(evaluator.submitted)
+
+
+def test_work_after_a_known_failure_is_cancelled() -> None:
+    graph = chain_graph(("relu", "sin", "cos", "exp", "tanh", "neg"))
+    # The first candidate (relu alone) fails fast; the others are slow and become moot.
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.0 if g.count_ops(cand) == 1 else 0.5)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=4)
+
+    chosen = scheduler.first_failing(graph, truncations(graph))
+
+    assert chosen is not None and chosen.description == "truncate after relu"
+    assert len(evaluator.cancelled) == 3
+    assert scheduler.stats.outcomes["cancelled"] == 3
+    assert scheduler.stats.checks_in_flight == 0
+
+
+def test_candidates_no_smaller_than_the_current_graph_are_not_tested() -> None:
+    graph = chain_graph(("sin", "relu"))
+    evaluator = ThreadEvaluator(contains_relu)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2)
+
+    chosen = scheduler.first_failing(graph, [Candidate(g.copy_graph(graph), "the same graph")])
+
+    assert chosen is None
+    assert evaluator.submitted == []
+
+
+def test_a_stop_request_interrupts_waiting() -> None:
+    graph = chain_graph(("sin", "relu", "cos"))
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 5.0)
+    stop = threading.Event()
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2,
+                          should_stop=lambda: "cancelled" if stop.is_set() else None)
+    threading.Timer(0.2, stop.set).start()
+
+    started = time.monotonic()
+    with pytest.raises(Stopped, match="cancelled"):
+        scheduler.first_failing(graph, truncations(graph))
+
+    assert time.monotonic() - started < 2
+    assert len(evaluator.cancelled) == 2
+
+
+def test_reduce_reaches_the_single_failing_op_of_a_chain() -> None:
+    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    evaluator = ThreadEvaluator(contains_relu)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=4)
+
+    reduction = reduce(scheduler, graph, StrategyContext(), PASSES)
+
+    assert op_names(reduction.graph) == ["relu"]
