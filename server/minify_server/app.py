@@ -22,7 +22,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        app.state.redis = redis.asyncio.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
         app.state.sync_redis = redis.Redis.from_url(redis_url)
         app.state.records = JobRecords(app.state.redis)
         try:

@@ -136,6 +136,7 @@ class EmbeddedRedis(_Supervised):
             process = subprocess.Popen([executable, str(config)], stdout=log_file, stderr=subprocess.STDOUT,
                                        start_new_session=True, preexec_fn=_die_with_parent)
         self._wait_ready(process)
+        (self.dir / "redis.url").write_text(self.url + "\n")  # for `minify-worker --redis-url` on this host
         log.info("embedded redis (pid %d) at %s", process.pid, self.url)
         return process
 

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from minify_server.records import events_key, record_key
 
-BLOCK_MS = 10_000
+BLOCK_MS = 5_000
 BATCH = 500
 
 

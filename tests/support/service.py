@@ -36,20 +36,33 @@ def free_port() -> int:
 
 
 def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment holds MINIFY_TEST_SERVICE=<marker> (the server and all it started)."""
+    """Live processes whose environment holds MINIFY_TEST_SERVICE=<marker>, and their descendants.
+
+    The environment finds orphans (re-parented away from the server); descent finds processes
+    that overwrite their environment area with a process title (redis-server does).
+    """
     needle = f"{MARKER}={marker}".encode()
-    found = []
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in environ.split(b"\0") and state != "Z":
-            found.append(int(entry))
-    return found
+        if stat[0] == "Z":
+            continue
+        parents[int(entry)] = int(stat[1])
+        if needle in environ.split(b"\0"):
+            marked.add(int(entry))
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in marked} - marked
+        marked |= children
+        grew = bool(children)
+    return sorted(marked)
 
 
 class ServiceError(RuntimeError):
@@ -72,6 +85,11 @@ class Service:
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=30, **kwargs)
+
+    @property
+    def redis_url(self) -> str:
+        """The embedded Redis, for a worker started by the test (`minify-worker --redis-url`)."""
+        return (self.data_dir / "redis" / "redis.url").read_text().strip()
 
     def pids(self) -> list[int]:
         """Every live process of this service: server, Redis, workers, work horses, sandbox children."""
