@@ -173,7 +173,8 @@ def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
                 checks.append(
                     f">= 5x faster than torch --isolate: {'yes' if speedup >= 5 else 'NO'} ({bound}{speedup:.1f}x)"
                 )
-        lines.append(f"{case}: " + "; ".join(checks))
+        if checks:
+            lines.append(f"{case}: " + "; ".join(checks))
     return lines
 
 
@@ -212,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="programs, scratch folders and logs (default: out/bench)",
     )
     options = parser.parse_args(argv)
+    options.work = options.work.resolve()  # children run in their own scratch folders
 
     from cases import save_case  # imports torch: only after the arguments are known good
 
