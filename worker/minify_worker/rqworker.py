@@ -1,8 +1,10 @@
 """`minify-worker --redis-url URL --queues cpu,cuda`: an RQ worker for the minify queues.
 
-The worker process itself never imports torch or touches CUDA: RQ forks a work horse per job and
-only the horse (minify_worker.job.run_job → the engine) does. Run one per machine (one per GPU),
-pointed at the service's Redis; as many machines as you like.
+The worker process never touches CUDA or a tensor: RQ forks a work horse per job and only the
+horse (minify_worker.job.run_job → the engine) runs anything. The worker does import the engine
+(and so torch) once at start, unless --no-preload, so that each horse starts with torch already
+imported instead of paying its import (seconds) per job; importing torch initializes no CUDA.
+Run one per machine (one per GPU), pointed at the service's Redis; as many machines as you like.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     parser.add_argument("--maintenance-interval", type=int, default=30,
                         help="seconds between RQ registry cleanups (re-queues jobs of dead workers)")
+    parser.add_argument("--no-preload", dest="preload", action="store_false",
+                        help="do not import the engine (torch) in the worker; each job imports it")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -90,6 +94,8 @@ def main(argv: list[str]) -> int:
     if args.allowed_backends is not None:
         os.environ["MINIFY_ALLOWED_BACKENDS"] = args.allowed_backends
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.preload:
+        import minify_worker.engine  # noqa: F401 (inherited by every forked work horse)
     redis = Redis.from_url(args.redis_url)
     worker = MinifyWorker(
         [Queue(name, connection=redis) for name in queues],
