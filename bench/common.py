@@ -26,6 +26,7 @@ class RunResult:
     status: str = "ok"  # ok | timeout | error
     wall_s: float | None = None  # the minify call itself, program already loaded
     process_s: float | None = None  # the whole child, interpreter start and torch import included
+    cpu_s: float | None = None  # user + system CPU of the child's whole process tree (set by the parent)
     checks: int = 0
     checks_distinct: int | None = None
     checks_cached: int | None = None

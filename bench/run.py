@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -45,6 +46,9 @@ def run_child(
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
     started = time.perf_counter()
+    # The parent runs one child at a time, so the growth of its children's rusage is this child's
+    # process tree (every descendant that was reaped): CPU seconds, which load distorts far less than wall time.
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(scratch / "log.txt", "wb") as log:
         child = subprocess.Popen(
             command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -57,6 +61,8 @@ def run_child(
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     elapsed = time.perf_counter() - started
+    usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
     if result_path.exists():
         result = RunResult.from_json(json.loads(result_path.read_text()))
     else:
@@ -67,6 +73,7 @@ def run_child(
         result.status = "timeout"
         result.wall_s = limit_s
         result.ops_final = None
+    result.cpu_s = cpu_s
     if result.process_s is None:
         result.process_s = elapsed
     return result
@@ -109,7 +116,7 @@ def format_seconds(run: RunResult, limit_s: float) -> str:
 
 
 def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, int], limit_s: float) -> str:
-    header = ("case", "ops", "minifier", "wall s", "spread s", "checks", "run", "ops left", "torch/ours")
+    header = ("case", "ops", "minifier", "wall s", "spread s", "cpu s", "checks", "run", "ops left", "torch/ours")
     rows: list[tuple[str, ...]] = []
     for case, by_minifier in table.items():
         ours = median_run(by_minifier["ours"]) if "ours" in by_minifier else None
@@ -131,6 +138,7 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
                     minifier,
                     format_seconds(run, limit_s),
                     spread,
+                    "-" if run.cpu_s is None else f"{run.cpu_s:.0f}",
                     str(run.checks),
                     str(checks_run),
                     ops_left,
