@@ -30,12 +30,14 @@ class RunResult:
     checks: int = 0
     checks_distinct: int | None = None
     checks_cached: int | None = None
+    original_runs: int = 0  # ours: runs of the original before reducing (not in its checks_total)
     ops_initial: int | None = None
     ops_final: int | None = None
     inputs_final: int | None = None
     check_s_total: float | None = None
     by_strategy: dict[str, dict[str, float]] = field(default_factory=dict)  # torch's, from its stderr
     outcomes: dict[str, int] = field(default_factory=dict)  # ours: candidate outcomes by kind
+    phases: dict[str, float] = field(default_factory=dict)  # ours: when each phase began, seconds
     final_code: str | None = None
     error: str | None = None
 

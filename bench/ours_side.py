@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_event(event: ProgressEvent) -> None:
         if event.type != "progress":
             return
+        if event.phase and event.phase not in result.phases:
+            result.phases[event.phase] = round(time.perf_counter() - minify_start, 2)
         result.checks = event.checks_total
         result.checks_cached = event.checks_cached
         result.ops_initial = event.nodes_original
@@ -64,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.checks = report.checks_total
         result.checks_cached = report.checks_cached
         result.checks_distinct = report.checks_total - report.checks_cached
+        result.original_runs = report.original_runs
         result.ops_initial = report.nodes_original
         result.ops_final = report.nodes_final
         result.final_code = report.graph_code

@@ -124,7 +124,7 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
             run = median_run(runs)
             walls = [r.wall_s for r in runs if r.wall_s is not None and r.status == "ok"]
             spread = f"{max(walls) - min(walls):.1f}" if len(walls) > 1 else "-"
-            checks_run = run.checks - (run.checks_cached or 0)
+            checks_run = run.checks - (run.checks_cached or 0) + run.original_runs
             ratio = "-"
             if minifier != "ours" and ours is not None and ours.status == "ok" and run.wall_s:
                 ratio = f"{'> ' if run.status == 'timeout' else ''}{run.wall_s / ours.wall_s:.1f}x"
