@@ -186,6 +186,28 @@ def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
     return lines
 
 
+def torch_breakdown(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
+    """Where torch's checks went (median run), strategies summed over granularities."""
+    lines = []
+    for case, by_minifier in table.items():
+        for minifier in ("torch", "torch-isolate"):
+            if minifier not in by_minifier:
+                continue
+            run = median_run(by_minifier[minifier])
+            families: dict[str, dict[str, float]] = {}
+            for strategy, entry in run.by_strategy.items():
+                family = families.setdefault(strategy.split(" (G ")[0], dict.fromkeys(entry, 0.0))
+                for key, value in entry.items():
+                    family[key] = family.get(key, 0.0) + value
+            parts = [
+                f"{name} {entry['checks']:.0f} ({entry['duplicates']:.0f} dup, {entry['seconds']:.1f} s)"
+                for name, entry in sorted(families.items(), key=lambda item: -item[1]["seconds"])
+            ]
+            distinct = f"{run.checks_distinct} distinct of {run.checks}"
+            lines.append(f"{case} / {minifier}: {distinct}; " + "; ".join(parts))
+    return lines
+
+
 def start_op_mismatches(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, int]) -> list[str]:
     """Both sides must start from the same graph: every run's initial op count is the case's."""
     problems = []
@@ -256,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for line in verdicts(table) + start_op_mismatches(table, ops):
         print(line)
+    print("\nwhere torch's checks went (checks, duplicates of an earlier check, seconds in them):")
+    for line in torch_breakdown(table):
+        print("  " + line)
     print(
         f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
         f"{os.cpu_count()} cpus; total {time.perf_counter() - started:.0f} s"
