@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from minify_client import (
     ApiError,
     BadRequest,
@@ -20,7 +21,6 @@ from minify_client import (
     Unauthorized,
 )
 from minify_client._sse import parse_events
-
 from tests.test_client_support import (
     Exchange,
     ScriptedServer,

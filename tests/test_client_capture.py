@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from minify_client.capture import capture, capture_failures
-from minify_client.models import JobSpec, JobState
 
 from examples.programs import ReluCos
+from minify_client.capture import capture, capture_failures
+from minify_client.models import JobSpec, JobState
 from tests.test_client_support import ScriptedServer, closed_port_url, job_status, serve_job
 
 

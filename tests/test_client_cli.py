@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from minify_client.models import JobState, ProgressEvent
 
+from minify_client.models import JobState, ProgressEvent
 from tests.test_client_support import (
     Exchange,
     ScriptedServer,

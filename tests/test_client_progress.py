@@ -6,7 +6,6 @@ import io
 
 from minify_client.models import JobState, ProgressEvent
 from minify_client.progress import PlainProgress, RichProgress, describe, progress_view, summary
-
 from tests.test_client_support import job_status, minimizing_events
 
 
@@ -45,6 +44,13 @@ def test_status_and_log_events_read_as_themselves():
         "status: failed (bad program)"
     )
     assert describe(ProgressEvent(type="log", message="kept relu")) == "kept relu"
+
+
+def test_a_status_message_that_repeats_the_status_is_not_repeated():
+    assert describe(ProgressEvent(type="status", status=JobState.queued, message="queued")) == "status: queued"
+    assert describe(ProgressEvent(type="status", status=JobState.running, message="running on host-3")) == (
+        "status: running on host-3"
+    )
 
 
 def test_plain_progress_prints_one_line_per_meaningful_change():

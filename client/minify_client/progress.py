@@ -18,8 +18,13 @@ class ProgressView(Protocol):
 def describe(event: ProgressEvent) -> str:
     """One line for a progress event: `phase: 40 → 12 nodes, 37 checks (15 cached)`."""
     if event.type == "status":
-        text = f"status: {event.status.value if event.status else '?'}"
-        return f"{text} ({event.message})" if event.message else text
+        state = event.status.value if event.status else "?"
+        if not event.message or event.message == state:
+            return f"status: {state}"
+        # Servers often say it in full already: "running on host-3 (attempt 1)".
+        if event.message.startswith(state):
+            return f"status: {event.message}"
+        return f"status: {state} ({event.message})"
     if event.type == "log":
         return event.message or ""
     phase = event.phase or "working"
