@@ -8,6 +8,7 @@ strict or non-strict comparison).
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterator
 
@@ -24,11 +25,23 @@ ACCURACY = S.StrategyContext(accuracy=True)
 STRICT_ACCURACY = S.StrategyContext(accuracy=True, strict_accuracy=True)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread() -> Iterator[None]:
+    """Small eager runs on a shared machine: a second intra-op thread only adds contention (30x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # --- helpers: programs, concrete values, eager runs, oracles, a greedy loop ------------------
 
 
+@functools.cache
 def _program(name: str) -> tuple[fx.Graph, dict[str, object]]:
-    """The flat graph of an example program and the value of every node (the value store)."""
+    """The flat graph of an example program and the value of every node (the value store).
+
+    Cached: strategies never mutate the graph they are given."""
     torch.manual_seed(0)
     ep, (args, kwargs) = programs.BUILDERS[name]()
     graph = G.flat_graph_from_exported_program(ep)
@@ -58,19 +71,23 @@ def _concrete_values(graph: fx.Graph, args: list[object]) -> dict[str, object]:
 
 
 def _run(graph: fx.Graph, values: dict[str, object], bugs: dict[str, Callable] | None = None) -> tuple:
-    """Run `graph` in eager, inputs looked up by minify_value; `bugs` replace ops by name."""
+    """Run `graph` in eager, node by node (as fx.Interpreter, without generating code), inputs
+    looked up by minify_value; `bugs` post-process the results of the ops they name."""
+    graph.lint()
     bugs = bugs or {}
-
-    class Buggy(fx.Interpreter):
-        def call_function(self, target, args, kwargs):
-            result = super().call_function(target, args, kwargs)
-            name = G.target_name(target)
-            return bugs[name](result) if name in bugs else result
-
-    module = G.to_graph_module(graph)
-    module.graph.lint()
-    args = [values[node.meta[G.META_VALUE]] for node in G.placeholders(graph)]
-    return tuple(Buggy(module).run(*args))
+    env: dict[fx.Node, object] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = values[node.meta[G.META_VALUE]]
+        elif node.op == "call_function":
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            with torch.no_grad():
+                result = node.target(*args, **kwargs)
+            name = G.target_name(node.target)
+            env[node] = bugs[name](result) if name in bugs else result
+        else:
+            return tuple(fx.node.map_arg(node.args[0], env.__getitem__))
+    raise AssertionError("graph without output")
 
 
 def _contains(op: str) -> Oracle:

@@ -11,8 +11,8 @@ Every operation here is pure: it copies its argument and returns a new graph.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
-import json
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,7 +27,8 @@ META_VALUE = "minify_value"
 META_KIND = "minify_kind"
 META_TENSOR = "minify_tensor"
 META_ROLE = "minify_role"
-_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE)
+META_SCALAR = "minify_scalar"
+_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR)
 
 PROMOTABLE_KINDS = frozenset({"tensor", "scalar"})
 
@@ -97,6 +98,7 @@ def _minify_meta(node: fx.Node) -> dict[str, Any]:
         meta[META_TENSOR] = tensor_meta(val)
     elif isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
         meta[META_KIND] = "scalar"
+        meta[META_SCALAR] = _scalar_type(val)
     elif isinstance(val, (tuple, list)):
         meta[META_KIND] = "tuple"
     elif val is None:
@@ -106,6 +108,12 @@ def _minify_meta(node: fx.Node) -> dict[str, Any]:
     if node.op == "placeholder" or meta[META_KIND] in PROMOTABLE_KINDS:
         meta[META_VALUE] = node.name
     return meta
+
+
+def _scalar_type(value: object) -> str:
+    if isinstance(value, (bool, torch.SymBool)):
+        return "bool"
+    return "int" if isinstance(value, (int, torch.SymInt)) else "float"
 
 
 def _returns_none(node: fx.Node) -> bool:
@@ -171,12 +179,17 @@ _PYTHON_TARGET_NAMES = {id(fn): name for name, fn in _PYTHON_TARGETS.items()}
 
 def target_name(target: Any) -> str:
     """Qualified name of a call_function target: "aten.relu.default", "operator.getitem"."""
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return str(target)
     name = _PYTHON_TARGET_NAMES.get(id(target))
-    if name is None:
-        raise GraphFormatError(f"unsupported call_function target {target!r}")
-    return name
+    if name is not None:
+        return name
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return _operator_name(target)
+    raise GraphFormatError(f"unsupported call_function target {target!r}")
+
+
+@functools.cache
+def _operator_name(target: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> str:
+    return str(target)  # costly (schema parsing), and asked for every node of every hash
 
 
 def resolve_target(name: str) -> Callable[..., Any]:
@@ -324,28 +337,30 @@ def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
 def structural_hash(graph: fx.Graph) -> str:
     """Hash invariant to node names: nodes numbered in order, placeholders by minify_value."""
     index: dict[fx.Node, int] = {}
-    parts = []
+    lines = []
     for position, node in enumerate(graph.nodes):
         index[node] = position
         if node.op == "placeholder":
-            parts.append(["placeholder", node.meta.get(META_VALUE, node.target)])
+            lines.append(f"placeholder {node.meta.get(META_VALUE, node.target)!r}")
         elif node.op == "call_function":
-            parts.append(["call", target_name(node.target), _hashable(node.args, index),
-                          _hashable(node.kwargs, index)])
+            lines.append(f"call {target_name(node.target)} {_hash_text(node.args, index)} "
+                         f"{_hash_text(node.kwargs, index)}")
         else:
-            parts.append([node.op, _hashable(node.args, index)])
-    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+            lines.append(f"{node.op} {_hash_text(node.args, index)}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def _hashable(value: Any, index: dict[fx.Node, int]) -> Any:
+def _hash_text(value: Any, index: dict[fx.Node, int]) -> str:
+    """Unambiguous text of an argument, nodes by position (repr tells 1 from 1.0 and "x")."""
     if isinstance(value, fx.Node):
-        return {"#": index[value]}
-    if isinstance(value, (list, tuple)):
-        return {type(value).__name__: [_hashable(item, index) for item in value]}
+        return f"%{index[value]}"
+    if isinstance(value, tuple):
+        return "(" + ",".join(_hash_text(item, index) for item in value) + ",)"
+    if isinstance(value, list):
+        return "[" + ",".join(_hash_text(item, index) for item in value) + "]"
     if isinstance(value, dict):
-        return {"dict": [[_hashable(key, index), _hashable(item, index)] for key, item in value.items()]}
-    return _encode(value)
+        return "{" + ",".join(f"{key!r}:{_hash_text(item, index)}" for key, item in value.items()) + "}"
+    return repr(value)
 
 
 def count_ops(graph: fx.Graph) -> int:

@@ -86,7 +86,9 @@ def _may_be_float(value: object) -> bool:
     if kind == "tensor":
         tensor = value.meta.get(g.META_TENSOR)
         return tensor is None or g.is_float_dtype_name(tensor["dtype"])
-    return kind not in ("none",)
+    if kind == "scalar":
+        return value.meta.get(g.META_SCALAR, "float") == "float"
+    return kind != "none"
 
 
 class _Proposals:
