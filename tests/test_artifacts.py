@@ -1,0 +1,401 @@
+"""What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py, report.json, bundle.tar.gz.
+
+Every repro here runs as `python repro.py` in a real subprocess, from a directory that holds only
+the artifacts (and, for custom backends, a backend module of the test's own).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+
+from examples import programs
+from minify_client.models import JobSpec, JobState, Report, TimelinePoint
+from minify_worker import artifacts
+from minify_worker import graph as G
+from minify_worker.outcomes import Signature
+
+SEED_AOTI_CODE = """\
+def forward(self, linear):
+    linear, = fx_pytree.tree_flatten_spec(([linear], {}), self._in_spec)
+    relu = torch.ops.aten.relu.default(linear);  linear = None
+    return pytree.tree_unflatten((relu,), self._out_spec)"""
+
+RELU_BACKENDS = '''
+import os
+import signal
+
+import torch
+
+
+class ReluNotSupported(RuntimeError):
+    pass
+
+
+def _has_relu(gm):
+    return any(node.target is torch.ops.aten.relu.default for node in gm.graph.nodes)
+
+
+def fail_on_relu(gm, example_inputs):
+    if _has_relu(gm):
+        raise ReluNotSupported("relu is not supported by this backend")
+    return gm
+
+
+def segfault_on_relu(gm, example_inputs):
+    if _has_relu(gm):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return gm
+'''
+
+
+# --- fixtures: flat graphs and value stores built from the example programs -----------------
+
+
+def _value_store(ep: torch.export.ExportedProgram, args: tuple[Any, ...], graph: fx.Graph) -> dict[str, Any]:
+    """What the prepare step stores: every placeholder's value and every promotable intermediate's."""
+    state = {**ep.state_dict, **ep.constants}
+    user_args = iter(torch.utils._pytree.tree_leaves(args))
+    values: dict[str, Any] = {}
+    for spec in ep.graph_signature.input_specs:
+        values[spec.arg.name] = state[spec.target].detach() if spec.target in state else next(user_args)
+
+    class Record(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            result = super().run_node(node)
+            if G.is_promotable(node):
+                values[node.meta[G.META_VALUE]] = result
+            return result
+
+    with torch.no_grad():
+        Record(G.to_graph_module(graph)).run(*(values[node.name] for node in G.placeholders(graph)))
+    return values
+
+
+def _program(builder: str) -> tuple[fx.Graph, dict[str, Any]]:
+    ep, (args, _) = programs.BUILDERS[builder]()
+    graph = G.flat_graph_from_exported_program(ep)
+    return graph, _value_store(ep, args, graph)
+
+
+@pytest.fixture(scope="module")
+def seed_aoti() -> tuple[fx.Graph, dict[str, Any]]:
+    """The seed's AOTI result: `linear -> relu`, `linear` promoted to an input."""
+    graph, values = _program("linear_relu_sigmoid")
+    minimal = G.canonicalize(G.truncate_after(G.promote_to_inputs(graph, ["linear"]), "relu"))
+    return minimal, values
+
+
+@pytest.fixture(scope="module")
+def relu_cos() -> tuple[fx.Graph, dict[str, Any]]:
+    return _program("relu_cos")
+
+
+def _relu_only(relu_cos: tuple[fx.Graph, dict[str, Any]]) -> fx.Graph:
+    return G.truncate_after(relu_cos[0], "relu")
+
+
+def _cos_only(relu_cos: tuple[fx.Graph, dict[str, Any]]) -> fx.Graph:
+    return G.canonicalize(G.promote_to_inputs(relu_cos[0], ["relu"]))
+
+
+def _write(graph: fx.Graph, values: dict[str, Any], out_dir: Path, signature: Signature | None = None,
+           **spec: Any) -> dict[str, Any]:
+    return artifacts.write_program_files(graph, values, out_dir, JobSpec(**spec), signature)
+
+
+def _run_repro(directory: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(directory)}
+    return subprocess.run([sys.executable, "repro.py"], cwd=directory, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def _failure_line(stderr: str) -> str:
+    """What repro.py prints after the traceback: "ExceptionType: first line of the message"."""
+    lines = [line for line in stderr.splitlines() if line.startswith("repro failed with: ")]
+    assert len(lines) == 1, stderr
+    return lines[0].removeprefix("repro failed with: ")
+
+
+# --- minimized.pt2 and inputs.pt ------------------------------------------------------------
+
+
+def test_minimized_pt2_of_the_seed_aoti_case_has_linear_as_its_only_input(seed_aoti, tmp_path):
+    graph, values = seed_aoti
+
+    result = _write(graph, values, tmp_path, backend="aot_inductor")
+
+    assert artifacts.MINIMIZED in result["files"]
+    loaded = torch.export.load(tmp_path / artifacts.MINIMIZED)
+    assert str(loaded.module(check_guards=False).code).strip() == SEED_AOTI_CODE
+
+
+def test_minimized_pt2_runs_on_inputs_pt_like_the_graph(seed_aoti, tmp_path):
+    graph, values = seed_aoti
+    _write(graph, values, tmp_path)
+
+    inputs = torch.load(tmp_path / artifacts.INPUTS, weights_only=True)
+    (relu,) = torch.export.load(tmp_path / artifacts.MINIMIZED).module()(*inputs)
+
+    assert torch.equal(relu, torch.relu(values["linear"]))
+
+
+def test_inputs_pt_holds_the_placeholder_values_in_order_and_loads_weights_only(seed_aoti, tmp_path):
+    graph, values = seed_aoti
+    _write(graph, values, tmp_path)
+
+    inputs = torch.load(tmp_path / artifacts.INPUTS, weights_only=True)
+
+    assert isinstance(inputs, tuple)
+    assert len(inputs) == 1
+    assert torch.equal(inputs[0], values["linear"])
+
+
+def test_inputs_pt_keeps_scalar_inputs_as_python_scalars(tmp_path):
+    graph = fx.Graph()
+    x, scale = graph.placeholder("x"), graph.placeholder("scale")
+    graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (x, scale)),))
+    values = {"x": torch.ones(3), "scale": 2.5}
+
+    _write(graph, values, tmp_path, backend="eager")
+
+    assert torch.load(tmp_path / artifacts.INPUTS, weights_only=True)[1] == 2.5
+
+
+def test_a_program_torch_export_refuses_still_gets_inputs_and_repro(tmp_path):
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    graph.output((graph.call_function(torch.ops.aten.mm.default, (a, b)),))
+    values = {"a": torch.ones(2, 3), "b": torch.ones(2, 3)}  # mm of (2, 3) @ (2, 3): export raises
+
+    result = _write(graph, values, tmp_path)
+
+    assert sorted(result["files"]) == [artifacts.INPUTS, artifacts.REPRO]
+    assert result["errors"][artifacts.MINIMIZED].startswith("RuntimeError")
+
+
+def test_write_program_artifacts_is_a_sandbox_call_with_json_arguments(seed_aoti, tmp_path):
+    graph, values = seed_aoti
+    signature = Signature("compile_error", "CppCompileError", "C++ compile error", "CppCompileError: ...")
+    kwargs = json.loads(json.dumps({
+        "wire_graph": G.graph_to_wire(graph),
+        "out_dir": str(tmp_path),
+        "spec_json": JobSpec(backend="aot_inductor").model_dump_json(),
+        "signature": asdict(signature),
+    }))
+
+    result = artifacts.write_program_artifacts(SimpleNamespace(values=values), **kwargs)
+
+    assert json.loads(json.dumps(result)) == {
+        "files": [artifacts.INPUTS, artifacts.REPRO, artifacts.MINIMIZED], "errors": {}}
+    assert "# Signature:        CppCompileError: C++ compile error" in (tmp_path / artifacts.REPRO).read_text()
+
+
+# --- repro.py: what it says -------------------------------------------------------------------
+
+
+def test_repro_forward_is_the_graph_as_aten_calls_in_a_repro_module(seed_aoti):
+    text = artifacts.render_repro(seed_aoti[0], JobSpec(), None, "2.13.0")
+
+    assert textwrap.dedent("""\
+        class Repro(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+
+            def forward(self, linear):
+                relu = torch.ops.aten.relu.default(linear);  linear = None
+                return (relu,)
+        """) in text
+
+
+def test_repro_header_states_kind_signature_backend_device_torch_version_and_how_to_run(seed_aoti):
+    signature = Signature("compile_error", "CppCompileError", "C++ compile error",
+                          "CppCompileError: C++ compile error\nCommand: g++ ...")
+    spec = JobSpec(backend="aot_inductor", device="cuda:1")
+
+    header = artifacts.render_repro(seed_aoti[0], spec, signature, "2.11.0").split("\nimport ")[0]
+
+    assert "# Expected failure: compile_error" in header
+    assert "# Signature:        CppCompileError: C++ compile error" in header
+    assert "# As observed:      CppCompileError: C++ compile error" in header
+    assert "# Backend:          aot_inductor" in header
+    assert "# Device:           cuda:1" in header
+    assert "# Minimized with:   torch 2.11.0" in header
+    assert "# Run: python repro.py" in header
+
+
+def test_repro_expects_the_observed_failure_kind_over_the_spec_kind(seed_aoti):
+    observed = Signature("accuracy", "AccuracyError", "Bad accuracy detected")
+
+    text = artifacts.render_repro(seed_aoti[0], JobSpec(), observed, "2.13.0")
+
+    assert "FAILURE_KIND = 'accuracy'" in text
+
+
+def test_repro_sets_each_recorded_inductor_config_override(seed_aoti):
+    spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "max_autotune": True})
+
+    text = artifacts.render_repro(seed_aoti[0], spec, None, "2.13.0")
+
+    assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = 'compile_error'\n" in text
+    assert "torch._inductor.config.max_autotune = True\n" in text
+
+
+def test_repro_refuses_a_config_key_that_is_not_a_dotted_name(seed_aoti):
+    with pytest.raises(ValueError, match="dotted"):
+        artifacts.render_repro(seed_aoti[0], JobSpec(config={"cpp..x": 1}), None, "2.13.0")
+
+
+def test_repro_imports_nothing_from_minify(seed_aoti):
+    text = artifacts.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
+
+    imports = [line for line in text.splitlines() if line.lstrip().startswith(("import ", "from "))]
+    assert imports
+    assert not any("minify" in line for line in imports)
+    compile(text, "repro.py", "exec")
+
+
+# --- repro.py: what it does ---------------------------------------------------------------------
+
+
+def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
+    _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == 1
+    assert "relu_backends.ReluNotSupported: relu is not supported by this backend" in run.stderr
+    assert _failure_line(run.stderr) == "ReluNotSupported: relu is not supported by this backend"
+
+
+def test_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
+    _write(_cos_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == 0, run.stderr
+    assert "repro passed" in run.stdout
+
+
+def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:segfault_on_relu")
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == -signal.SIGSEGV
+
+
+def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path):
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    halves = graph.call_function(torch.ops.aten.split.Tensor, (x, 2))
+    first = graph.call_function(operator.getitem, (halves, 0))
+    scale = graph.call_function(math.sqrt, (4.0,))
+    full = graph.call_function(torch.ops.aten.full.default, ([2], math.inf),
+                               {"dtype": torch.float16, "device": torch.device("cpu")})
+    graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (first, scale)), full))
+    _write(graph, {"x": torch.arange(4.0)}, tmp_path, backend="eager")
+
+    text = (tmp_path / artifacts.REPRO).read_text()
+    run = _run_repro(tmp_path)
+
+    assert "from math import sqrt as math_sqrt" in text
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.inductor
+def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="inductor",
+           config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == 1
+    assert _failure_line(run.stderr) == "InductorError: CppCompileError: C++ compile error"
+
+
+@pytest.mark.inductor
+def test_repro_reproduces_an_inductor_accuracy_error(relu_cos, tmp_path):
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path,
+           Signature("accuracy", "AccuracyError", "Bad accuracy detected"),
+           backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
+           failure={"kind": "accuracy"})
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == 1
+    assert _failure_line(run.stderr) == "AccuracyError: Bad accuracy detected"
+    assert run.stderr.strip().endswith("minify expected:   AccuracyError: Bad accuracy detected")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_repro_moves_inputs_to_the_spec_device(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS + textwrap.dedent('''
+        def require_cuda(gm, example_inputs):
+            assert all(value.is_cuda for value in example_inputs), "inputs are not on cuda"
+            return gm
+        '''))
+    _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:require_cuda", device="cuda")
+
+    run = _run_repro(tmp_path)
+
+    assert run.returncode == 0, run.stderr
+    assert torch.load(tmp_path / artifacts.INPUTS, weights_only=True)[0].device.type == "cpu"
+
+
+# --- report.json and bundle.tar.gz --------------------------------------------------------------
+
+
+def _report() -> Report:
+    return Report(status=JobState.succeeded, nodes_original=3, nodes_final=1, checks_total=5,
+                  signature="CppCompileError: C++ compile error", backend="inductor", device="cpu",
+                  config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, torch_version="2.13.0",
+                  timeline=[TimelinePoint(elapsed_s=0.0, nodes=3, checks=0),
+                            TimelinePoint(elapsed_s=1.5, nodes=1, checks=5)])
+
+
+def test_report_json_is_the_report_model(tmp_path):
+    path = artifacts.write_report(_report(), tmp_path)
+
+    assert path == tmp_path / artifacts.REPORT
+    assert Report.model_validate_json(path.read_text()) == _report()
+
+
+def test_bundle_holds_every_artifact_under_one_folder(seed_aoti, tmp_path):
+    _write(seed_aoti[0], seed_aoti[1], tmp_path)
+    artifacts.write_report(_report(), tmp_path)
+
+    with tarfile.open(artifacts.write_bundle(tmp_path)) as bundle:
+        names = sorted(bundle.getnames())
+        inputs = bundle.extractfile(f"{artifacts.BUNDLE_FOLDER}/{artifacts.INPUTS}").read()
+
+    assert names == sorted(f"{artifacts.BUNDLE_FOLDER}/{name}" for name in
+                           (artifacts.MINIMIZED, artifacts.INPUTS, artifacts.REPRO, artifacts.REPORT))
+    assert inputs == (tmp_path / artifacts.INPUTS).read_bytes()
+
+
+def test_bundle_bytes_depend_only_on_the_artifacts(tmp_path):
+    artifacts.write_report(_report(), tmp_path)
+    first = artifacts.write_bundle(tmp_path).read_bytes()
+    os.utime(tmp_path / artifacts.REPORT, (0, 0))
+
+    assert artifacts.write_bundle(tmp_path).read_bytes() == first

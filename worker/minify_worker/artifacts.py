@@ -1,0 +1,415 @@
+"""What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py, report.json, bundle.tar.gz.
+
+`write_program_artifacts` runs inside a sandbox child (it needs the value store and torch.export);
+`write_report` and `write_bundle` run in the engine's process. `render_repro` is pure.
+
+repro.py always reads its inputs from inputs.pt rather than embedding them: torch.save keeps
+exact bits, dtypes, strides and scalar types for any size, and an accuracy or data-dependent
+failure may hinge on the exact values (torch's own repros regenerate random inputs and can
+lose the failure that way).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import tarfile
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
+
+from .graph import META_VALUE, graph_from_wire, placeholders, to_graph_module
+from .outcomes import Signature
+
+MINIMIZED = "minimized.pt2"
+INPUTS = "inputs.pt"
+REPRO = "repro.py"
+REPORT = "report.json"
+BUNDLE = "bundle.tar.gz"
+BUNDLE_FOLDER = "minify-repro"
+
+InputValue = torch.Tensor | int | float | bool
+
+
+# ---------------------------------------------------------------------------------------------
+# In the sandbox child: minimized.pt2, inputs.pt, repro.py
+
+
+def write_program_artifacts(
+    context: Any,
+    *,
+    wire_graph: dict[str, Any],
+    out_dir: str,
+    spec_json: str,
+    signature: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write minimized.pt2, inputs.pt and repro.py for the minimized graph: a `SandboxPool.call` target.
+
+    `context.values` is the value store the sandbox child holds; `wire_graph` is `graph_to_wire`'s
+    form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict).
+    Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
+    refuses still gets its inputs.pt and repro.py.
+    """
+    graph = graph_from_wire(wire_graph)
+    spec = JobSpec.model_validate_json(spec_json)
+    target = Signature(**signature) if signature is not None else None
+    return write_program_files(graph, context.values, Path(out_dir), spec, target)
+
+
+def write_program_files(
+    graph: fx.Graph,
+    values: Mapping[str, InputValue],
+    out_dir: Path,
+    spec: JobSpec,
+    signature: Signature | None = None,
+) -> dict[str, Any]:
+    """`write_program_artifacts` over an in-memory graph and value store."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = graph_inputs(graph, values)
+    files: list[str] = []
+    errors: dict[str, str] = {}
+
+    torch.save(inputs, out_dir / INPUTS)
+    files.append(INPUTS)
+    (out_dir / REPRO).write_text(render_repro(graph, spec, signature, torch.__version__))
+    files.append(REPRO)
+    try:
+        program = export_minimized(graph, inputs, spec.device)
+        torch.export.save(program, out_dir / MINIMIZED)
+        files.append(MINIMIZED)
+    except Exception as error:  # a user program can fail to export in any way; report, don't die
+        errors[MINIMIZED] = f"{type(error).__name__}: {error}"
+    return {"files": files, "errors": errors}
+
+
+def graph_inputs(graph: fx.Graph, values: Mapping[str, InputValue]) -> tuple[InputValue, ...]:
+    """The values of `graph`'s placeholders, in order, on the CPU (as the value store keeps them)."""
+    inputs = []
+    for node in placeholders(graph):
+        key = node.meta.get(META_VALUE, node.name)
+        if key not in values:
+            raise KeyError(f"placeholder {node.name!r}: no value {key!r} in the value store")
+        # As stored, not cloned: torch.save keeps a view's strides and offset, which a
+        # layout-sensitive compiler bug may need.
+        inputs.append(values[key])
+    return tuple(inputs)
+
+
+def export_minimized(
+    graph: fx.Graph, inputs: Sequence[InputValue], device: str = "cpu"
+) -> torch.export.ExportedProgram:
+    """Export the graph with every placeholder as a user input named after its node.
+
+    This is the shape torch's AOTI minifier saves: `export_load(path).module()` has
+    `forward(self, linear)` when `linear` was promoted to an input.
+    """
+    module = to_graph_module(graph)
+    args = tuple(_to_device(value, device) for value in inputs)
+    with torch.no_grad():
+        return torch.export.export(module, args)
+
+
+def _to_device(value: InputValue, device: str) -> InputValue:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+# ---------------------------------------------------------------------------------------------
+# repro.py
+
+
+def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str) -> str:
+    """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
+
+    `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
+    crash's signal) while the bug is there, and 0 once it is fixed. The failure kind is the
+    signature's (what was observed) when there is one, else the spec's.
+    """
+    kind = signature.kind if signature is not None else spec.failure.kind
+    forward, imports = _forward_source(graph)
+    preamble = [
+        _header(spec, kind, signature, torch_version),
+        _IMPORTS,
+        *([imports] if imports else []),
+        _config_lines(spec.config),
+        _constants(spec, kind, signature),
+    ]
+    definitions = [
+        _REPRO_CLASS.format(forward=textwrap.indent(forward, "    ")),
+        _compile_function(spec.backend),
+        _RUN_FUNCTIONS,
+    ]
+    text = "\n\n".join(part.strip("\n") for part in preamble)
+    return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
+
+
+_MAX_HEADER_TEXT = 300
+
+_EXPECTATIONS = {
+    "compile_error": "raises while compiling",
+    "runtime_error": "raises while running the compiled program",
+    "accuracy": "the compiled program's outputs differ from eager (fp64 RMSE): AccuracyError",
+    "crash": "the process dies by the signal (or exits with the status) below",
+    "timeout": "compiling or running hangs",
+    "any": "fails",
+}
+
+
+def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str) -> str:
+    failure = spec.failure
+    lines = [
+        "Minimized repro written by minify (plain torch; no minify import).",
+        "",
+        f"Expected failure: {kind} ({_EXPECTATIONS[kind]})",
+        f"Signature:        {signature if signature is not None else '(not recorded)'}",
+        f"Backend:          {spec.backend}",
+        f"Device:           {spec.device}",
+        f"Minimized with:   torch {torch_version}",
+        f"Config overrides: {json.dumps(spec.config, sort_keys=True) if spec.config else '(none)'}",
+    ]
+    if signature is not None and signature.text:
+        first_line = signature.text.strip().splitlines()[0][:_MAX_HEADER_TEXT]
+        lines.append(f"As observed:      {first_line}")
+    if kind == "accuracy":
+        compared = "every output (strict)" if failure.strict_accuracy else "floating-point outputs"
+        lines.append(f"Accuracy:         tolerance {failure.tolerance}, {compared} compared")
+    lines += [
+        "",
+        "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)",
+        "While the bug is there it exits non-zero: the exception's traceback on stderr, then a",
+        "'repro failed with:' line to hold against the signature above (a crash: the process dies",
+        "by that signal). Once fixed it prints 'repro passed' and exits 0.",
+    ]
+    return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
+
+
+_IMPORTS = """
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+from torch._dynamo.debug_utils import AccuracyError, cast_to_fp64
+from torch._dynamo.utils import clone_inputs, same
+"""
+
+_REPRO_CLASS = """
+class Repro(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+
+{forward}
+"""
+
+_COMPILE_HEAD = '''
+def compile_repro(gm, inputs):
+    """Compile `gm` as the minify worker does ({how}).
+
+    Returns a function of *inputs: what a torch.compile backend returns, called as dynamo calls it.
+    """
+'''
+
+_COMPILE_HOW = {
+    "inductor": "compile_fx under no_grad",
+    "aot_inductor": "export, aoti_compile_and_package, aoti_load_package, under no_grad",
+    "aot_eager": "torch's aot_eager backend",
+    "eager": "torch's eager backend",
+}
+
+_COMPILE_BODIES = {
+    "inductor": """
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch.no_grad():
+        compiled = compile_fx(gm, inputs)
+
+    def run(*args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return run
+""",
+    "aot_inductor": """
+    with torch.no_grad():
+        program = torch.export.export(gm, tuple(inputs))
+        package_path = torch._inductor.aoti_compile_and_package(program)
+        compiled = torch._inductor.aoti_load_package(package_path)
+
+    def run(*args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return run
+""",
+    "registered": """
+    return torch._dynamo.lookup_backend({backend!r})(gm, inputs)
+""",
+    "custom": """
+    import importlib
+
+    backend = getattr(importlib.import_module({module!r}), {attribute!r})
+    return backend(gm, inputs)
+""",
+}
+
+_RUN_FUNCTIONS = '''
+def load_inputs(path):
+    inputs = torch.load(path, weights_only=True)
+    return [value.to(DEVICE) if isinstance(value, torch.Tensor) else value for value in inputs]
+
+
+def synchronize():
+    if torch.device(DEVICE).type == "cuda":
+        torch.cuda.synchronize()  # surface asynchronous errors and crashes here
+
+
+def check_accuracy(gm, inputs, result):
+    """torch's accuracy minifier semantics: compare with eager, judged against an fp64 reference."""
+    reference = copy.deepcopy(gm)(*clone_inputs(inputs))
+    fp64_reference = None
+    if torch._dynamo.config.same_two_models_use_fp64:
+        try:
+            fp64_gm, fp64_inputs = cast_to_fp64(copy.deepcopy(gm), clone_inputs(inputs))
+            fp64_reference = fp64_gm(*fp64_inputs)
+        except Exception:
+            if not STRICT_ACCURACY:  # non-strict accuracy cannot be judged without fp64
+                print("cannot compute the fp64 reference this accuracy check needs", file=sys.stderr)
+                raise
+    if not same(reference, result, fp64_reference, tol=TOLERANCE, equal_nan=True,
+                ignore_non_fp=not STRICT_ACCURACY):
+        raise AccuracyError("Bad accuracy detected")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Run the minimized repro.")
+    parser.add_argument("--inputs", type=Path, default=Path(__file__).resolve().with_name("inputs.pt"))
+    inputs = load_inputs(parser.parse_args().inputs)
+    gm = torch.fx.symbolic_trace(Repro())
+    compiled = compile_repro(gm, list(inputs))
+    result = compiled(*clone_inputs(inputs))
+    synchronize()
+    if FAILURE_KIND == "accuracy":
+        check_accuracy(gm, inputs, result)
+    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")
+
+
+def explain_failure(exc_type, error, traceback):
+    """After the usual traceback, one line to hold against the signature minify recorded."""
+    sys.__excepthook__(exc_type, error, traceback)
+    lines = str(error).strip().splitlines()
+    print(file=sys.stderr)
+    print(f"repro failed with: {exc_type.__name__}: {lines[0] if lines else ''}", file=sys.stderr)
+    print(f"minify expected:   {EXPECTED_SIGNATURE}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.excepthook = explain_failure
+    main()
+'''
+
+
+def _compile_function(backend: str) -> str:
+    if backend in ("inductor", "aot_inductor"):
+        body = _COMPILE_BODIES[backend]
+    elif backend in BUILTIN_BACKENDS:
+        body = _COMPILE_BODIES["registered"].format(backend=backend)
+    else:
+        module, attribute = backend.split(":")
+        body = _COMPILE_BODIES["custom"].format(module=module, attribute=attribute)
+    how = _COMPILE_HOW.get(backend, f"the torch.compile backend {backend}")
+    return _COMPILE_HEAD.format(how=how).strip("\n") + "\n" + body.strip("\n")
+
+
+def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
+    return "\n".join([
+        f"BACKEND = {spec.backend!r}",
+        f"DEVICE = {spec.device!r}",
+        f"FAILURE_KIND = {kind!r}",
+        f"TOLERANCE = {spec.failure.tolerance!r}",
+        f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}",
+        f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",
+    ])
+
+
+def _config_lines(config: dict[str, Any]) -> str:
+    lines = ["# torch._inductor.config overrides recorded in the job spec"]
+    for key, value in sorted(config.items()):
+        if not all(part.isidentifier() for part in key.split(".")):
+            raise ValueError(f"config key {key!r} is not a dotted torch._inductor.config name")
+        lines.append(f"torch._inductor.config.{key} = {value!r}")
+    return "\n".join(lines) if config else "# no torch._inductor.config overrides"
+
+
+# Names FX-generated code may use that _IMPORTS does not provide, and how to provide them.
+_KNOWN_GLOBALS = {
+    "device": "from torch import device",
+    "inf": "from math import inf",
+    "nan": "from math import nan",
+    "NoneType": "NoneType = type(None)",
+    "fx_pytree": "import torch.fx._pytree as fx_pytree",
+    "pytree": "import torch.utils._pytree as pytree",
+}
+
+
+def _forward_source(graph: fx.Graph) -> tuple[str, str]:
+    """`def forward(self, ...)` as FX prints it, and the imports its globals need."""
+    module = to_graph_module(graph)
+    code = module.graph.python_code(root_module="self")
+    forward = textwrap.dedent(code.src).strip("\n").rstrip()
+    imports = []
+    for name, value in sorted(code.globals.items()):
+        if name == "torch" or not re.search(rf"\b{re.escape(name)}\b", forward):
+            continue
+        imports.append(_KNOWN_GLOBALS.get(name) or _import_line(name, value))
+    return forward, "\n".join(imports)
+
+
+def _import_line(name: str, value: Any) -> str:
+    if isinstance(value, type(torch)):
+        return f"import {value.__name__} as {name}"
+    module = getattr(value, "__module__", None)
+    qualified = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if not module or not qualified or "." in qualified or module == "builtins":
+        raise ValueError(f"cannot write an import for {name!r} ({value!r}) in repro.py")
+    return f"from {module} import {qualified}" + (f" as {name}" if name != qualified else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# In the engine: report.json, bundle.tar.gz
+
+
+def write_report(report: Report, out_dir: Path) -> Path:
+    """report.json: the Report model as JSON."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / REPORT
+    path.write_text(report.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def write_bundle(out_dir: Path) -> Path:
+    """bundle.tar.gz of the artifacts present in `out_dir`, under one folder.
+
+    Deterministic (sorted, fixed mtimes and owners): the same artifacts give the same bytes.
+    """
+    path = out_dir / BUNDLE
+    names = [name for name in (MINIMIZED, INPUTS, REPRO, REPORT) if (out_dir / name).is_file()]
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(names):
+            data = (out_dir / name).read_bytes()
+            info = tarfile.TarInfo(f"{BUNDLE_FOLDER}/{name}")
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    path.write_bytes(buffer.getvalue())
+    return path
