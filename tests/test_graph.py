@@ -355,3 +355,56 @@ def test_derive_keep_outputs_equals_canonical_pruning():
 def test_derive_gives_promoted_inputs_their_role():
     graph = G.derive(_flat("linear_relu_sigmoid"), cut="relu", promote=["linear"])
     assert [(n.name, n.meta[G.META_ROLE]) for n in G.placeholders(graph)] == [("linear", "promoted")]
+
+
+# --- programs with constants and dynamic shapes ----------------------------------------------
+
+
+class _ConstantPlusRelu(torch.nn.Module):
+    """The seed's test_constant_in_graph program."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(2) + torch.relu(x)
+
+
+class _DynamicReshape(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0] * 2, -1).relu()
+
+
+def _dynamic_graph() -> fx.Graph:
+    ep = torch.export.export(_DynamicReshape(), (torch.randn(4, 6),),
+                             dynamic_shapes={"x": {0: torch.export.Dim("n", min=2)}})
+    return G.flat_graph_from_exported_program(ep)
+
+
+def test_flat_graph_marks_lifted_constants():
+    ep = torch.export.export(_ConstantPlusRelu(), (torch.randn(2),))
+    roles = [n.meta[G.META_ROLE] for n in G.placeholders(G.flat_graph_from_exported_program(ep))]
+    assert roles == ["constant", "input"]
+
+
+def test_flat_graph_gives_symbolic_sizes_their_example_value():
+    x = G.placeholders(_dynamic_graph())[0]
+    assert x.meta[G.META_TENSOR]["shape"] == [4, 6]
+
+
+def test_flat_graph_makes_symbolic_scalars_promotable_ints():
+    sizes = [n for n in _dynamic_graph().nodes if n.target is torch.ops.aten.sym_size.int]
+    assert sizes and all(G.is_promotable(n) and n.meta[G.META_SCALAR] == "int" for n in sizes)
+
+
+def test_wire_round_trip_keeps_symbolic_arithmetic():
+    graph = _dynamic_graph()
+    back = _round_trip(graph)
+    assert "operator.mul" in _targets(back)
+    assert G.structural_hash(back) == G.structural_hash(graph)
+
+
+def test_structural_hash_tells_an_int_constant_from_a_float_one():
+    graph = _flat("accuracy_vs_strict")
+    changed = G.copy_graph(graph)
+    gt = next(n for n in changed.nodes if n.name == "gt")
+    assert gt.args[1] == 0 and isinstance(gt.args[1], int)
+    gt.args = (gt.args[0], 0.0)
+    assert G.structural_hash(changed) != G.structural_hash(graph)

@@ -326,3 +326,18 @@ def test_the_final_pass_drops_ops_between_two_that_fail_together():
     assert _ops(torch_like) == ["aten.sin.default", "aten.relu.default", "aten.cos.default"]
     ours = _minimize(graph, S.StrategyContext(), needs_sin_and_cos)
     assert _ops(ours) == ["aten.sin.default", "aten.cos.default"]
+
+
+class _DynamicReshape(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0] * 2, -1).relu()
+
+
+def test_non_strict_accuracy_skips_candidates_that_output_an_int():
+    ep = torch.export.export(_DynamicReshape(), (torch.randn(4, 6),),
+                             dynamic_shapes={"x": {0: torch.export.Dim("n", min=2)}})
+    graph = G.flat_graph_from_exported_program(ep)
+    size = next(n.name for n in graph.nodes if n.target is torch.ops.aten.sym_size.int)
+    truncate_size = f"truncate after {size} (granularity 1)"
+    assert truncate_size in _descriptions(S.truncate_suffix(graph, S.StrategyContext()))
+    assert truncate_size not in _descriptions(S.truncate_suffix(graph, ACCURACY))

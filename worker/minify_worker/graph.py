@@ -2,8 +2,9 @@
 
 A program is a flat `torch.fx.Graph`: placeholders (parameters, buffers, constants, user inputs
 and promoted intermediates), `call_function` nodes, one `output` node returning a flat tuple.
-Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_tensor`,
-`minify_role`), never FakeTensors, so graphs are cheap to copy and to send to sandbox children.
+Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_tensor`, and two
+additions: `minify_role` on placeholders, `minify_scalar` = "int" | "float" | "bool" on scalar
+nodes), never FakeTensors, so graphs are cheap to copy and to send to sandbox children.
 
 Every operation here is pure: it copies its argument and returns a new graph.
 """
