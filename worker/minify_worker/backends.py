@@ -63,9 +63,8 @@ def load_custom_backend(name: str) -> Backend:
 
 
 def _call(compiled: Compiled, args: list[Any]) -> Any:
-    """Call a compiled function with torch's boxed or unboxed convention."""
-    if getattr(compiled, "_boxed_call", False):
-        return compiled(list(args))
+    """Call what a torch.compile backend returned, as dynamo does: unboxed. (Its `_boxed_call`
+    attribute is not reliable: `functools.wraps` copies it onto unboxed wrappers.)"""
     return compiled(*args)
 
 

@@ -805,7 +805,9 @@ def _server_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_server_main())
+    code = _server_main()
+    sys.stderr.flush()
+    os._exit(code)  # skip torch's and inductor's exit handlers: nothing of theirs needs to run here
 
 
 def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,

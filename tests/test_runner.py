@@ -1,0 +1,146 @@
+"""Running one candidate: compile vs run errors, out of memory, accuracy the way torch judges it.
+
+The test-backend cases call `run_candidate` in this process (those backends neither crash nor
+hang); the real-inductor cases run in sandbox children of one warm pool, as in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+from minify_client.models import FailureSpec, JobSpec
+from minify_worker.graph import graph_to_wire
+from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
+from minify_worker.runner import run_candidate
+from minify_worker.sandbox import SandboxPool
+
+TESTING = "minify_worker.testing_backends"
+
+
+def chain_graph(*ops: str) -> fx.Graph:
+    graph = fx.Graph()
+    node = graph.placeholder("x")
+    node.meta["minify_value"] = "x"
+    for op in ops:
+        node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
+    graph.output((node,))
+    return graph
+
+
+def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -> object:
+    spec = JobSpec(backend=backend, failure=FailureSpec(**failure))
+    gm = fx.GraphModule(torch.nn.Module(), chain_graph(*ops))
+    return run_candidate(gm, [torch.randn(20, 20)], spec, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def allow_testing_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
+
+
+def test_a_graph_the_backend_handles_passes(tmp_path: Path) -> None:
+    assert isinstance(run(("relu", "cos"), "eager", tmp_path), Passes)
+    assert isinstance(run(("relu", "cos"), "aot_eager", tmp_path), Passes)
+
+
+def test_an_exception_while_compiling_is_a_compile_error(tmp_path: Path) -> None:
+    outcome = run(("relu", "cos"), f"{TESTING}:fail_on_relu", tmp_path)
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type, outcome.signature.key) == \
+        ("compile_error", "RuntimeError", "injected failure on relu")
+
+
+def test_an_exception_while_running_is_a_runtime_error(tmp_path: Path) -> None:
+    outcome = run(("relu",), f"{TESTING}:fail_on_relu_at_runtime", tmp_path)
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "runtime_error"
+
+
+def test_a_different_error_gets_a_different_signature(tmp_path: Path) -> None:
+    relu = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path)
+    cos = run(("cos",), f"{TESTING}:fail_on_cos", tmp_path)
+    assert isinstance(relu, Fails) and isinstance(cos, Fails)
+    assert not relu.signature.same_as(cos.signature)
+
+
+def test_an_allocator_out_of_memory_is_out_of_memory(tmp_path: Path) -> None:
+    assert isinstance(run(("relu",), f"{TESTING}:oom_on_relu", tmp_path), OutOfMemory)
+
+
+def test_a_numerically_wrong_backend_is_an_accuracy_error(tmp_path: Path) -> None:
+    outcome = run(("relu", "cos"), f"{TESTING}:wrong_on_relu", tmp_path, kind="accuracy")
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type) == ("accuracy", "AccuracyError")
+
+
+def test_an_accurate_backend_passes_the_accuracy_check(tmp_path: Path) -> None:
+    assert isinstance(run(("relu", "cos"), "aot_eager", tmp_path, kind="accuracy"), Passes)
+
+
+def test_a_compile_error_in_accuracy_mode_is_not_an_accuracy_error(tmp_path: Path) -> None:
+    outcome = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path, kind="accuracy")
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "compile_error"
+
+
+def test_a_backend_outside_the_allowed_prefixes_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "somebody_else.")
+    outcome = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path)
+    assert isinstance(outcome, Invalid) and "MINIFY_ALLOWED_BACKENDS" in outcome.message
+
+
+def test_an_unknown_inductor_config_key_is_invalid(tmp_path: Path) -> None:
+    spec = JobSpec(backend="eager", config={"cpp.no_such_option": 1})
+    gm = fx.GraphModule(torch.nn.Module(), chain_graph("relu"))
+    outcome = run_candidate(gm, [torch.randn(2)], spec, tmp_path)
+    assert isinstance(outcome, Invalid) and "cpp.no_such_option" in outcome.message
+
+
+# -- real inductor, in sandbox children -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inductor_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
+    workdir = tmp_path_factory.mktemp("inductor")
+    torch.save({"x": torch.randn(20, 20)}, workdir / "values.pt")
+    spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2) as pool:
+        yield pool
+
+
+def run_in_child(pool: SandboxPool, ops: tuple[str, ...], spec: JobSpec) -> object:
+    result = pool.call(f"{TESTING}:run_with_spec",
+                       {"wire_graph": graph_to_wire(chain_graph(*ops)), "spec_json": spec.model_dump_json()},
+                       timeout_s=300)
+    return outcome_from_dict(result)
+
+
+@pytest.mark.inductor
+def test_inductor_relu_compile_error_has_one_signature_for_relu_cos_and_relu_alone(
+        inductor_pool: SandboxPool) -> None:
+    relu_cos = inductor_pool.submit(graph_to_wire(chain_graph("relu", "cos")), timeout_s=300)
+    relu = inductor_pool.submit(graph_to_wire(chain_graph("relu")), timeout_s=300)
+    first, second = relu_cos.result(), relu.result()
+    assert isinstance(first, Fails) and isinstance(second, Fails)
+    assert (first.signature.kind, first.signature.exc_type) == ("compile_error", "CppCompileError")
+    assert "was not declared in this scope" in first.signature.key
+    assert first.signature.same_as(second.signature)
+
+
+@pytest.mark.inductor
+def test_inductor_relu_runtime_error_is_a_runtime_error(inductor_pool: SandboxPool) -> None:
+    spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"})
+    outcome = run_in_child(inductor_pool, ("relu", "cos"), spec)
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type) == ("runtime_error", "RuntimeError")
+
+
+@pytest.mark.inductor
+def test_inductor_relu_accuracy_bug_is_an_accuracy_error(inductor_pool: SandboxPool) -> None:
+    spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}, failure=FailureSpec(kind="accuracy"))
+    outcome = run_in_child(inductor_pool, ("relu", "cos"), spec)
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type) == ("accuracy", "AccuracyError")
