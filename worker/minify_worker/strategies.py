@@ -99,8 +99,8 @@ class _Proposals:
         self.size = g.size_key(graph)
         self.seen = {g.structural_hash(graph)}
 
-    def offer(self, candidate_graph: fx.Graph | None, description: str) -> Iterator[Candidate]:
-        if candidate_graph is None or g.size_key(candidate_graph) >= self.size:
+    def offer(self, candidate_graph: fx.Graph, description: str) -> Iterator[Candidate]:
+        if g.size_key(candidate_graph) >= self.size:
             return
         if not _can_fail(candidate_graph, self.context):
             return
