@@ -83,6 +83,7 @@ def screenshot(page: Any, name: str, *, full_page: bool = True) -> Path:
     """Save a PNG of `page` under SCREENSHOTS_DIR and say where."""
     SCREENSHOTS_DIR.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS_DIR / f"{name}.png"
+    page.evaluate("window.scrollTo(0, 0)")  # else the sticky top bar lands mid-page in a full-page shot
     page.screenshot(path=str(path), full_page=full_page)
     print(f"screenshot: {path}")
     return path

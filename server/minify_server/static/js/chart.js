@@ -11,14 +11,16 @@ function svg(tag, attrs = {}, text) {
   return element;
 }
 
-/** Up to `count` round tick values covering [0, max]. */
-function ticks(max, count) {
-  if (max <= 0) return [0];
-  const raw = max / count;
+/** About `count` round tick values in [min, max]. */
+function ticks(max, count, min = 0) {
+  if (max <= min) return [min];
+  const raw = (max - min) / count;
   const magnitude = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw) || raw;
   const values = [];
-  for (let value = 0; value <= max + step * 1e-9; value += step) values.push(Math.round(value * 1000) / 1000);
+  for (let value = Math.ceil(min / step) * step; value <= max + step * 1e-9; value += step) {
+    values.push(Math.round(value * 1000) / 1000);
+  }
   return values;
 }
 
@@ -95,10 +97,13 @@ export class NodeChart {
         "waiting for the first progress event"));
       return;
     }
-    const maxTime = Math.max(1, last.t);
+    // Time runs from the first observation: the engine's start-up (reproducing the original)
+    // comes before it and would squeeze the interesting part into a corner.
+    const minTime = this.points[0].t;
+    const maxTime = Math.max(minTime + 1, last.t);
     const maxNodes = Math.max(1, this.nodesOriginal || 0, ...this.points.map((p) => p.nodes));
     const maxChecks = Math.max(1, ...this.points.map((p) => p.checks || 0));
-    const x = (t) => MARGIN.left + (t / maxTime) * plotWidth;
+    const x = (t) => MARGIN.left + ((t - minTime) / (maxTime - minTime)) * plotWidth;
     const yNodes = (n) => MARGIN.top + plotHeight - (n / maxNodes) * plotHeight;
     const yChecks = (c) => MARGIN.top + plotHeight - (c / maxChecks) * plotHeight;
 
@@ -111,7 +116,7 @@ export class NodeChart {
     for (const value of ticks(maxChecks, 4)) {
       grid.append(svg("text", { x: MARGIN.left + plotWidth + 6, y: yChecks(value) + 4, class: "axis-checks" }, value));
     }
-    for (const value of ticks(maxTime, width < 500 ? 3 : 6)) {
+    for (const value of ticks(maxTime, width < 500 ? 3 : 6, minTime)) {
       grid.append(svg("text", { x: x(value), y: height - 10, "text-anchor": "middle" }, timeLabel(value)));
     }
     grid.append(svg("text", { x: 4, y: MARGIN.top - 12, class: "axis-nodes axis-title" }, "nodes"));

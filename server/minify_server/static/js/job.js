@@ -28,6 +28,10 @@ const OUTCOME_WORDS = {
 const LOG_LINES_KEPT = 300;
 const RECONNECT_MS = 2000;
 
+function plural(count, noun) {
+  return `${formatCount(count)} ${noun}${count === 1 ? "" : "s"}`;
+}
+
 function stat(label, valueElement, note) {
   return h("div", { class: "stat" }, h("div", { class: "stat-label" }, label), valueElement, note);
 }
@@ -40,9 +44,11 @@ function reasonText(job, lastMessage) {
   const wanted = `${failure.kind || "any"}${failure.match ? ` matching /${failure.match}/` : ""}`;
   switch (job.status) {
     case "not_reproducible": {
-      let text = `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
+      let text = reason
+        ? `${reason} There was nothing to minimize.`
+        : `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
       if (result.flaky) text += ` It is flaky: it failed in ${result.original_failures} of ${result.original_runs} runs.`;
-      return reason ? `${text} ${reason}` : text;
+      return text;
     }
     case "failed":
       return `The minifier could not finish this job. ${reason}`.trim();
@@ -95,6 +101,14 @@ export function renderJob(root, id) {
   const graphNote = h("span", { class: "muted small" });
   const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
   const logList = h("pre", { class: "log", id: "log" });
+  const progressCard = h("section", { class: "card", id: "progress-card" },
+    h("div", { class: "card-head" }, h("h2", {}, "Progress"),
+      h("span", { class: "legend" }, h("span", { class: "key key-nodes" }), "nodes in the best failing candidate",
+        h("span", { class: "key key-checks" }), "checks run")),
+    chartBox);
+  const outcomesCard = h("section", { class: "card", id: "outcomes-card" }, h("h2", {}, "Candidate outcomes"), outcomesList);
+  const graphCard = h("section", { class: "card", id: "graph-card" },
+    h("div", { class: "card-head" }, graphHeading, graphNote), graphSlot);
   const logCount = h("span", { class: "muted small" });
 
   root.replaceChildren(
@@ -106,16 +120,12 @@ export function renderJob(root, id) {
       stat("Checks", checksValue, checksNote),
       stat("Elapsed", elapsedValue, elapsedNote),
       stat("Phase", phaseValue, phaseNote)),
-    h("section", { class: "card" },
-      h("div", { class: "card-head" }, h("h2", {}, "Progress"),
-        h("span", { class: "legend" }, h("span", { class: "key key-nodes" }), "nodes in the best failing candidate",
-          h("span", { class: "key key-checks" }), "checks run")),
-      chartBox),
+    progressCard,
     h("div", { class: "columns" },
-      h("section", { class: "card" }, h("h2", {}, "Candidate outcomes"), outcomesList),
+      outcomesCard,
       h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
     resultSection,
-    h("section", { class: "card" }, h("div", { class: "card-head" }, graphHeading, graphNote), graphSlot),
+    graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
   const chart = new NodeChart(chartBox);
@@ -169,6 +179,15 @@ export function renderJob(root, id) {
         h("span", { class: "outcome-count" }, formatCount(count)));
     }));
     chart.setOriginal(progress.nodes_original);
+    // A job that ended before its first candidate (not reproducible, cancelled while queued) has
+    // no progress to show; its reason says why.
+    const nothingRan = Boolean(job && FINISHED.has(job.status)) && !progress.checks_total;
+    progressCard.hidden = nothingRan;
+    outcomesCard.hidden = nothingRan;
+    graphCard.hidden = nothingRan && !lastGraphCode;
+    if (!progress.signature && job?.status === "not_reproducible") {
+      signatureBlock.textContent = "none: the original program did not fail";
+    }
   }
 
   function renderElapsed() {
@@ -183,7 +202,7 @@ export function renderJob(root, id) {
     if (!code || code === lastGraphCode) return;
     lastGraphCode = code;
     graphSlot.replaceChildren(pythonBlock(code, { "data-nodes": String(progress.nodes_current ?? "") }));
-    graphNote.textContent = progress.nodes_current != null ? `${progress.nodes_current} nodes` : "";
+    graphNote.textContent = progress.nodes_current != null ? plural(progress.nodes_current, "node") : "";
   }
 
   function appendLog(line) {
@@ -311,7 +330,8 @@ export function renderJob(root, id) {
 
   function artifactNames() {
     const listed = job.result?.artifacts?.length ? job.result.artifacts : Object.keys(job.links?.artifacts || {});
-    if (listed.length) return listed;
+    const rank = (name) => (ARTIFACT_NAMES.includes(name) ? ARTIFACT_NAMES.indexOf(name) : ARTIFACT_NAMES.length);
+    if (listed.length) return [...listed].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
     return job.status === "succeeded" ? ARTIFACT_NAMES : [];
   }
 
@@ -339,8 +359,8 @@ export function renderJob(root, id) {
     if (job.status === "succeeded") {
       parts.push(h("p", { class: "summary", id: "result-summary" },
         `Minimized from ${formatCount(result.nodes_original ?? progress.nodes_original)} to `,
-        h("strong", {}, `${formatCount(result.nodes_final ?? progress.nodes_current)} nodes`),
-        ` in ${formatDuration(result.elapsed_s || live.elapsed)} with ${formatCount(result.checks_total || progress.checks_total)} checks`,
+        h("strong", {}, plural(result.nodes_final ?? progress.nodes_current, "node")),
+        ` in ${formatDuration(result.elapsed_s || live.elapsed)} with ${plural(result.checks_total || progress.checks_total, "check")}`,
         ` (${formatCount(result.checks_cached || progress.checks_cached)} answered from the cache).`));
       // The client's default server; name this one when it is elsewhere.
       const server = location.origin === "http://127.0.0.1:8000" ? "" : ` --server ${location.origin}`;

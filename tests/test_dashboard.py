@@ -1,0 +1,220 @@
+"""The dashboard against the real service (tests/support/service.py) in headless Chromium: a person
+submits a failing program through the page, watches it shrink live, and downloads the repro.
+
+Cheap test backends stand in for inductor (`minify_worker.testing_backends`), so a job takes
+seconds. Screenshots of the pages (laptop and phone) go to test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import programs
+from tests.support.service import Service, start_service, wait_for_status
+from tests.test_dashboard_support import (
+    LAPTOP,
+    PHONE,
+    launched_browser,
+    needs_chromium,
+    screenshot,
+    watch_for_errors,
+)
+
+pytestmark = [pytest.mark.browser, needs_chromium]
+
+FAIL_ON_RELU = "minify_worker.testing_backends:fail_on_relu"
+JOB_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def program_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("programs")
+    for name in ("relu_cos", "chain", "linear_relu_sigmoid"):
+        programs.save(name, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with start_service(tmp_path_factory.mktemp("minify-data"), workers=1) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with launched_browser() as browser:
+        yield browser
+
+
+def submit_through_page(page: Any, program: Path, *, backend: str, extra_config: str = "",
+                        candidate_timeout_s: float | None = None) -> str:
+    """Fill the submit form, send it, and return the new job's id from the page it lands on."""
+    page.click("nav >> text=Submit")
+    page.set_input_files("input[name=program]", str(program))
+    page.fill("input[name=backend]", backend)
+    page.fill("input[name=device]", "cpu")
+    if extra_config:
+        page.fill("textarea[name=config]", extra_config)
+    if candidate_timeout_s is not None:
+        page.fill("input[name=candidate_timeout_s]", str(candidate_timeout_s))
+    page.click("#submit-job")
+    page.wait_for_url("**/#/jobs/*")
+    return page.url.rsplit("/", 1)[1]
+
+
+def chart_state(page: Any) -> dict[str, int | None]:
+    return page.evaluate("""() => {
+        const svg = document.querySelector('#chart svg');
+        return {points: Number(svg.dataset.points || 0), nodes: svg.dataset.nodes ? Number(svg.dataset.nodes) : null};
+    }""")
+
+
+def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_repro(
+        browser: Any, service: Service, program_dir: Path, tmp_path: Path) -> None:
+    page = browser.new_page(viewport=LAPTOP, accept_downloads=True)
+    errors = watch_for_errors(page)
+    page.goto(service.url)
+    job_id = submit_through_page(page, program_dir / "chain.pt2", backend=FAIL_ON_RELU)
+
+    # Live: the chart gains points from the event stream and the node count falls.
+    page.wait_for_function("() => Number(document.querySelector('#chart svg')?.dataset.points || 0) >= 2",
+                           timeout=JOB_TIMEOUT_MS)
+    page.wait_for_selector("#job-status [data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+    chart = chart_state(page)
+    original = int(page.get_attribute("#chart svg", "data-points") or 0)
+    assert chart["points"] is not None and chart["points"] >= 2
+    status = service.client().get(f"/v1/jobs/{job_id}").json()
+    report = status["result"]
+    assert chart["nodes"] == report["nodes_final"] < report["nodes_original"]
+    assert original >= 2
+
+    # Done: the summary, the minimized graph, repro.py highlighted, a button per artifact.
+    assert page.inner_text("#stat-nodes").startswith(f"{report['nodes_original']} → {report['nodes_final']}")
+    page.wait_for_selector("#repro-code .tok-keyword")
+    assert "relu" in page.inner_text("#graph-code")
+    artifacts = page.eval_on_selector_all("#downloads [data-artifact]", "links => links.map((a) => a.dataset.artifact)")
+    assert set(artifacts) >= {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
+    assert f"minify-client download {job_id}" in page.inner_text("#result")
+    assert "python repro.py" in page.inner_text("#result")
+
+    with page.expect_download() as download_info:
+        page.click("[data-artifact='repro.py']")
+    download = download_info.value
+    assert download.suggested_filename == "repro.py"
+    saved = tmp_path / "repro.py"
+    download.save_as(saved)
+    served = service.client().get(f"/v1/jobs/{job_id}/artifacts/repro.py").text
+    assert saved.read_text() == served == page.inner_text("#repro-code")
+
+    screenshot(page, "job-succeeded-laptop")
+    page.set_viewport_size(PHONE)
+    screenshot(page, "job-succeeded-phone")
+    assert errors == []
+
+
+def test_jobs_page_lists_every_job_and_filters_by_status(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    with service.client() as client:
+        succeeded = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
+        not_reproducible = _submit(client, program_dir / "linear_relu_sigmoid.pt2",
+                                   "minify_worker.testing_backends:fail_on_cos")
+        wait_for_status(client, succeeded, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+        wait_for_status(client, not_reproducible, {"not_reproducible"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+
+    page = browser.new_page(viewport=LAPTOP)
+    errors = watch_for_errors(page)
+    page.goto(f"{service.url}/#/jobs")
+    row = page.locator(f"tr[data-job-id='{succeeded}']")
+    row.wait_for()
+    assert row.get_attribute("data-status") == "succeeded"
+    assert FAIL_ON_RELU in row.inner_text()
+    assert "→" in row.locator("td.nodes").inner_text()
+    assert page.locator(f"tr[data-job-id='{not_reproducible}']").get_attribute("data-status") == "not_reproducible"
+    screenshot(page, "jobs-laptop")
+    page.set_viewport_size(PHONE)
+    screenshot(page, "jobs-phone", full_page=False)
+    page.set_viewport_size(LAPTOP)
+
+    page.click("[data-filter=not_reproducible]")
+    page.wait_for_selector(f"tr[data-job-id='{succeeded}']", state="detached")
+    statuses = page.eval_on_selector_all("tr.job-row", "rows => rows.map((r) => r.dataset.status)")
+    assert statuses and set(statuses) == {"not_reproducible"}
+    assert errors == []
+
+
+def test_jobs_page_updates_without_a_reload(browser: Any, service: Service, program_dir: Path) -> None:
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(f"{service.url}/#/jobs")
+    page.wait_for_selector("text=updated")
+    with service.client() as client:
+        job_id = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
+    page.wait_for_selector(f"tr[data-job-id='{job_id}']", timeout=10_000)
+    page.wait_for_selector(f"tr[data-job-id='{job_id}'][data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+
+
+def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, program_dir: Path) -> None:
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(service.url)
+    submit_through_page(page, program_dir / "linear_relu_sigmoid.pt2",
+                        backend="minify_worker.testing_backends:fail_on_cos")
+    page.wait_for_selector("#job-status [data-status=not_reproducible]", timeout=JOB_TIMEOUT_MS)
+    reason = page.locator("#job-reason")
+    reason.wait_for()
+    assert "did not fail" in reason.inner_text()
+    screenshot(page, "job-not-reproducible-laptop")
+
+
+def test_cancel_button_ends_a_running_job(browser: Any, service: Service, program_dir: Path) -> None:
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(service.url)
+    submit_through_page(page, program_dir / "relu_cos.pt2", backend="minify_worker.testing_backends:hang_on_relu",
+                        candidate_timeout_s=300)
+    page.wait_for_selector("#job-status [data-status=running]", timeout=JOB_TIMEOUT_MS)
+    page.click("#cancel-job")
+    page.click("#cancel-job")  # the second click confirms
+    page.wait_for_selector("#job-status [data-status=cancelled]", timeout=JOB_TIMEOUT_MS)
+    assert "cancelled" in page.inner_text("#job-reason")
+    assert page.locator("#cancel-job").is_hidden()
+
+
+def test_token_protected_server_asks_for_the_token_once_and_keeps_it(
+        browser: Any, program_dir: Path, tmp_path: Path) -> None:
+    with start_service(tmp_path / "data", workers=1, tokens=["s3cret"]) as service:
+        context = browser.new_context(viewport=LAPTOP, accept_downloads=True)
+        page = context.new_page()
+        page.goto(service.url)
+        page.wait_for_selector("#token-dialog[open]")
+        page.fill("#token-input", "wrong")
+        page.click("#token-form button[type=submit]")
+        page.wait_for_selector("#token-error:not([hidden])")
+        page.fill("#token-input", "s3cret")
+        page.click("#token-form button[type=submit]")
+        page.wait_for_selector("text=updated")
+
+        # The event stream (?token=) and the downloads (Authorization header) carry it too.
+        job_id = submit_through_page(page, program_dir / "relu_cos.pt2", backend=FAIL_ON_RELU)
+        page.wait_for_selector("#job-status [data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+        page.wait_for_function("() => Number(document.querySelector('#chart svg').dataset.points) >= 1")
+        with page.expect_download() as download_info:
+            page.click("[data-artifact='report.json']")
+        report = json.loads(Path(download_info.value.path()).read_text())
+        assert report["status"] == "succeeded"
+
+        second = context.new_page()
+        second.goto(f"{service.url}/#/jobs/{job_id}")
+        second.wait_for_selector("#job-status [data-status=succeeded]")
+        assert second.locator("#token-dialog[open]").count() == 0
+        context.close()
+
+
+def _submit(client: Any, program: Path, backend: str) -> str:
+    spec = {"backend": backend, "device": "cpu"}
+    with program.open("rb") as upload:
+        response = client.post("/v1/jobs", files={"program": (program.name, upload)}, data={"spec": json.dumps(spec)})
+    response.raise_for_status()
+    return response.json()["id"]
