@@ -1,0 +1,138 @@
+"""Prepare: a user's program and inputs become a flat graph (program.json) and a value store (values.pt).
+
+Most cases call `loader.prepare` in this process (it is what the child runs); the last ones go
+through `prepare_program`, the sandboxed entry the engine uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples import programs
+from minify_client.models import JobSpec
+from minify_worker.graph import graph_from_wire
+from minify_worker.loader import PreparedProgram, ProgramError, prepare
+from minify_worker.sandbox import prepare_program
+
+
+def saved(name: str, directory: Path) -> Path:
+    return programs.save(name, directory)
+
+
+def values_of(workdir: Path) -> dict:
+    return torch.load(workdir / "values.pt", mmap=True, weights_only=True)
+
+
+def test_a_pt2_without_inputs_uses_its_example_inputs(tmp_path: Path) -> None:
+    program = saved("relu_cos", tmp_path)
+    example = torch.export.load(program).example_inputs[0][0]
+    metadata = prepare(program, None, tmp_path / "work")
+    values = values_of(tmp_path / "work")
+    assert metadata["user_inputs"] == ["x"] and metadata["nodes_original"] == 2
+    assert torch.equal(values["x"], example)
+    assert torch.equal(values["relu"], torch.relu(example))
+
+
+def test_program_json_holds_the_wire_graph_with_value_keys(tmp_path: Path) -> None:
+    prepare(saved("relu_cos", tmp_path), None, tmp_path / "work")
+    prepared = PreparedProgram.read(tmp_path / "work")
+    graph = graph_from_wire(prepared.wire_graph)
+    keys = {node.name: node.meta.get("minify_value") for node in graph.nodes if node.op != "output"}
+    assert keys == {"x": "x", "relu": "relu", "cos": "cos"}
+
+
+def test_dict_and_keyword_inputs_are_flattened_in_placeholder_order(tmp_path: Path) -> None:
+    program = saved("linear_relu_sigmoid_dict", tmp_path)
+    x, y, k = torch.randn(8, 10), torch.randn(8, 10), torch.randn(8, 10)
+    torch.save((({"y": y, "x": x},), {"k": k}), tmp_path / "inputs.pt")
+    metadata = prepare(program, tmp_path / "inputs.pt", tmp_path / "work")
+    values = values_of(tmp_path / "work")
+    assert metadata["user_inputs"] == ["inp_x", "inp_y", "k"]
+    assert torch.equal(values["inp_x"], x) and torch.equal(values["inp_y"], y) and torch.equal(values["k"], k)
+    assert values["p_fc1_weight"].shape == (16, 10)
+
+
+def test_a_plain_tuple_of_args_is_accepted(tmp_path: Path) -> None:
+    x = torch.randn(20, 20)
+    torch.save((x,), tmp_path / "inputs.pt")
+    prepare(saved("relu_cos", tmp_path), tmp_path / "inputs.pt", tmp_path / "work")
+    assert torch.equal(values_of(tmp_path / "work")["x"], x)
+
+
+def test_without_any_inputs_they_are_made_from_placeholder_metadata(tmp_path: Path) -> None:
+    ep, _ = programs.relu_cos()
+    ep._example_inputs = None
+    torch.export.save(ep, tmp_path / "bare.pt2")
+    prepare(tmp_path / "bare.pt2", None, tmp_path / "work")
+    made = values_of(tmp_path / "work")["x"]
+    assert made.shape == (20, 20) and made.dtype == torch.float32
+
+
+def test_a_text_file_named_pt2_is_refused_with_how_to_export(tmp_path: Path) -> None:
+    (tmp_path / "model.pt2").write_text("def forward(x): return x\n")
+    with pytest.raises(ProgramError, match=r"not a torch.export archive.*torch.export.save"):
+        prepare(tmp_path / "model.pt2", None, tmp_path / "work")
+
+
+def test_a_truncated_pt2_is_refused(tmp_path: Path) -> None:
+    data = saved("relu_cos", tmp_path).read_bytes()
+    (tmp_path / "cut.pt2").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProgramError, match=r"cut\.pt2"):
+        prepare(tmp_path / "cut.pt2", None, tmp_path / "work")
+
+
+def test_inputs_of_the_wrong_shape_are_named(tmp_path: Path) -> None:
+    torch.save(((torch.randn(3, 3),), {}), tmp_path / "inputs.pt")
+    with pytest.raises(ProgramError, match=r"input 0 \('x'\) must have shape \[20, 20\], got \[3, 3\]"):
+        prepare(saved("relu_cos", tmp_path), tmp_path / "inputs.pt", tmp_path / "work")
+
+
+def test_inputs_of_the_wrong_dtype_are_named(tmp_path: Path) -> None:
+    torch.save((torch.zeros(20, 20, dtype=torch.int64),), tmp_path / "inputs.pt")
+    with pytest.raises(ProgramError, match=r"must have dtype torch\.float32"):
+        prepare(saved("relu_cos", tmp_path), tmp_path / "inputs.pt", tmp_path / "work")
+
+
+def test_too_many_inputs_do_not_fit(tmp_path: Path) -> None:
+    torch.save((torch.randn(20, 20), torch.randn(20, 20)), tmp_path / "inputs.pt")
+    with pytest.raises(ProgramError, match="do not fit the program: it takes 1 inputs"):
+        prepare(saved("relu_cos", tmp_path), tmp_path / "inputs.pt", tmp_path / "work")
+
+
+def pickled_graph_module(directory: Path) -> Path:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: torch.cos(torch.relu(x)))(torch.randn(20, 20))
+    torch.save(gm, directory / "gm.pt")
+    torch.save((torch.randn(20, 20),), directory / "inputs.pt")
+    return directory / "gm.pt"
+
+
+def test_a_pickled_graph_module_is_refused_without_allow_pickle(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MINIFY_ALLOW_PICKLE", raising=False)
+    program = pickled_graph_module(tmp_path)
+    with pytest.raises(ProgramError, match=r"MINIFY_ALLOW_PICKLE=1.*torch.export.export\(model, args"):
+        prepare(program, tmp_path / "inputs.pt", tmp_path / "work")
+
+
+def test_a_pickled_graph_module_is_exported_with_allow_pickle(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOW_PICKLE", "1")
+    metadata = prepare(pickled_graph_module(tmp_path), tmp_path / "inputs.pt", tmp_path / "work")
+    assert metadata["source"] == "pickle" and metadata["nodes_original"] == 2
+
+
+def test_prepare_program_runs_the_loader_in_a_sandbox_child(tmp_path: Path) -> None:
+    prepared = prepare_program(saved("linear_relu_sigmoid", tmp_path), None, tmp_path / "work", JobSpec())
+    assert prepared.nodes_original == 3 and prepared.values_path.is_file()
+    assert sorted(path.name for path in (tmp_path / "work").iterdir()) == ["program.json", "values.pt"]
+
+
+def test_prepare_program_reports_a_bad_file_as_program_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.pt2").write_text("hello")
+    with pytest.raises(ProgramError, match=r"not a torch\.export archive"):
+        prepare_program(tmp_path / "notes.pt2", None, tmp_path / "work", JobSpec())
