@@ -193,3 +193,19 @@ def crash_in_call(context: Any) -> dict[str, Any]:
     """A `SandboxPool.call` target that segfaults."""
     os.kill(os.getpid(), signal.SIGSEGV)
     return {}
+
+
+def first_match(*rules: tuple[str, Backend]) -> Backend:
+    """The backend of the first rule whose op the graph has; eager when none matches."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        for op, inner in rules:
+            if has_op(gm, op):
+                return inner(gm, example_inputs)
+        return _eager(gm)
+
+    return backend
+
+
+fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
+fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))

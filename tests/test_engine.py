@@ -1,0 +1,182 @@
+"""The engine end to end with cheap misbehaving backends: real sandbox children, no inductor.
+
+Each test runs `minify_worker.engine.minify` on a program from examples/programs.py with a backend
+from minify_worker.testing_backends that fails, crashes, hangs or raises a different error on
+chosen ops, and checks the job ends on the right single op without drifting to another failure.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples import programs
+from minify_client.models import JobSpec, JobState
+from minify_worker.engine import minify
+
+TESTING = "minify_worker.testing_backends"
+
+
+@pytest.fixture(autouse=True)
+def allow_testing_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
+
+
+def spec(backend: str, parallelism: int = 2, **failure: object) -> JobSpec:
+    return JobSpec.model_validate({
+        "backend": f"{TESTING}:{backend}",
+        "failure": failure,
+        "limits": {"candidate_timeout_s": 4, "parallelism": parallelism},
+    })
+
+
+def chain_program(tmp_path: Path, ops: tuple[str, ...]) -> Path:
+    ep, _ = programs.chain(ops)
+    path = tmp_path / "chain.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+def ops_of(code: str) -> list[str]:
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
+
+
+def test_a_failing_op_is_isolated_from_a_chain(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.nodes_original == 8 and result.report.nodes_final == 1
+    assert result.report.signature == "RuntimeError: injected failure on relu"
+    assert set(result.artifacts) >= {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
+
+
+def test_a_segfaulting_op_is_isolated_and_the_job_survives(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu", "cos", "exp"))
+
+    result = minify(program, spec("segfault_on_relu", kind="crash"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.signature == "SIGSEGV"
+    assert result.report.failure_kind == "crash"
+
+
+def test_a_hanging_op_costs_one_timeout(tmp_path: Path) -> None:
+    # relu raises; without relu, sin hangs. One candidate at a time, so none is cancelled early.
+    program = chain_program(tmp_path, ("sin", "cos", "relu"))
+
+    result = minify(program, spec("fail_on_relu_hang_on_sin", parallelism=1), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.outcomes.get("timed_out") == 1
+
+
+def test_a_different_error_on_another_op_does_not_make_the_job_drift(tmp_path: Path) -> None:
+    # relu raises RuntimeError; without relu, cos raises ValueError: not the same bug.
+    program = chain_program(tmp_path, ("cos", "sin", "relu", "exp"))
+
+    result = minify(program, spec("fail_on_relu_other_error_on_cos"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.outcomes.get("other_failure", 0) >= 1
+
+
+def test_a_program_that_does_not_fail_is_not_reproducible_with_the_reason(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "cos"))
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.not_reproducible
+    assert "did not fail" in (result.reason or "")
+    assert "passes 3x" in (result.reason or "")
+    assert result.report.elapsed_s < 60
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_an_accuracy_bug_is_isolated(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu", "cos", "exp"))
+
+    result = minify(program, spec("wrong_on_relu", kind="accuracy"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.signature is not None and result.report.signature.startswith("AccuracyError")
+
+
+def test_a_text_file_named_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
+    program = tmp_path / "notes.pt2"
+    program.write_text("this is not an exported program\n")
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.failed
+    assert "notes.pt2" in (result.reason or "")
+    assert "torch.export" in (result.reason or "")
+
+
+def test_a_truncated_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu"))
+    data = program.read_bytes()
+    program.write_bytes(data[: len(data) // 2])
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.failed
+    assert "chain.pt2" in (result.reason or "")
+
+
+def test_inputs_that_do_not_match_are_refused_naming_the_problem(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu"))
+    inputs = tmp_path / "inputs.pt"
+    torch.save((torch.randn(3, 7),), inputs)
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out", inputs=inputs)
+
+    assert result.status is JobState.failed
+    assert "shape" in (result.reason or "").lower()
+
+
+def test_a_backend_the_operator_did_not_allow_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "somewhere.else")
+    program = chain_program(tmp_path, ("sin", "relu"))
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.failed
+    assert "MINIFY_ALLOWED_BACKENDS" in (result.reason or "")
+
+
+def test_a_job_leaves_no_files_in_the_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    program = chain_program(tmp_path, ("sin", "relu", "cos"))
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded
+    assert os.listdir(temp) == []
+
+
+def test_the_minimized_program_loads_and_is_a_torch_export_archive(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu", "cos"))
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out")
+
+    minimized = result.artifacts["minimized.pt2"]
+    assert zipfile.is_zipfile(minimized)
+    module = torch.export.load(minimized).module()
+    inputs = torch.load(result.artifacts["inputs.pt"], weights_only=True)
+    assert torch.equal(module(*inputs)[0], torch.relu(inputs[0]))
