@@ -1,0 +1,83 @@
+"""The seed's CPU scenarios (torch's test/inductor/test_minifier.py) through the real engine and real inductor.
+
+Inductor's `cpp.inject_relu_bug_TESTING_ONLY` makes relu fail to compile, fail at run time or
+compute wrong values; `cpp.inject_log1p_bug_TESTING_ONLY` does the same to log1p. A compile costs
+seconds here, so these are the only engine tests that compile for real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples import programs
+from minify_client.models import JobSpec, JobState
+from minify_worker.engine import MinifyResult, minify
+
+pytestmark = pytest.mark.inductor
+
+
+def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = "any",
+        strict_accuracy: bool = False, **config: str) -> MinifyResult:
+    ep, _ = programs.BUILDERS[builder]()
+    program = tmp_path / f"{builder}.pt2"
+    torch.export.save(ep, program)
+    spec = JobSpec.model_validate({
+        "backend": backend,
+        "failure": {"kind": kind, "strict_accuracy": strict_accuracy},
+        "config": config,
+    })
+    return minify(program, spec, tmp_path / "out")
+
+
+def ops_of(result: MinifyResult) -> list[str]:
+    code = result.report.graph_code or ""
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
+
+
+@pytest.mark.parametrize(
+    ("bug", "kind", "exception"),
+    [
+        ("compile_error", "compile_error", "CppCompileError"),
+        ("runtime_error", "runtime_error", None),
+        ("accuracy", "accuracy", "AccuracyError"),
+    ],
+)
+def test_relu_bug_after_aot_leaves_only_relu(tmp_path: Path, bug: str, kind: str, exception: str | None) -> None:
+    result = run(tmp_path, "relu_cos", kind=kind, **{"cpp.inject_relu_bug_TESTING_ONLY": bug})
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result) == ["relu"]
+    assert result.report.failure_kind == kind
+    if exception is not None:
+        assert (result.report.signature or "").startswith(exception)
+
+
+def test_accuracy_minifies_to_relu_but_strict_accuracy_to_log1p(tmp_path: Path) -> None:
+    bugs = {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy", "cpp.inject_log1p_bug_TESTING_ONLY": "accuracy"}
+
+    loose = run(tmp_path / "loose", "accuracy_vs_strict", kind="accuracy", **bugs)
+    strict = run(tmp_path / "strict", "accuracy_vs_strict", kind="accuracy", strict_accuracy=True, **bugs)
+
+    assert loose.status is JobState.succeeded and strict.status is JobState.succeeded
+    assert ops_of(loose) == ["relu"]
+    assert ops_of(strict) == ["log1p"]
+
+
+AOTI_RELU_CODE = """\
+def forward(self, linear):
+    linear, = fx_pytree.tree_flatten_spec(([linear], {}), self._in_spec)
+    relu = torch.ops.aten.relu.default(linear);  linear = None
+    return pytree.tree_unflatten((relu,), self._out_spec)"""
+
+
+@pytest.mark.parametrize("builder", ["linear_relu_sigmoid", "linear_relu_sigmoid_dict"])
+def test_aoti_compile_error_minifies_to_relu_of_a_linear_input(tmp_path: Path, builder: str) -> None:
+    result = run(tmp_path, builder, backend="aot_inductor", kind="compile_error",
+                 **{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+
+    assert result.status is JobState.succeeded, result.reason
+    module = torch.export.load(result.artifacts["minimized.pt2"]).module(check_guards=False)
+    assert str(module.code).strip() == AOTI_RELU_CODE
