@@ -224,19 +224,36 @@ def test_repro_forward_is_the_graph_as_aten_calls_in_a_repro_module(seed_aoti):
 
 
 def test_repro_header_states_kind_signature_backend_device_torch_version_and_how_to_run(seed_aoti):
-    signature = Signature("compile_error", "CppCompileError", "C++ compile error",
-                          "CppCompileError: C++ compile error\nCommand: g++ ...")
+    signature = Signature("runtime_error", "RuntimeError", "shape mismatch: N vs N",
+                          "RuntimeError: shape mismatch: 3 vs 4\nmore detail")
     spec = JobSpec(backend="aot_inductor", device="cuda:1")
 
     header = artifacts.render_repro(seed_aoti[0], spec, signature, "2.11.0").split("\nimport ")[0]
 
-    assert "# Expected failure: compile_error" in header
-    assert "# Signature:        CppCompileError: C++ compile error" in header
-    assert "# As observed:      CppCompileError: C++ compile error" in header
+    assert "# Expected failure: runtime_error" in header
+    assert "# Signature:        RuntimeError: shape mismatch: N vs N" in header
+    assert "# As observed:      RuntimeError: shape mismatch: 3 vs 4\n" in header
     assert "# Backend:          aot_inductor" in header
     assert "# Device:           cuda:1" in header
     assert "# Minimized with:   torch 2.11.0" in header
     assert "# Run: python repro.py" in header
+
+
+def test_repro_header_leaves_out_the_observed_text_when_the_signature_says_it_all(seed_aoti):
+    signature = Signature("compile_error", "CppCompileError", "C++ compile error",
+                          "CppCompileError: C++ compile error\nCommand: g++ ...")
+
+    text = artifacts.render_repro(seed_aoti[0], JobSpec(), signature, "2.13.0")
+
+    assert "# Signature:        CppCompileError: C++ compile error" in text
+    assert "# As observed:" not in text
+
+
+def test_repro_of_a_custom_backend_says_its_module_must_be_importable(seed_aoti):
+    text = artifacts.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
+
+    assert "# Custom backend:   imported by path: pkg.backends must be importable" in text
+    assert "importlib.import_module('pkg.backends'), 'broken')" in text
 
 
 def test_repro_expects_the_observed_failure_kind_over_the_spec_kind(seed_aoti):

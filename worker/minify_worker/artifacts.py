@@ -174,12 +174,15 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
         f"Minimized with:   torch {torch_version}",
         f"Config overrides: {json.dumps(spec.config, sort_keys=True) if spec.config else '(none)'}",
     ]
-    if signature is not None and signature.text:
-        first_line = signature.text.strip().splitlines()[0][:_MAX_HEADER_TEXT]
-        lines.append(f"As observed:      {first_line}")
+    observed = signature.text.strip().splitlines()[0][:_MAX_HEADER_TEXT] if signature and signature.text else ""
+    if observed and observed != str(signature):
+        lines.append(f"As observed:      {observed}")
     if kind == "accuracy":
         compared = "every output (strict)" if failure.strict_accuracy else "floating-point outputs"
         lines.append(f"Accuracy:         tolerance {failure.tolerance}, {compared} compared")
+    if spec.backend not in BUILTIN_BACKENDS:
+        module = spec.backend.split(":")[0]
+        lines.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
     lines += [
         "",
         "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)",
