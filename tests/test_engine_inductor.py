@@ -22,6 +22,7 @@ pytestmark = pytest.mark.inductor
 def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = "any",
         strict_accuracy: bool = False, **config: str) -> MinifyResult:
     ep, _ = programs.BUILDERS[builder]()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     program = tmp_path / f"{builder}.pt2"
     torch.export.save(ep, program)
     spec = JobSpec.model_validate({

@@ -23,7 +23,7 @@ from torch import fx
 from minify_client.models import JobSpec
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
-from minify_worker.sandbox import SandboxCallError, SandboxPool
+from minify_worker.sandbox import SandboxCallError, SandboxPool, compile_cache_dir
 
 BACKEND = "minify_worker.testing_backends:misbehave_by_op"
 
@@ -169,10 +169,17 @@ def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> No
         pool.call("os:system", {"command": "true"})
 
 
-def test_children_keep_temporary_files_and_caches_in_the_work_dir(pool: SandboxPool, workdir: Path) -> None:
+def test_children_keep_temporary_files_in_the_work_dir(pool: SandboxPool, workdir: Path) -> None:
     where = pool.call("minify_worker.testing_backends:temp_dir", timeout_s=60)
     assert Path(where["tempdir"]).is_relative_to(workdir)
-    assert Path(where["inductor_cache"]).is_relative_to(workdir)
+
+
+def test_compile_caches_are_shared_outside_temp_unless_kept_per_job(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path / "caches"))
+    assert compile_cache_dir(tmp_path / "job").is_relative_to(tmp_path / "caches")
+    monkeypatch.setenv("MINIFY_CACHE_DIR", "job")
+    assert compile_cache_dir(tmp_path / "job") == tmp_path / "job" / "cache"
 
 
 def test_the_fork_server_never_initializes_cuda(pool: SandboxPool) -> None:

@@ -25,9 +25,9 @@ import torch.fx as fx
 from minify_client.models import JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
-from minify_worker.loader import PreparedProgram
+from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
-from minify_worker.sandbox import SandboxCallError, SandboxError, SandboxPool
+from minify_worker.sandbox import SandboxError, SandboxPool, prepare_program
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,11 @@ class _Run:
             return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
         with pool:
             try:
-                prepared = self._prepare(pool, program, inputs, workdir)
-            except SandboxCallError as error:
-                return self._finish(JobState.failed, _prepare_failure(error))
+                # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
+                prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool)
+                pool.load_values(prepared.values_path, timeout_s=self._remaining())
+            except ProgramError as error:
+                return self._finish(JobState.failed, str(error))
             graph = graph_from_wire(prepared.wire_graph)
             self.nodes_original = count_ops(graph)
             self.best = graph
@@ -160,17 +162,6 @@ class _Run:
             self._emit(force=True, message="writing artifacts")
             written = self._write_program_artifacts(pool)
         return self._finish(status, reason, written)
-
-    def _prepare(self, pool: SandboxPool, program: Path, inputs: Path | None, workdir: Path) -> PreparedProgram:
-        """Load the untrusted program in a child; the parent reads back only JSON and mmap-able tensors."""
-        pool.call(
-            "minify_worker.loader:prepare_in_child",
-            {"program": str(program.resolve()), "inputs": None if inputs is None else str(inputs.resolve())},
-            timeout_s=self._remaining(),
-        )
-        prepared = PreparedProgram.read(workdir)
-        pool.load_values(prepared.values_path, timeout_s=self._remaining())
-        return prepared
 
     def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:
         """Run the original several times: target signature, flakiness, calibrated timeout."""
@@ -324,14 +315,6 @@ class _Run:
             self.on_event(event)
         except Exception:  # a broken subscriber must not break the job
             log.exception("progress callback failed")
-
-
-def _prepare_failure(error: SandboxCallError) -> str:
-    """The loader's own words when it refused the program; else how the prepare child died."""
-    message = str(error).split("failed in its child: ", 1)[-1]
-    if error.error_type in ("crashed", "timed_out", "oom"):
-        return f"loading the program failed: {message}"
-    return message
 
 
 def _duration(outcome: Outcome) -> float:

@@ -120,6 +120,29 @@ def _prctl(option: int, value: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def compile_cache_dir(job_root: Path) -> Path:
+    """Where compilers keep their caches: shared by the jobs of one machine unless told otherwise.
+
+    Inductor's and triton's caches (and inductor's precompiled headers and CPU ISA probe) are what
+    make a warm compile cost a fraction of a cold one; a per-job cache would pay the cold price in
+    every job. Entries are keyed by graph, config and torch version, and failed compiles are never
+    cached, so a shared cache cannot change an outcome. `MINIFY_CACHE_DIR` moves it;
+    `MINIFY_CACHE_DIR=job` keeps it inside the job's work dir (removed with the job).
+    """
+    configured = os.environ.get("MINIFY_CACHE_DIR", "")
+    if configured == "job":
+        return job_root / "cache"
+    if configured:
+        base = Path(configured)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minify"
+    import torch.version
+
+    path = base / f"torch-{torch.version.__version__}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @dataclass
 class _Pending:
     future: Future
@@ -179,10 +202,11 @@ class SandboxPool:
 
     def _server_environment(self, extra: dict[str, str] | None) -> dict[str, str]:
         environment = dict(os.environ)
+        caches = compile_cache_dir(self.root)
         environment.update({
             "TMPDIR": str(self.root / "tmp"),
-            "TORCHINDUCTOR_CACHE_DIR": str(self.root / "cache"),
-            "TRITON_CACHE_DIR": str(self.root / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+            "TRITON_CACHE_DIR": str(caches / "triton"),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
         })
@@ -756,6 +780,10 @@ def warm_up(spec: JobSpec) -> dict[str, Any]:
     from . import backends, runner  # noqa: F401
 
     inductor_config.compile_threads = 1
+    if hasattr(torch._inductor.codecache, "_HEADER_DIR"):
+        # Precompiled headers go under the temp dir by default, which is per job: keep them with the caches.
+        torch._inductor.codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                                                             "precompiled_headers")
     imported = time.monotonic()
     if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
         cpu_vec_isa.pick_vec_isa()
