@@ -170,6 +170,9 @@ class Report(BaseModel):
     timeline: list[TimelinePoint] = Field(default_factory=list)
     graph_code: str | None = None
     artifacts: list[str] = Field(default_factory=list)
+    artifact_errors: dict[str, str] = Field(
+        default_factory=dict, description="artifacts that could not be written, and why (e.g. export refused)"
+    )
 
 
 class JobLinks(BaseModel):

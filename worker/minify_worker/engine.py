@@ -104,6 +104,7 @@ class _Run:
         self.original_failures = 0
         self.original_runs = 0
         self.candidate_timeout_s: float | None = None
+        self.artifact_errors: dict[str, str] = {}
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -225,6 +226,9 @@ class _Run:
             },
             timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
         )
+        self.artifact_errors = dict(result.get("errors") or {})
+        for name, error in self.artifact_errors.items():
+            log.warning("could not write %s: %s", name, error)
         return {name: self.out_dir / name for name in result.get("files", [])}
 
     # -- ending ----------------------------------------------------------------------------
@@ -254,6 +258,7 @@ class _Run:
             outcomes=dict(stats.outcomes) if stats else {},
             timeline=self.timeline,
             graph_code=graph_code(best) if best is not None and status is JobState.succeeded else None,
+            artifact_errors=self.artifact_errors,
         )
         files = dict(written or {})
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
