@@ -21,8 +21,10 @@ browser:
 serve: setup
 	.venv/bin/minify-server
 
+# The seed program with inductor's injected relu compile error, minified offline.
 demo: setup
-	.venv/bin/minify-worker minify examples/relu_compile_error.pt2 --config cpp.inject_relu_bug_TESTING_ONLY=compile_error --out out/demo
+	$(PY) examples/programs.py examples/
+	.venv/bin/minify-worker minify examples/relu_cos.pt2 --config cpp.inject_relu_bug_TESTING_ONLY=compile_error --out out/demo
 
 test: setup browser
 	.venv/bin/ruff check .
