@@ -164,7 +164,8 @@ def test_a_worker_from_another_machine_joins_with_redis_url_and_queues(service_w
     env = {**os.environ, MARKER: service_without_workers.marker,
            "MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}
     worker = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url",
-                               service_without_workers.redis_url, "--queues", "cpu", "--name", "remote-1"], env=env)
+                               service_without_workers.redis_url, "--queues", "cpu", "--name", "remote-1"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with service_without_workers.client() as client:
             job_id = submit(client, programs["relu_cos"], FAIL_ON_RELU)
@@ -202,15 +203,15 @@ def test_fifty_concurrent_submissions_all_finish_and_status_stays_fast(tmp_path:
         assert errors == [] and len(job_ids) == 50
         latencies: list[float] = []
         pending = set(job_ids)
-        deadline = time.monotonic() + 600
-        while pending and time.monotonic() < deadline:
+        deadline = time.monotonic() + 900
+        while pending and time.monotonic() < deadline:  # one status read every 20 ms, round robin
             for job_id in list(pending):
                 started = time.perf_counter()
                 status = client.get(f"/v1/jobs/{job_id}").json()["status"]
                 latencies.append(time.perf_counter() - started)
                 if status in FINISHED:
                     pending.discard(job_id)
-            time.sleep(0.05)
+                time.sleep(0.02)
         assert not pending, f"{len(pending)} jobs did not finish"
         statuses = {client.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in job_ids}
     p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
