@@ -39,12 +39,38 @@ CASE_NAMES = ("relu_cos", "transformer_layer", "transformer_stack4", "transforme
 DEFAULT_CASES = CASE_NAMES[:3]  # the last shows torch's drift; it is not a speed comparison
 
 
+def child_environment(scratch: Path, minifier: str, options: argparse.Namespace) -> dict[str, str]:
+    """Same cache policy on both sides: every compile cache empty at the start of every run.
+
+    Torch keeps its graph caches in TORCHINDUCTOR_CACHE_DIR and its precompiled headers under
+    TMPDIR (torchinductor_<user>); our engine keeps all of them in MINIFY_CACHE_DIR (a machine-wide
+    cache by default). Isolated children inherit the environment. `--shared-caches` leaves both
+    sides on their defaults instead (warm from whatever ran before: not comparable run to run).
+    """
+    env = dict(os.environ)
+    paths = [str(BENCH_DIR)] + ([str(options.ours_source)] if minifier == "ours" and options.ours_source else [])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    if options.shared_caches:
+        return env
+    if minifier == "ours":
+        env["MINIFY_CACHE_DIR"] = str(scratch / "caches")
+    else:
+        (scratch / "tmp").mkdir(exist_ok=True)
+        env["TMPDIR"] = str(scratch / "tmp")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "caches" / "inductor")
+    return env
+
+
 def run_child(
-    command: list[str], scratch: Path, result_path: Path, limit_s: float, case: str, minifier: str
+    command: list[str],
+    env: dict[str, str],
+    scratch: Path,
+    result_path: Path,
+    limit_s: float,
+    case: str,
+    minifier: str,
 ) -> RunResult:
     """Run one minifier in a fresh process group; kill the whole group at the limit."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
     started = time.perf_counter()
     # The parent runs one child at a time, so the growth of its children's rusage is this child's
     # process tree (every descendant that was reaped): CPU seconds, which load distorts far less than wall time.
@@ -100,7 +126,8 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
         mode = "inprocess" if minifier == "torch" else "isolate"
         command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
     command += ["--case", case, "--result", str(result_path)]
-    return run_child(command, scratch, result_path, options.limit, case, minifier)
+    env = child_environment(scratch, minifier, options)
+    return run_child(command, env, scratch, result_path, options.limit, case, minifier)
 
 
 def median_run(runs: list[RunResult]) -> RunResult:
@@ -219,6 +246,30 @@ def start_op_mismatches(table: dict[str, dict[str, list[RunResult]]], ops: dict[
     return problems
 
 
+def export_revision(revision: str, work: Path) -> Path:
+    """Check out worker/ and client/ of `revision` into WORK/src-REV; return the folder to put on PYTHONPATH.
+
+    Ours is imported from there (PYTHONPATH comes before the editable install), so a benchmark can
+    pin a commit while the working tree changes under it. Returns a path holding both packages.
+    """
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", revision], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    target = work / f"src-{commit}"
+    if not target.exists():
+        target.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "worker/minify_worker", "client/minify_client"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+        for package in ("worker/minify_worker", "client/minify_client"):
+            (target / Path(package).name).symlink_to(target / package)
+    return target
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(
@@ -242,8 +293,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=REPO / "out" / "bench",
         help="programs, scratch folders and logs (default: out/bench)",
     )
+    parser.add_argument(
+        "--ours-rev",
+        default=None,
+        help="run ours from this git revision (git archive of worker/ and client/), not the working tree",
+    )
+    parser.add_argument(
+        "--shared-caches", action="store_true", help="leave compile caches on their defaults (warm, shared)"
+    )
     options = parser.parse_args(argv)
     options.work = options.work.resolve()  # children run in their own scratch folders
+    options.ours_source = export_revision(options.ours_rev, options.work) if options.ours_rev else None
 
     from cases import save_case  # imports torch: only after the arguments are known good
 
@@ -265,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 scratch = options.work / "runs" / case / f"{minifier}-{repeat}"
                 run = run_once(case, programs[case], minifier, scratch, options)
                 table[case][minifier].append(run)
+                if options.json:
+                    write_record(options.json, table, ops, options, load_before, os.getloadavg())
                 print(
                     f"  {case} / {minifier} #{repeat}: {run.status}, "
                     f"{format_seconds(run, options.limit)} s, {run.checks} checks, "
@@ -287,21 +349,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     if options.json:
-        record = {
-            "commit": git_commit(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "load_before": load_before,
-            "load_after": load_after,
-            "limit_s": options.limit,
-            "ops": ops,
-            "runs": [
-                result_to_json(run) for by_minifier in table.values() for runs in by_minifier.values() for run in runs
-            ],
-        }
-        options.json.parent.mkdir(parents=True, exist_ok=True)
-        options.json.write_text(json.dumps(record, indent=2))
+        write_record(options.json, table, ops, options, load_before, load_after)
     return 0
+
+
+def write_record(
+    path: Path,
+    table: dict[str, dict[str, list[RunResult]]],
+    ops: dict[str, int],
+    options: argparse.Namespace,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> None:
+    """The JSON record; rewritten after every run, so a long benchmark cut short keeps what it has."""
+    record = {
+        "commit": git_commit(),
+        "ours_rev": options.ours_rev,
+        "shared_caches": options.shared_caches,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": load_after,
+        "limit_s": options.limit,
+        "ops": ops,
+        "runs": [
+            result_to_json(run) for by_minifier in table.values() for runs in by_minifier.values() for run in runs
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":
