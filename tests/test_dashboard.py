@@ -52,7 +52,7 @@ def browser() -> Iterator[Any]:
 
 
 def submit_through_page(page: Any, program: Path, *, backend: str, extra_config: str = "",
-                        candidate_timeout_s: float | None = None) -> str:
+                        candidate_timeout_s: float | None = None, screenshot_name: str | None = None) -> str:
     """Fill the submit form, send it, and return the new job's id from the page it lands on."""
     page.click("nav >> text=Submit")
     page.set_input_files("input[name=program]", str(program))
@@ -62,6 +62,8 @@ def submit_through_page(page: Any, program: Path, *, backend: str, extra_config:
         page.fill("textarea[name=config]", extra_config)
     if candidate_timeout_s is not None:
         page.fill("input[name=candidate_timeout_s]", str(candidate_timeout_s))
+    if screenshot_name:
+        screenshot(page, screenshot_name)
     page.click("#submit-job")
     page.wait_for_url("**/#/jobs/*")
     return page.url.rsplit("/", 1)[1]
@@ -85,7 +87,8 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
     page = browser.new_page(viewport=LAPTOP, accept_downloads=True)
     errors = watch_for_errors(page)
     page.goto(service.url)
-    job_id = submit_through_page(page, program_dir / "chain.pt2", backend=FAIL_ON_RELU)
+    job_id = submit_through_page(page, program_dir / "chain.pt2", backend=FAIL_ON_RELU,
+                                 screenshot_name="submit-laptop")
     record_chart_redraws(page)
 
     # Live: the chart gains points redraw by redraw as events arrive, and the node count falls.
@@ -181,10 +184,12 @@ def test_cancel_button_ends_a_running_job(browser: Any, service: Service, progra
     submit_through_page(page, program_dir / "relu_cos.pt2", backend="minify_worker.testing_backends:hang_on_relu",
                         candidate_timeout_s=300)
     page.wait_for_selector("#job-status [data-status=running]", timeout=JOB_TIMEOUT_MS)
+    screenshot(page, "job-running-laptop")
     page.click("#cancel-job")
     page.click("#cancel-job")  # the second click confirms
     page.wait_for_selector("#job-status [data-status=cancelled]", timeout=JOB_TIMEOUT_MS)
     assert "cancelled" in page.inner_text("#job-reason")
+    screenshot(page, "job-cancelled-laptop")
     assert page.locator("#cancel-job").is_hidden()
 
 

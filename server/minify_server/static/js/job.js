@@ -38,7 +38,9 @@ function stat(label, valueElement, note) {
 
 function reasonText(job, lastMessage) {
   const result = job.result || {};
-  const given = job.reason || result.reason || lastMessage || "";
+  let given = (job.reason || result.reason || lastMessage || "").trim();
+  // A reason that only repeats the status ("cancelled") says nothing the sentence below does not.
+  if (given.replace(/[._\s]/g, "").toLowerCase() === job.status.replace(/_/g, "")) given = "";
   const reason = given ? `${given[0].toUpperCase()}${given.slice(1)}${/[.!?]$/.test(given) ? "" : "."}` : "";
   const failure = job.spec?.failure || {};
   const wanted = `${failure.kind || "any"}${failure.match ? ` matching /${failure.match}/` : ""}`;
@@ -187,11 +189,17 @@ export function renderJob(root, id) {
     graphCard.hidden = nothingRan && !lastGraphCode;
     if (!progress.signature && job?.status === "not_reproducible") {
       signatureBlock.textContent = "none: the original program did not fail";
+    } else if (!progress.signature && job && FINISHED.has(job.status)) {
+      signatureBlock.textContent = "none recorded: the job ended before the original program failed";
     }
   }
 
   function renderElapsed() {
-    const seconds = live.running ? live.elapsed + (performance.now() - live.at) / 1000 : live.elapsed;
+    let seconds = live.running ? live.elapsed + (performance.now() - live.at) / 1000 : live.elapsed;
+    if (live.running && !live.elapsed && job?.started_at) {
+      // No progress event yet: count from the start the server recorded.
+      seconds = Math.max(0, (Date.now() - parseTime(job.started_at)) / 1000);
+    }
     elapsedValue.textContent = job?.status === "queued" ? "–" : formatDuration(seconds);
     const started = parseTime(job?.started_at);
     elapsedNote.textContent = started ? `started ${started.toLocaleTimeString()}` : "";
@@ -235,6 +243,8 @@ export function renderJob(root, id) {
         job.status = event.status;
         live.running = event.status === "running";
         renderHeader();
+        // The start time and the worker come with the status; the event does not carry them.
+        if (!FINISHED.has(event.status)) loadJob().catch(() => {});
       }
       if (FINISHED.has(event.status)) {
         closeStream();
@@ -277,10 +287,17 @@ export function renderJob(root, id) {
   }
 
   async function loadJob() {
-    job = await api(base);
+    const fresh = await api(base);
+    // The stream may have told of the end before this answer was written; the end stands.
+    if (job && FINISHED.has(job.status) && !FINISHED.has(fresh.status)) fresh.status = job.status;
+    job = fresh;
     live.running = job.status === "running";
-    if (!live.running) live.elapsed = jobElapsed(job) || live.elapsed;
-    else live.elapsed = Math.max(live.elapsed, job.progress?.elapsed_s || 0);
+    if (!live.running) {
+      live.elapsed = jobElapsed(job) || live.elapsed;
+    } else if ((job.progress?.elapsed_s || 0) > live.elapsed) {
+      live.elapsed = job.progress.elapsed_s;
+      live.at = performance.now();
+    }
     for (const [key, value] of Object.entries(job.progress || {})) {
       if (value !== null && value !== undefined && value !== "" && progress[key] !== undefined && !progress[key]) {
         progress[key] = value;

@@ -67,6 +67,11 @@ export function renderJobs(root, query) {
   let timer = 0;
 
   async function refresh() {
+    if (document.hidden) {
+      // Nobody is looking: skip this round rather than load the server for a hidden tab.
+      timer = setTimeout(refresh, POLL_MS);
+      return;
+    }
     const params = new URLSearchParams({ offset: String(offset), limit: String(PAGE_SIZE) });
     if (status) params.set("status", status);
     try {
