@@ -6,6 +6,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from minify_server.archive import NotAnExportArchive, check_export_archive, check_torch_save_file
 
 

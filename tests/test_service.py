@@ -238,3 +238,21 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
     repro = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert repro.returncode != 0
     assert "CppCompileError" in repro.stderr or "compile" in repro.stderr.lower()
+
+
+def test_stopping_the_server_mid_job_leaves_no_process_and_requeues_the_job(tmp_path: Path,
+                                                                           programs: dict[str, Path]) -> None:
+    data_dir = tmp_path / "data"
+    with start_service(data_dir, workers=1) as first, first.client() as client:
+        idle = set(first.pids())
+        job_id = submit(client, programs["relu_cos"], HANG_ON_RELU)
+        wait_for_status(client, job_id, {"running"})
+        deadline = time.monotonic() + 60
+        while len(set(first.pids()) - idle) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    # leaving the block sent SIGTERM and checked that no process of that service is left
+    with start_service(data_dir, workers=0) as second, second.client() as client:
+        status = client.get(f"/v1/jobs/{job_id}").json()
+        assert client.get("/healthz").json()["queues"]["cpu"] == 1
+    assert status["status"] == "queued" and status["attempts"] == 1, status
+

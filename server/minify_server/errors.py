@@ -8,8 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from minify_client.models import ErrorResponse
 from starlette.exceptions import HTTPException
+
+from minify_client.models import ErrorResponse
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from minify_client.models import JobState
 from redis.asyncio import Redis
 
+from minify_client.models import JobState
 from minify_server.records import events_key, record_key
 
 BLOCK_MS = 5_000

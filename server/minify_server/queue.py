@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from minify_client.models import JobSpec
 from redis import Redis
 from rq import Callback, Queue, Retry
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker import Worker
+
+from minify_client.models import JobSpec
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.job.run_job"

@@ -12,13 +12,15 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Report
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
+
+from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Report
 
 INDEX_KEY = "minify:jobs"
 COUNTERS_KEY = "minify:counters"
 EVENTS_MAXLEN = 10_000
+CANCEL_TTL_S = 7 * 24 * 3600
 
 
 def record_key(job_id: str) -> str:
@@ -105,7 +107,7 @@ class JobRecords:
 
     async def request_cancel(self, job_id: str) -> bool:
         """Flag the job for cancellation; when still queued, mark it cancelled now. True if it was queued."""
-        await self.redis.set(cancel_key(job_id), "1")
+        await self.redis.set(cancel_key(job_id), "1", ex=CANCEL_TTL_S)
         key = record_key(job_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:

@@ -20,11 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JobSpec, JobState, Progress, ProgressEvent, Report
 from redis import Redis
 from redis.exceptions import RedisError, WatchError
 from rq import get_current_job
 from rq.job import Job
+
+from minify_client.models import JobSpec, JobState, Progress, ProgressEvent, Report
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
-from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
-from minify_client.specflags import describe_validation_error
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
+from minify_client.specflags import describe_validation_error
 from minify_server import queue
 from minify_server.archive import NotAnExportArchive, check_export_archive, check_torch_save_file
 from minify_server.auth import require_token

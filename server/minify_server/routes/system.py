@@ -6,10 +6,10 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from minify_client.models import Health
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from minify_client.models import Health
 from minify_server import metrics, queue
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
