@@ -229,3 +229,20 @@ def _submit(client: Any, program: Path, backend: str) -> str:
         response = client.post("/v1/jobs", files={"program": (program.name, upload)}, data={"spec": json.dumps(spec)})
     response.raise_for_status()
     return response.json()["id"]
+
+
+def test_a_refused_upload_shows_the_servers_reason_on_the_form(
+        browser: Any, service: Service, tmp_path: Path) -> None:
+    not_a_program = tmp_path / "notes.pt2"
+    not_a_program.write_text("this is not a torch.export archive")
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(f"{service.url}/#/submit")
+    page.set_input_files("input[name=program]", str(not_a_program))
+    page.click("#submit-job")
+    error = page.locator("#submit-error")
+    error.wait_for()
+    with not_a_program.open("rb") as upload, service.client() as client:
+        refusal = client.post("/v1/jobs", files={"program": (not_a_program.name, upload)}, data={"spec": "{}"})
+    assert 400 <= refusal.status_code < 500
+    assert error.inner_text() == f"The server refused the job: {refusal.json()['error']}"
+    assert "#/submit" in page.url

@@ -58,23 +58,18 @@ function askForToken(rejected) {
 
 async function messageOf(response) {
   const text = await response.text();
+  let body = null;
   try {
-    const body = JSON.parse(text);
-    // ErrorResponse {error, detail} or FastAPI's {detail}.
-    const parts = [];
-    if (body.error) parts.push(body.error);
-    if (body.detail !== undefined && body.detail !== null) {
-      if (Array.isArray(body.detail)) {
-        parts.push(body.detail.map((d) => (d.loc ? `${d.loc.join(".")}: ${d.msg}` : d.msg || JSON.stringify(d))).join("; "));
-      } else {
-        parts.push(typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail));
-      }
-    }
-    if (parts.length) return parts.join(": ");
+    body = JSON.parse(text);
   } catch {
-    // not JSON: fall through to the raw text
+    return text || `${response.status} ${response.statusText}`;
   }
-  return text || `${response.status} ${response.statusText}`;
+  // ErrorResponse's `error` says it in words; FastAPI's own errors have only `detail`.
+  if (typeof body?.error === "string" && body.error) return body.error;
+  const detail = body?.detail;
+  if (Array.isArray(detail)) return detail.map((d) => (d.loc ? `${d.loc.join(".")}: ${d.msg}` : d.msg)).join("; ");
+  if (typeof detail === "string") return detail;
+  return text;
 }
 
 /** fetch() against the API: JSON back (or the Response itself with `raw: true`); ApiError on a non-2xx. */
