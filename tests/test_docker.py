@@ -23,11 +23,12 @@ import jsonschema
 import pytest
 import tomllib
 import yaml
-from minify_client.models import JobSpec
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+
+from minify_client.models import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
