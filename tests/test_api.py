@@ -129,6 +129,35 @@ def test_list_is_newest_first_and_paginated(client: httpx.Client, programs: dict
         client.delete(f"/v1/jobs/{job_id}")
 
 
+def test_list_filters_by_status(client: httpx.Client, finished_job: dict, programs: dict[str, Path]) -> None:
+    queued = submit(client, programs["chain"], {"backend": "eager"}).json()["id"]
+    client.delete(f"/v1/jobs/{queued}")
+    succeeded = client.get("/v1/jobs", params={"status": "succeeded"}).json()
+    cancelled = client.get("/v1/jobs", params={"status": "cancelled"}).json()
+    assert finished_job["id"] in [job["id"] for job in succeeded["jobs"]]
+    assert {job["status"] for job in succeeded["jobs"]} == {"succeeded"}
+    assert succeeded["total"] == len(succeeded["jobs"])
+    assert queued in [job["id"] for job in cancelled["jobs"]]
+    assert client.get("/v1/jobs", params={"status": "exploded"}).status_code == 422
+
+
+def pickled_graph_module(directory: Path) -> Path:
+    """A GraphModule saved with torch.save: a pickle (made in a subprocess: the test process stays torch-free)."""
+    path = directory / "module.pt2"
+    subprocess.run([sys.executable, "-c", (
+        "import sys, torch\n"
+        "gm = torch.fx.symbolic_trace(lambda x: torch.relu(x).cos())\n"
+        "torch.save(gm, sys.argv[1])\n"
+    ), str(path)], check=True)
+    return path
+
+
+def test_a_pickled_graph_module_is_refused_with_how_to_export(client: httpx.Client, tmp_path: Path) -> None:
+    program = pickled_graph_module(tmp_path)
+    assert_error(submit(client, program), 415, "MINIFY_ALLOW_PICKLE=1")
+    assert "torch.export.export" in submit(client, program).json()["error"]
+
+
 def assert_error(response: httpx.Response, status: int, words: str) -> None:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")

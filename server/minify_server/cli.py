@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest upload (default 2 GiB)")
     parser.add_argument("--tokens", help="comma-separated bearer tokens (default: MINIFY_TOKENS; none: no auth)")
     parser.add_argument("--allowed-backends", help="custom backend module prefixes, passed to local workers")
+    parser.add_argument("--allow-pickle", action="store_true", default=None,
+                        help="accept torch.save'd GraphModules (unpickled in sandbox children only)")
     parser.add_argument("--workers", type=int, help="local workers in embedded mode (default 1)")
     parser.add_argument("--worker-queues", help="queues of the local workers (default cpu, +cuda on a GPU)")
     parser.add_argument("--insecure-no-auth", action="store_true", default=None,
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def _start_workers(settings: Settings, redis_url: str) -> list[LocalWorker]:
     env = dict(os.environ)
     env["MINIFY_ALLOWED_BACKENDS"] = settings.allowed_backends
+    env["MINIFY_ALLOW_PICKLE"] = "1" if settings.allow_pickle else "0"
     queues = settings.worker_queues or local_worker_queues()
     workers = [LocalWorker(index, redis_url, queues, env) for index in range(settings.workers)]
     for worker in workers:

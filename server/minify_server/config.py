@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=0, description="local worker processes (embedded mode)")
     worker_queues: str = Field(default="", description="queues of the local workers; empty: cpu (+cuda on a GPU)")
     insecure_no_auth: bool = Field(default=False, description="allow a non-loopback host without tokens")
+    allow_pickle: bool = Field(
+        default=False, description="accept torch.save'd GraphModules (unpickled only in sandbox children)"
+    )
     job_retries: int = Field(default=2, ge=0, description="re-runs of a job whose worker died")
 
     @field_validator("tokens", mode="before")

@@ -88,10 +88,21 @@ class JobRecords:
         fields = await self.redis.hgetall(record_key(job_id))
         return fields or None
 
-    async def page(self, offset: int, limit: int) -> tuple[list[dict[str, str]], int]:
-        """Records newest first."""
-        total = await self.redis.zcard(INDEX_KEY)
-        ids = await self.redis.zrevrange(INDEX_KEY, offset, offset + limit - 1)
+    async def page(self, offset: int, limit: int,
+                   status: JobState | None = None) -> tuple[list[dict[str, str]], int]:
+        """Records newest first; with `status`, only those (and `total` counts only those)."""
+        if status is None:
+            total = await self.redis.zcard(INDEX_KEY)
+            ids = await self.redis.zrevrange(INDEX_KEY, offset, offset + limit - 1)
+        else:
+            every = await self.redis.zrevrange(INDEX_KEY, 0, -1)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in every:
+                    pipe.hget(record_key(job_id), "status")
+                statuses = await pipe.execute()
+            matching = [job_id for job_id, value in zip(every, statuses, strict=True) if value == status.value]
+            total = len(matching)
+            ids = matching[offset:offset + limit]
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
                 pipe.hgetall(record_key(job_id))

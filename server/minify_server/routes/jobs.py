@@ -81,18 +81,34 @@ def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
     return spec
 
 
-def _check_files(upload: JobUpload) -> None:
+def _check_files(upload: JobUpload, allow_pickle: bool) -> None:
     if "program" not in upload.files:
         raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
+    name = upload.filenames.get("program") or ""
     try:
         check_export_archive(upload.files["program"].path)
     except NotAnExportArchive as error:
-        raise ApiError(415, f"program {upload.filenames.get('program') or ''!r}: {error}") from error
+        if not _is_pickled_module(upload, allow_pickle):
+            hint = ("" if allow_pickle else "; a GraphModule saved with torch.save is a pickle, accepted only where "
+                    "the operator sets MINIFY_ALLOW_PICKLE=1: export it instead with torch.export.export + "
+                    "torch.export.save")
+            raise ApiError(415, f"program {name!r}: {error}{hint}") from error
     if "inputs" in upload.files:
         try:
             check_torch_save_file(upload.files["inputs"].path)
         except NotAnExportArchive as error:
             raise ApiError(415, f"inputs: {error}") from error
+
+
+def _is_pickled_module(upload: JobUpload, allow_pickle: bool) -> bool:
+    """A torch.save'd GraphModule, where the operator allows them: only ever unpickled in a sandbox child."""
+    if not allow_pickle:
+        return False
+    try:
+        check_torch_save_file(upload.files["program"].path)
+    except NotAnExportArchive:
+        return False
+    return True
 
 
 @router.post("", status_code=201, response_model=JobCreated, openapi_extra=_UPLOAD_FORM,
@@ -113,7 +129,7 @@ async def create_job(request: Request) -> JobCreated:
         raise ApiError(400, str(error)) from error
     try:
         spec = _parse_spec(upload, settings.allowed_backends)
-        _check_files(upload)
+        _check_files(upload, settings.allow_pickle)
     except ApiError:
         upload.discard()
         raise
@@ -141,8 +157,9 @@ async def create_job(request: Request) -> JobCreated:
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")
 async def list_jobs(request: Request, offset: int = Query(0, ge=0),
-                    limit: int = Query(50, ge=1, le=500)) -> JobList:
-    rows, total = await _records(request).page(offset, limit)
+                    limit: int = Query(50, ge=1, le=500),
+                    status: JobState | None = Query(None, description="only jobs with this status")) -> JobList:
+    rows, total = await _records(request).page(offset, limit, status)
     jobs = []
     for fields in rows:
         status = to_job_status(fields)
