@@ -180,3 +180,16 @@ def test_the_minimized_program_loads_and_is_a_torch_export_archive(tmp_path: Pat
     module = torch.export.load(minimized).module()
     inputs = torch.load(result.artifacts["inputs.pt"], weights_only=True)
     assert torch.equal(module(*inputs)[0], torch.relu(inputs[0]))
+
+
+def test_a_job_cancelled_while_preparing_ends_cancelled_at_once(tmp_path: Path) -> None:
+    import threading
+
+    program = chain_program(tmp_path, ("sin", "relu"))
+    cancel = threading.Event()
+    cancel.set()
+
+    result = minify(program, spec("fail_on_relu"), tmp_path / "out", cancel=cancel)
+
+    assert result.status is JobState.cancelled
+    assert result.report.checks_total == 0

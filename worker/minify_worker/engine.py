@@ -27,7 +27,7 @@ from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
-from minify_worker.sandbox import SandboxError, SandboxPool, prepare_program
+from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
 log = logging.getLogger(__name__)
@@ -128,10 +128,13 @@ class _Run:
         with pool:
             try:
                 # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
-                prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool)
+                prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool,
+                                           should_stop=self._stop_reason)
                 pool.load_values(prepared.values_path, timeout_s=self._remaining())
             except ProgramError as error:
                 return self._finish(JobState.failed, str(error))
+            except PrepareStopped as stopped:
+                return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, str(stopped))
             graph = graph_from_wire(prepared.wire_graph)
             self.nodes_original = count_ops(graph)
             self.best = graph

@@ -57,6 +57,7 @@ import time
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,10 @@ _LOG_TAIL = 4000
 
 class SandboxError(Exception):
     """The sandbox itself failed (the fork server died or could not start)."""
+
+
+class PrepareStopped(Exception):
+    """Preparing was stopped (cancelled, or out of time) before the program was loaded."""
 
 
 class SandboxCallError(SandboxError):
@@ -839,19 +844,28 @@ if __name__ == "__main__":
 
 
 def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,
-                    timeout_s: float | None = 600.0, pool: SandboxPool | None = None) -> PreparedProgram:
+                    timeout_s: float | None = 600.0, pool: SandboxPool | None = None,
+                    should_stop: Callable[[], str | None] | None = None) -> PreparedProgram:
     """Run the loader in a sandbox child: values.pt and program.json into `workdir`.
 
     Uses `pool` if given (it need not have a value store yet), else a one-shot pool without
     inductor warm-up. Any failure (a bad file, inputs that do not fit, a crash or hang while
-    loading) raises `ProgramError` with a message for the user.
+    loading) raises `ProgramError` with a message for the user. When `should_stop` answers a
+    reason (a cancel, a job deadline), the loading child is killed and `PrepareStopped` raised.
     """
     own_pool = pool is None
     active = pool or SandboxPool(workdir, None, spec, 1, warm=False)
     kwargs = {"program": str(Path(program).resolve()),
               "inputs": None if inputs is None else str(Path(inputs).resolve())}
     try:
-        active.call("minify_worker.loader:prepare_in_child", kwargs, timeout_s)
+        future = active.submit_call("minify_worker.loader:prepare_in_child", kwargs, timeout_s, purpose="prepare")
+        while not future.done():
+            reason = should_stop() if should_stop is not None else None
+            if reason:
+                active.cancel(future)
+                raise PrepareStopped(reason)
+            time.sleep(0.05)
+        future.result()
     except SandboxCallError as error:
         if error.error_type == "ProgramError":
             raise ProgramError(str(error).split("ProgramError: ", 1)[-1]) from None
