@@ -304,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     options.work = options.work.resolve()  # children run in their own scratch folders
     options.ours_source = export_revision(options.ours_rev, options.work) if options.ours_rev else None
+    options.commit = git_commit()  # at the start: the tree may move on while the benchmark runs
 
     from cases import save_case  # imports torch: only after the arguments are known good
 
@@ -363,8 +364,8 @@ def write_record(
 ) -> None:
     """The JSON record; rewritten after every run, so a long benchmark cut short keeps what it has."""
     record = {
-        "commit": git_commit(),
-        "ours_rev": options.ours_rev,
+        "commit": options.commit,
+        "ours_source": str(options.ours_source) if options.ours_source else "working tree",
         "shared_caches": options.shared_caches,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
