@@ -5,9 +5,9 @@
 
 Every case is a flat aten ExportedProgram (core aten plus inductor's decompositions) that fails
 to compile under inductor with `cpp.inject_relu_bug_TESTING_ONLY = "compile_error"`
-(bench/cases.py). Each run of each minifier is its own child process with its own scratch folder
-and its own empty inductor cache (`TORCHINDUCTOR_CACHE_DIR`), so nothing one run compiled can
-speed up another:
+(bench/cases.py). Each run of each minifier is its own child process with its own scratch folder,
+emptied first, where every compile cache starts empty, so nothing one run compiled can speed up
+another:
 
 - `torch`: torch._functorch.fx_minifier.minifier with after_aot's `inductor_fails` (in-process);
 - `torch-isolate`: the same with after_aot's `isolate_fails` (`--isolate`: a fresh Python per check);
@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,7 +74,8 @@ def run_child(
     """Run one minifier in a fresh process group; kill the whole group at the limit."""
     started = time.perf_counter()
     # The parent runs one child at a time, so the growth of its children's rusage is this child's
-    # process tree (every descendant that was reaped): CPU seconds, which load distorts far less than wall time.
+    # process tree (every descendant that was reaped; after a kill at the limit, orphans are not, so
+    # it is a lower bound there): CPU seconds, which load distorts far less than wall time.
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(scratch / "log.txt", "wb") as log:
         child = subprocess.Popen(
@@ -106,9 +108,10 @@ def run_child(
 
 
 def run_once(case: str, program: Path, minifier: str, scratch: Path, options: argparse.Namespace) -> RunResult:
-    scratch.mkdir(parents=True, exist_ok=True)
+    # A scratch folder left by an earlier benchmark holds warm caches: start from nothing.
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
     result_path = scratch / "result.json"
-    result_path.unlink(missing_ok=True)
     config = json.dumps(DEFAULT_CONFIG)
     if minifier == "ours":
         command = [
