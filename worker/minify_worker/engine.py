@@ -32,7 +32,9 @@ from minify_worker.scheduler import Scheduler, Stopped, reduce
 
 log = logging.getLogger(__name__)
 
-ORIGINAL_RUNS = 3
+# The original runs this many times (in parallel) before minimizing, to find its signature and
+# tell a flaky failure from a steady one; never fewer than 2, never more than run at once.
+MAX_ORIGINAL_RUNS = 3
 # A candidate may take this many times the original's slowest run before it counts as a hang:
 # candidates are smaller, but their compiles can miss caches the original's warmed.
 TIMEOUT_FACTOR = 4.0
@@ -170,12 +172,13 @@ class _Run:
     def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:
         """Run the original several times: target signature, flakiness, calibrated timeout."""
         self.phase = "reproduce"
-        self._emit(force=True, message=f"running the original {ORIGINAL_RUNS} times")
+        runs = max(2, min(MAX_ORIGINAL_RUNS, pool.parallelism))
+        self._emit(force=True, message=f"running the original {runs} times")
         failure = self.spec.failure
         bound = self.spec.limits.candidate_timeout_s
         first_timeout = bound or (DEFAULT_TIMEOUT_FAILURE_S if failure.kind == "timeout" else self._remaining())
         wire = graph_to_wire(graph)
-        futures = [pool.submit(wire, timeout_s=first_timeout) for _ in range(ORIGINAL_RUNS)]
+        futures = [pool.submit(wire, timeout_s=first_timeout) for _ in range(runs)]
         outcomes: list[Outcome] = []
         for future in futures:
             while not future.done():
