@@ -211,6 +211,11 @@ def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
                 checks.append(
                     f">= 5x faster than torch --isolate: {'yes' if speedup >= 5 else 'NO'} ({bound}{speedup:.1f}x)"
                 )
+        # Every case fails through the relu bug: a result without a relu fails some other way.
+        for minifier, runs in by_minifier.items():
+            final_code = median_run(runs).final_code
+            if final_code is not None and "relu" not in final_code:
+                checks.append(f"{minifier} DRIFTED: its result has no relu, it fails some other way")
         if checks:
             lines.append(f"{case}: " + "; ".join(checks))
     return lines
