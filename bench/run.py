@@ -130,7 +130,11 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
         command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
     command += ["--case", case, "--result", str(result_path)]
     env = child_environment(scratch, minifier, options)
-    return run_child(command, env, scratch, result_path, options.limit, case, minifier)
+    result = run_child(command, env, scratch, result_path, options.limit, case, minifier)
+    # Compile caches and headers are ~150 MB a run; the log, the result and the artifacts stay.
+    for disposable in ("caches", "tmp"):
+        shutil.rmtree(scratch / disposable, ignore_errors=True)
+    return result
 
 
 def median_run(runs: list[RunResult]) -> RunResult:
