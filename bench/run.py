@@ -62,6 +62,46 @@ def child_environment(scratch: Path, minifier: str, options: argparse.Namespace)
     return env
 
 
+WARM_UP_SCRIPT = """
+import torch
+from torch._inductor.compile_fx import compile_fx
+import torch._inductor.cpu_vec_isa as cpu_vec_isa
+cpu_vec_isa.pick_vec_isa()
+with torch.no_grad():
+    compiled = compile_fx(torch.fx.symbolic_trace(lambda x: (torch.tan(x) * 2,)), [torch.randn(4, 4)])
+    compiled(torch.randn(4, 4))
+"""
+
+
+def build_toolchain(work: Path) -> Path:
+    """Compile one unrelated graph into empty caches: what a worker that has run any job before has.
+
+    It holds inductor's CPU ISA probe builds and the precompiled C++ headers (the ~15 s a first
+    compile on a machine pays), and no graph of any case. Each run gets a fresh copy of it.
+    """
+    toolchain = work / "toolchain"
+    shutil.rmtree(toolchain, ignore_errors=True)
+    (toolchain / "tmp").mkdir(parents=True)
+    env = dict(os.environ, TMPDIR=str(toolchain / "tmp"), TORCHINDUCTOR_CACHE_DIR=str(toolchain / "inductor"))
+    subprocess.run([sys.executable, "-c", WARM_UP_SCRIPT], env=env, check=True, cwd=toolchain)
+    return toolchain
+
+
+def seed_toolchain(toolchain: Path, scratch: Path, minifier: str) -> None:
+    """Copy the warm toolchain where this run's side looks for its caches (see child_environment)."""
+    headers = next((toolchain / "tmp").glob("torchinductor_*"), None)
+    if minifier == "ours":
+        import torch.version
+
+        inductor = scratch / "caches" / f"torch-{torch.version.__version__}" / "inductor"
+        shutil.copytree(toolchain / "inductor", inductor)
+        if headers is not None and (headers / "precompiled_headers").is_dir():
+            shutil.copytree(headers / "precompiled_headers", inductor / "precompiled_headers", dirs_exist_ok=True)
+    else:
+        shutil.copytree(toolchain / "inductor", scratch / "caches" / "inductor")
+        shutil.copytree(toolchain / "tmp", scratch / "tmp", dirs_exist_ok=True)
+
+
 def run_child(
     command: list[str],
     env: dict[str, str],
@@ -130,6 +170,8 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
         command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
     command += ["--case", case, "--result", str(result_path)]
     env = child_environment(scratch, minifier, options)
+    if options.toolchain is not None:
+        seed_toolchain(options.toolchain, scratch, minifier)
     result = run_child(command, env, scratch, result_path, options.limit, case, minifier)
     # Compile caches and headers are ~150 MB a run; the log, the result and the artifacts stay.
     for disposable in ("caches", "tmp"):
@@ -313,10 +355,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--shared-caches", action="store_true", help="leave compile caches on their defaults (warm, shared)"
     )
+    parser.add_argument(
+        "--warm-toolchain",
+        action="store_true",
+        help="every run starts from the same warm toolchain (ISA probe, precompiled headers), no graph cached:"
+        " a worker's steady state",
+    )
     options = parser.parse_args(argv)
     options.work = options.work.resolve()  # children run in their own scratch folders
     options.ours_source = export_revision(options.ours_rev, options.work) if options.ours_rev else None
     options.commit = git_commit()  # at the start: the tree may move on while the benchmark runs
+    options.toolchain = None
+    if options.warm_toolchain and not options.shared_caches:
+        options.toolchain = build_toolchain(options.work)
 
     from cases import save_case  # imports torch: only after the arguments are known good
 
@@ -379,6 +430,7 @@ def write_record(
         "commit": options.commit,
         "ours_source": str(options.ours_source) if options.ours_source else "working tree",
         "shared_caches": options.shared_caches,
+        "warm_toolchain": options.toolchain is not None,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_before": load_before,
