@@ -108,10 +108,9 @@ class JobState(str, Enum):
         return self not in (JobState.queued, JobState.running)
 
 
-class ProgressEvent(BaseModel):
-    """One step of a minification, as the engine reports it and the service streams it."""
+class Progress(BaseModel):
+    """Where a minification stands: what `GET /v1/jobs/{id}` shows."""
 
-    type: Literal["progress", "status", "log"] = "progress"
     phase: str = ""
     nodes_original: int | None = None
     nodes_current: int | None = None
@@ -123,21 +122,15 @@ class ProgressEvent(BaseModel):
     )
     elapsed_s: float = 0.0
     signature: str | None = Field(default=None, description="the failure signature being preserved")
+
+
+class ProgressEvent(Progress):
+    """One step of a minification, as the engine reports it and the service streams it."""
+
+    type: Literal["progress", "status", "log"] = "progress"
     graph_code: str | None = Field(default=None, description="the current best graph, when it shrank")
     status: JobState | None = None
     message: str | None = None
-
-
-class Progress(BaseModel):
-    phase: str = ""
-    nodes_original: int | None = None
-    nodes_current: int | None = None
-    checks_total: int = 0
-    checks_cached: int = 0
-    checks_in_flight: int = 0
-    outcomes: dict[str, int] = Field(default_factory=dict)
-    elapsed_s: float = 0.0
-    signature: str | None = None
 
 
 class TimelinePoint(BaseModel):
