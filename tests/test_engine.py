@@ -193,3 +193,16 @@ def test_a_job_cancelled_while_preparing_ends_cancelled_at_once(tmp_path: Path) 
 
     assert result.status is JobState.cancelled
     assert result.report.checks_total == 0
+
+
+def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_TEST_MARKER_DIR", str(tmp_path))
+    program = chain_program(tmp_path, ("sin", "relu"))
+
+    result = minify(program, spec("fail_once_on_relu"), tmp_path / "out")
+
+    assert result.report.flaky is True
+    assert (result.report.original_runs, result.report.original_failures) == (2, 1)
+    assert "flaky" in (result.reason or "")
+    assert result.report.signature == "RuntimeError: injected failure on relu"

@@ -241,6 +241,9 @@ class _Run:
 
     def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None) -> MinifyResult:
         self.phase = "done"
+        if status is JobState.succeeded and self.flaky and reason is None:
+            reason = (f"flaky: the original failed in {self.original_failures} of {self.original_runs} runs, so a "
+                      "candidate that passed once may fail on another run; the result may not be minimal")
         stats = self.scheduler.stats if self.scheduler else None
         best = self.best
         report = Report(

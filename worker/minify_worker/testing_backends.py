@@ -209,3 +209,26 @@ def first_match(*rules: tuple[str, Backend]) -> Backend:
 
 fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
 fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))
+
+
+def fail_once_on(op: str) -> Backend:
+    """Raise on `op` in the first process to compile it, pass everywhere after: a flaky failure.
+
+    "First" is decided by creating `fail-once-<op>` in `$MINIFY_TEST_MARKER_DIR` (O_EXCL), so
+    exactly one of several concurrent runs fails.
+    """
+    inner = raise_on(op)
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            marker = os.path.join(os.environ["MINIFY_TEST_MARKER_DIR"], f"fail-once-{op}")
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return _eager(gm)
+        return inner(gm, example_inputs)
+
+    return backend
+
+
+fail_once_on_relu = fail_once_on("relu")
