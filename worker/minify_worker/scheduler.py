@@ -14,8 +14,6 @@ production, a thread pool over a pure-Python oracle in tests) and reports throug
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -90,15 +88,11 @@ class Scheduler:
         self._should_stop = should_stop or (lambda: None)
         self._memo: dict[str, Outcome] = {}
         self._running: dict[str, Future[Outcome]] = {}
-        self._lock = threading.Lock()
         self.stats = Stats()
 
     def remember(self, graph: fx.Graph, outcome: Outcome) -> None:
         """Seed the memo, e.g. with the original program's outcome."""
         self._memo[structural_hash(graph)] = outcome
-
-    def outcome_of(self, graph: fx.Graph) -> Outcome | None:
-        return self._memo.get(structural_hash(graph))
 
     def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate]) -> Candidate | None:
         """The first candidate, in the given order, that is smaller than `current` and still fails."""
@@ -252,7 +246,3 @@ def reduce(
         else:
             tier += 1
     return Reduction(graph, accepted)
-
-
-def elapsed_since(start: float) -> float:
-    return round(time.monotonic() - start, 3)
