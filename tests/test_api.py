@@ -21,14 +21,6 @@ UPLOAD_LIMIT = 2_000_000
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from examples.programs import save
-
-    directory = tmp_path_factory.mktemp("programs")
-    return {name: save(name, directory) for name in ("relu_cos", "chain")}
-
-
-@pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     data_dir = tmp_path_factory.mktemp("api") / "data"
     with start_service(data_dir, env={"MINIFY_UPLOAD_LIMIT_BYTES": str(UPLOAD_LIMIT)}) as running:

@@ -18,18 +18,9 @@ from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
 from minify_worker.runner import run_candidate
 from minify_worker.sandbox import SandboxPool
+from tests.support.graphs import chain_graph
 
 TESTING = "minify_worker.testing_backends"
-
-
-def chain_graph(*ops: str) -> fx.Graph:
-    graph = fx.Graph()
-    node = graph.placeholder("x")
-    node.meta["minify_value"] = "x"
-    for op in ops:
-        node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
-    graph.output((node,))
-    return graph
 
 
 def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -> object:

@@ -18,25 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import fx
 
 from minify_client.models import JobSpec
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
 from minify_worker.sandbox import SandboxCallError, SandboxPool, compile_cache_dir
+from tests.support.graphs import chain_graph
 
 BACKEND = "minify_worker.testing_backends:misbehave_by_op"
 
 
 def chain(*ops: str) -> dict:
     """The wire form of x → ops... → output, with x read from the value store."""
-    graph = fx.Graph()
-    node = graph.placeholder("x")
-    node.meta["minify_value"] = "x"
-    for op in ops:
-        node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
-    graph.output((node,))
-    return graph_to_wire(graph)
+    return graph_to_wire(chain_graph(*ops))
 
 
 def session_members(session_id: int) -> list[int]:

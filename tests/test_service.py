@@ -36,14 +36,6 @@ FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from examples.programs import save
-
-    directory = tmp_path_factory.mktemp("programs")
-    return {name: save(name, directory) for name in ("relu_cos", "chain")}
-
-
-@pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     with start_service(tmp_path_factory.mktemp("service") / "data", workers=1) as running:
         yield running

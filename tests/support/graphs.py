@@ -1,0 +1,17 @@
+"""Small flat graphs built by hand, for tests that need no ExportedProgram."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+
+def chain_graph(*ops: str) -> fx.Graph:
+    """x → aten ops... → output, with x read from the value store under the key "x"."""
+    graph = fx.Graph()
+    node = graph.placeholder("x")
+    node.meta["minify_value"] = "x"
+    for op in ops:
+        node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
+    graph.output((node,))
+    return graph
