@@ -206,3 +206,13 @@ def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Pa
     assert (result.report.original_runs, result.report.original_failures) == (2, 1)
     assert "flaky" in (result.reason or "")
     assert result.report.signature == "RuntimeError: injected failure on relu"
+
+
+def test_a_candidate_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu"))
+
+    result = minify(program, spec("kill_sandbox_on_relu"), tmp_path / "out")
+
+    assert result.status is JobState.failed
+    assert "sandbox" in (result.reason or "")
+    assert (tmp_path / "out" / "report.json").is_file()

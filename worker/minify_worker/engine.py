@@ -117,6 +117,9 @@ class _Run:
         workdir = Path(tempfile.mkdtemp(prefix="minify-job-"))
         try:
             return self._execute(program, inputs, workdir)
+        except SandboxError as error:  # the fork server itself died: no candidate can run any more
+            log.error("sandbox failed: %s", error)
+            return self._finish(JobState.failed, f"the sandbox failed: {error}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
