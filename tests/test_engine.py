@@ -208,7 +208,7 @@ def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Pa
     assert result.report.signature == "RuntimeError: injected failure on relu"
 
 
-def test_a_candidate_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:
+def test_an_original_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:
     program = chain_program(tmp_path, ("sin", "relu"))
 
     result = minify(program, spec("kill_sandbox_on_relu"), tmp_path / "out")
@@ -216,3 +216,15 @@ def test_a_candidate_that_kills_the_fork_server_fails_the_job_with_the_reason(tm
     assert result.status is JobState.failed
     assert "sandbox" in (result.reason or "")
     assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_a_candidate_that_kills_the_fork_server_costs_that_candidate_not_the_job(tmp_path: Path) -> None:
+    # relu raises; without relu, sin kills the fork server: the sandbox restarts and goes on.
+    program = chain_program(tmp_path, ("sin", "cos", "relu"))
+
+    result = minify(program, spec("fail_on_relu_kill_sandbox_on_sin", parallelism=1), tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert result.report.outcomes.get("invalid", 0) >= 1
+    assert "minimized.pt2" in result.artifacts

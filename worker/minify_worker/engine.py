@@ -26,7 +26,7 @@ from minify_client.models import JobSpec, JobState, ProgressEvent, Report, Timel
 from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
+from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
 from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
@@ -41,6 +41,7 @@ TIMEOUT_FACTOR = 4.0
 MIN_CANDIDATE_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_FAILURE_S = 60.0
 EVENT_INTERVAL_S = 0.2
+MAX_SANDBOX_RESTARTS = 3
 
 
 @dataclass
@@ -74,17 +75,65 @@ def default_parallelism(spec: JobSpec) -> int:
 
 
 class _SandboxEvaluator:
-    """The scheduler's view of the sandbox: graphs in, outcomes out, with the calibrated timeout."""
+    """The scheduler's view of the sandbox: graphs in, outcomes out, with the calibrated timeout.
 
-    def __init__(self, pool: SandboxPool, timeout_s: float) -> None:
+    If the fork server itself dies (the OOM killer, or a candidate that kills its parent), the
+    candidates that were in flight come back `Invalid` and the next submit starts a fresh fork
+    server: it costs those candidates, not the job. After `MAX_SANDBOX_RESTARTS` the error stands.
+    """
+
+    def __init__(self, pool: SandboxPool, timeout_s: float, restart: Callable[[], SandboxPool]) -> None:
         self.pool = pool
         self.timeout_s = timeout_s
+        self.restarts = 0
+        self._restart = restart
+        self._dead: SandboxPool | None = None
+        self._started: list[SandboxPool] = []
+        self._inner: dict[Future[Outcome], Future[Outcome]] = {}
+
+    def live_pool(self) -> SandboxPool:
+        """The current pool, restarted first if its fork server died."""
+        if self._dead is self.pool:
+            if self.restarts >= MAX_SANDBOX_RESTARTS:
+                raise SandboxError(f"the fork server died {self.restarts + 1} times")
+            self.restarts += 1
+            log.warning("the fork server died; starting a new one (restart %d)", self.restarts)
+            self.pool = self._restart()
+            self._started.append(self.pool)
+        return self.pool
 
     def submit(self, graph: fx.Graph) -> Future[Outcome]:
-        return self.pool.submit(graph_to_wire(graph), timeout_s=self.timeout_s)
+        pool = self.live_pool()
+        outer: Future[Outcome] = Future()
+        inner = pool.submit(graph_to_wire(graph), timeout_s=self.timeout_s)
+        self._inner[outer] = inner
+
+        def settle(done: Future[Outcome]) -> None:
+            self._inner.pop(outer, None)
+            if done.cancelled():
+                outer.cancel()
+            elif isinstance(done.exception(), SandboxError):
+                self._dead = pool
+                outer.set_result(Invalid(f"the sandbox's fork server died while this candidate ran: "
+                                         f"{done.exception()}"))
+            elif done.exception() is not None:
+                outer.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                outer.set_result(done.result())
+
+        inner.add_done_callback(settle)
+        return outer
 
     def cancel(self, future: Future[Outcome]) -> None:
-        self.pool.cancel(future)
+        inner = self._inner.get(future)
+        if inner is not None:
+            self.pool.cancel(inner)
+        future.cancel()
+
+    def close(self) -> None:
+        """Close the fork servers this evaluator started (the first pool belongs to the caller)."""
+        for pool in self._started:
+            pool.close()
 
 
 class _Run:
@@ -150,7 +199,10 @@ class _Run:
             if reproduced is not None:
                 return reproduced
             assert self.signature is not None and self.candidate_timeout_s is not None
-            evaluator = _SandboxEvaluator(pool, self.candidate_timeout_s)
+            evaluator = _SandboxEvaluator(
+                pool, self.candidate_timeout_s,
+                restart=lambda: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism),
+            )
             target, failure = self.signature, self.spec.failure
             self.scheduler = Scheduler(
                 evaluator,
@@ -162,14 +214,17 @@ class _Run:
             self.scheduler.remember(graph, Fails(target))
             status, reason = JobState.succeeded, None
             try:
-                reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
-            except Stopped as stopped:
-                status, reason = self._status_when_stopped(stopped.reason)
-            if status is JobState.cancelled:
-                return self._finish(status, reason)
-            self.phase = "artifacts"
-            self._emit(force=True, message="writing artifacts")
-            written = self._write_program_artifacts(pool)
+                try:
+                    reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
+                except Stopped as stopped:
+                    status, reason = self._status_when_stopped(stopped.reason)
+                if status is JobState.cancelled:
+                    return self._finish(status, reason)
+                self.phase = "artifacts"
+                self._emit(force=True, message="writing artifacts")
+                written = self._write_program_artifacts(evaluator.live_pool())
+            finally:
+                evaluator.close()
         return self._finish(status, reason, written)
 
     def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:

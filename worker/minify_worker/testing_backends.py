@@ -247,3 +247,4 @@ def kill_sandbox_on(op: str) -> Backend:
 
 
 kill_sandbox_on_relu = kill_sandbox_on("relu")
+fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", kill_sandbox_on("sin")))
