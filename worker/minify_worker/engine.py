@@ -27,7 +27,7 @@ from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
-from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program
+from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program, wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
 log = logging.getLogger(__name__)
@@ -237,16 +237,10 @@ class _Run:
         first_timeout = bound or (DEFAULT_TIMEOUT_FAILURE_S if failure.kind == "timeout" else self._remaining())
         wire = graph_to_wire(graph)
         futures = [pool.submit(wire, timeout_s=first_timeout) for _ in range(runs)]
-        outcomes: list[Outcome] = []
-        for future in futures:
-            while not future.done():
-                if self._stop_reason():
-                    for other in futures:
-                        pool.cancel(other)
-                    return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed,
-                                        self._stop_reason())
-                time.sleep(0.05)
-            outcomes.append(future.result())
+        reason = wait_unless_stopped(pool, futures, self._stop_reason)
+        if reason:
+            return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, reason)
+        outcomes: list[Outcome] = [future.result() for future in futures]
         self.original_runs = len(outcomes)
         target = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
                        and oracle.still_fails(o, sig, failure)), None)

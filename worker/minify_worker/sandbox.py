@@ -58,7 +58,7 @@ import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -878,6 +878,20 @@ if __name__ == "__main__":
     os._exit(code)  # skip torch's and inductor's exit handlers: nothing of theirs needs to run here
 
 
+def wait_unless_stopped(pool: SandboxPool, futures: list[Future],
+                        should_stop: Callable[[], str | None] | None) -> str | None:
+    """Wait for every future; if `should_stop` answers a reason first, cancel them all (their
+    children die) and return that reason."""
+    while not all(future.done() for future in futures):
+        reason = should_stop() if should_stop is not None else None
+        if reason:
+            for future in futures:
+                pool.cancel(future)
+            return reason
+        wait(futures, timeout=0.05)
+    return None
+
+
 def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,
                     timeout_s: float | None = 600.0, pool: SandboxPool | None = None,
                     should_stop: Callable[[], str | None] | None = None) -> PreparedProgram:
@@ -894,12 +908,9 @@ def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: Job
               "inputs": None if inputs is None else str(Path(inputs).resolve())}
     try:
         future = active.submit_call("minify_worker.loader:prepare_in_child", kwargs, timeout_s, purpose="prepare")
-        while not future.done():
-            reason = should_stop() if should_stop is not None else None
-            if reason:
-                active.cancel(future)
-                raise PrepareStopped(reason)
-            time.sleep(0.05)
+        reason = wait_unless_stopped(active, [future], should_stop)
+        if reason:
+            raise PrepareStopped(reason)
         future.result()
     except SandboxCallError as error:
         if error.error_type == "ProgramError":
