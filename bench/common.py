@@ -14,7 +14,7 @@ from typing import Any
 # The bug every case carries: inductor's C++ backend emits code that does not compile for relu.
 DEFAULT_CONFIG: dict[str, Any] = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
 
-MINIFIERS = ("torch", "torch-isolate", "ours")
+MINIFIERS = ("torch", "torch-isolate", "ours", "ours-spawn")
 
 
 @dataclass
@@ -38,6 +38,9 @@ class RunResult:
     by_strategy: dict[str, dict[str, float]] = field(default_factory=dict)  # torch's, from its stderr
     outcomes: dict[str, int] = field(default_factory=dict)  # ours: candidate outcomes by kind
     phases: dict[str, float] = field(default_factory=dict)  # ours: when each phase began, seconds
+    phase_s: dict[str, float] = field(default_factory=dict)  # ours: seconds in each phase (report.json)
+    sandbox_start: str | None = None  # ours: "fork" (preloaded, as a worker) or "spawn"
+    preload_s: float | None = None  # ours: the preload before the clock started (a worker pays it once)
     final_code: str | None = None
     error: str | None = None
 

@@ -49,11 +49,12 @@ def child_environment(scratch: Path, minifier: str, options: argparse.Namespace)
     sides on their defaults instead (warm from whatever ran before: not comparable run to run).
     """
     env = dict(os.environ)
-    paths = [str(BENCH_DIR)] + ([str(options.ours_source)] if minifier == "ours" and options.ours_source else [])
+    ours_source = [str(options.ours_source)] if minifier.startswith("ours") and options.ours_source else []
+    paths = [str(BENCH_DIR), *ours_source]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
     if options.shared_caches:
         return env
-    if minifier == "ours":
+    if minifier.startswith("ours"):
         env["MINIFY_CACHE_DIR"] = str(scratch / "caches")
     else:
         (scratch / "tmp").mkdir(exist_ok=True)
@@ -90,7 +91,7 @@ def build_toolchain(work: Path) -> Path:
 def seed_toolchain(toolchain: Path, scratch: Path, minifier: str) -> None:
     """Copy the warm toolchain where this run's side looks for its caches (see child_environment)."""
     headers = next((toolchain / "tmp").glob("torchinductor_*"), None)
-    if minifier == "ours":
+    if minifier.startswith("ours"):
         import torch.version
 
         inductor = scratch / "caches" / f"torch-{torch.version.__version__}" / "inductor"
@@ -153,7 +154,7 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
     scratch.mkdir(parents=True)
     result_path = scratch / "result.json"
     config = json.dumps(DEFAULT_CONFIG)
-    if minifier == "ours":
+    if minifier.startswith("ours"):
         command = [
             sys.executable,
             str(BENCH_DIR / "ours_side.py"),
@@ -165,6 +166,8 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
         ]
         if options.parallelism:
             command += ["--parallelism", str(options.parallelism)]
+        if minifier == "ours-spawn":
+            command.append("--no-preload")
     else:
         mode = "inprocess" if minifier == "torch" else "isolate"
         command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
@@ -336,7 +339,7 @@ def git_commit() -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=CASE_NAMES, default=list(DEFAULT_CASES))
-    parser.add_argument("--minifiers", nargs="+", choices=MINIFIERS, default=list(MINIFIERS))
+    parser.add_argument("--minifiers", nargs="+", choices=MINIFIERS, default=["torch", "torch-isolate", "ours"])
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and minifier (median shown)")
     parser.add_argument("--limit", type=float, default=600.0, help="wall-clock limit of one run, seconds")
     parser.add_argument("--parallelism", type=int, default=None, help="ours: candidates at once")

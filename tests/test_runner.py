@@ -6,6 +6,9 @@ hang); the real-inductor cases run in sandbox children of one warm pool, as in p
 
 from __future__ import annotations
 
+import os
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from minify_client.models import FailureSpec, JobSpec
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
 from minify_worker.runner import run_candidate
-from minify_worker.sandbox import SandboxPool
+from minify_worker.sandbox import SandboxPool, compile_cache_dir
 from tests.support.graphs import chain_graph
 
 TESTING = "minify_worker.testing_backends"
@@ -135,3 +138,30 @@ def test_inductor_relu_accuracy_bug_is_an_accuracy_error(inductor_pool: SandboxP
     outcome = run_in_child(inductor_pool, ("relu", "cos"), spec)
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.exc_type) == ("accuracy", "AccuracyError")
+
+
+@pytest.mark.inductor
+def test_a_kernel_left_half_written_in_the_compile_cache_is_rebuilt_not_reported(inductor_pool: SandboxPool) -> None:
+    """A child killed while its compiler wrote a kernel (a cancelled candidate) leaves a truncated
+    .so in the shared cache; the next candidate needing that kernel must not fail with "file too
+    short" (a different bug, or worse: a lost reduction step), but rebuild it."""
+    started = time.time()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["minify_value"] = "x"
+    # A constant no earlier run used: its kernel is new, so this test knows which files are its own.
+    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (x, random.uniform(2.0, 3.0)))
+    graph.output((graph.call_function(torch.ops.aten.sin.default, (scaled,)),))
+    wire = graph_to_wire(graph)
+    assert isinstance(inductor_pool.submit(wire, timeout_s=300).result(), Passes)
+    kernels = [path for path in (compile_cache_dir(inductor_pool.root) / "inductor").rglob("*.so")
+               if path.stat().st_mtime >= started]
+    assert kernels, "the candidate compiled no kernel into the cache"
+    sizes = {path: path.stat().st_size for path in kernels}
+    for path in kernels:
+        os.truncate(path, 64)
+
+    outcome = inductor_pool.submit(wire, timeout_s=300).result()
+
+    assert isinstance(outcome, Passes), outcome
+    assert all(path.stat().st_size == size for path, size in sizes.items())

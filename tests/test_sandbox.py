@@ -7,6 +7,7 @@ exit without a report, sigmoid: out of memory), so a one-op graph picks the misb
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -199,15 +200,18 @@ PARENT = textwrap.dedent("""
     from torch import fx
     from minify_client.models import JobSpec
     from minify_worker.graph import graph_to_wire
-    from minify_worker.sandbox import SandboxPool
+    from minify_worker.sandbox import SandboxPool, preload
 
     workdir = Path(sys.argv[1])
+    if sys.argv[3] == "fork":
+        preload(warm=False)
     torch.save({"x": torch.randn(2)}, workdir / "values.pt")
     graph = fx.Graph()
     x = graph.placeholder("x")
     graph.output((graph.call_function(torch.ops.aten.tanh.default, (x,)),))
     pool = SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False,
                        env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"})
+    assert pool.start_method == sys.argv[3], pool.start_method
     future = pool.submit(graph_to_wire(graph), timeout_s=300)
     while pool.child_pid(future) is None:
         time.sleep(0.05)
@@ -216,8 +220,9 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def test_a_killed_parent_leaves_no_orphans(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), BACKEND], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_killed_parent_leaves_no_orphans(tmp_path: Path, start: str) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), BACKEND, start], stdout=subprocess.PIPE,
                               text=True)
     try:
         server, child = (int(pid) for pid in parent.stdout.readline().split())
@@ -227,3 +232,45 @@ def test_a_killed_parent_leaves_no_orphans(tmp_path: Path) -> None:
         parent.kill()
         parent.wait()
     assert wait_until(lambda: not alive(server) and not session_members(child))
+
+
+FORK_ORIGIN = textwrap.dedent("""
+    import json, sys, torch
+    from pathlib import Path
+    from minify_client.models import JobSpec
+    from minify_worker.graph import graph_to_wire
+    from minify_worker.sandbox import SandboxPool, fork_refusal, preload
+    from tests.support.graphs import chain_graph
+
+    workdir = Path(sys.argv[1])
+    torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
+    report = {"before_preload": fork_refusal()}
+    preload(warm=False)
+    report["after_preload"] = fork_refusal()
+
+    def run_some() -> dict:
+        with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), parallelism=2,
+                         env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}) as pool:
+            futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=5) for op in ("abs", "sin", "tanh")}
+            return {"start": pool.start_method, **{op: future.result().kind for op, future in futures.items()}}
+
+    report["preloaded"] = run_some()
+    torch.set_num_threads(2)
+    torch.ones(1 << 22).sin().sum()  # starts OpenMP's pool: a fork from here would hang in the next one
+    report["after_openmp"] = fork_refusal()
+    report["after_openmp_pool"] = run_some()
+    print(json.dumps(report), flush=True)
+""")
+
+
+def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_starts(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", FORK_ORIGIN, str(tmp_path), BACKEND], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before_preload"] == "this process was not preloaded"
+    assert report["after_preload"] is None
+    outcomes = {"abs": "passes", "sin": "crashed", "tanh": "timed_out"}
+    assert report["preloaded"] == {"start": "fork", **outcomes}
+    assert "native thread pool" in report["after_openmp"]
+    assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}

@@ -166,6 +166,12 @@ class Report(BaseModel):
     artifact_errors: dict[str, str] = Field(
         default_factory=dict, description="artifacts that could not be written, and why (e.g. export refused)"
     )
+    phase_s: dict[str, float] = Field(
+        default_factory=dict, description="seconds spent in each phase: prepare, reproduce, reduce, artifacts"
+    )
+    sandbox_start: str | None = Field(
+        None, description="how the fork server started: 'fork' (from a preloaded worker) or 'spawn' (a fresh Python)"
+    )
 
 
 class JobLinks(BaseModel):

@@ -151,6 +151,9 @@ class _Run:
         self.signature: Signature | None = None
         self.timeline: list[TimelinePoint] = []
         self.phase = "prepare"
+        self.phase_s: dict[str, float] = {}
+        self._phase_started = time.monotonic()
+        self.sandbox_start: str | None = None
         self.flaky = False
         self.original_failures = 0
         self.original_runs = 0
@@ -179,6 +182,7 @@ class _Run:
             pool = SandboxPool(workdir, None, self.spec, parallelism=parallelism)
         except SandboxError as error:
             return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
+        self.sandbox_start = pool.start_method
         with pool:
             try:
                 # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
@@ -213,6 +217,7 @@ class _Run:
             )
             self.scheduler.remember(graph, Fails(target))
             status, reason = JobState.succeeded, None
+            self._enter_phase("reduce")
             try:
                 try:
                     reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
@@ -220,7 +225,7 @@ class _Run:
                     status, reason = self._status_when_stopped(stopped.reason)
                 if status is JobState.cancelled:
                     return self._finish(status, reason)
-                self.phase = "artifacts"
+                self._enter_phase("artifacts")
                 self._emit(force=True, message="writing artifacts")
                 written = self._write_program_artifacts(evaluator.live_pool())
             finally:
@@ -229,7 +234,7 @@ class _Run:
 
     def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:
         """Run the original several times: target signature, flakiness, calibrated timeout."""
-        self.phase = "reproduce"
+        self._enter_phase("reproduce")
         runs = max(2, min(MAX_ORIGINAL_RUNS, pool.parallelism))
         self._emit(force=True, message=f"running the original {runs} times")
         failure = self.spec.failure
@@ -291,8 +296,14 @@ class _Run:
 
     # -- ending ----------------------------------------------------------------------------
 
+    def _enter_phase(self, phase: str) -> None:
+        """Close the current phase's clock (`Report.phase_s`) and start `phase`'s."""
+        now = time.monotonic()
+        self.phase_s[self.phase] = round(self.phase_s.get(self.phase, 0.0) + now - self._phase_started, 3)
+        self.phase, self._phase_started = phase, now
+
     def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None) -> MinifyResult:
-        self.phase = "done"
+        self._enter_phase("done")
         if status is JobState.succeeded and self.flaky and reason is None:
             reason = (f"flaky: the original failed in {self.original_failures} of {self.original_runs} runs, so a "
                       "candidate that passed once may fail on another run; the result may not be minimal")
@@ -320,6 +331,8 @@ class _Run:
             timeline=self.timeline,
             graph_code=graph_code(best) if best is not None and status is JobState.succeeded else None,
             artifact_errors=self.artifact_errors,
+            phase_s=self.phase_s,
+            sandbox_start=self.sandbox_start,
         )
         files = dict(written or {})
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))

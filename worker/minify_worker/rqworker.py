@@ -1,9 +1,10 @@
 """`minify-worker --redis-url URL --queues cpu,cuda`: an RQ worker for the minify queues.
 
 The worker process never touches CUDA or a tensor: RQ forks a work horse per job and only the
-horse (minify_worker.job.run_job → the engine) runs anything. The worker does import the engine
-(and so torch) once at start, unless --no-preload, so that each horse starts with torch already
-imported instead of paying its import (seconds) per job; importing torch initializes no CUDA.
+horse (minify_worker.job.run_job → the engine) runs anything. Unless --no-preload, the worker
+does import the engine, torch and inductor once at start and runs inductor's CPU warm-up
+(`minify_worker.sandbox.preload`: no CUDA, no kernel run, no thread), so that each horse's sandbox
+forks its fork server from that warm state instead of importing and warming up per job (seconds).
 Run one per machine (one per GPU), pointed at the service's Redis; as many machines as you like.
 """
 
@@ -95,7 +96,11 @@ def main(argv: list[str]) -> int:
         os.environ["MINIFY_ALLOWED_BACKENDS"] = args.allowed_backends
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.preload:
-        import minify_worker.engine  # noqa: F401 (inherited by every forked work horse)
+        # Inherited by every forked work horse, whose sandbox then forks its fork server from it.
+        import minify_worker.engine  # noqa: F401
+        from minify_worker.sandbox import preload
+
+        log.info("preloaded torch and inductor: %s", preload())
     redis = Redis.from_url(args.redis_url)
     worker = MinifyWorker(
         [Queue(name, connection=redis) for name in queues],

@@ -18,6 +18,10 @@ classified by the parent.
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,16 @@ from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 ACCURACY_EXC_TYPE = "AccuracyError"
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+
+# What the loader and the linker say about a half-written binary: a child killed while its
+# compiler wrote into the shared compile cache (a cancelled or timed-out candidate) leaves one.
+_DAMAGED_BINARY = re.compile(
+    r"(?P<path>/[^\s:'\"]+\.(?:so|o|gch|pch))['\"]?:?\s*(?:[^\n]*?:\s*)?"
+    r"(?:file too short|invalid ELF header|cannot read file data|ELF load command|ELF file|"
+    r"file truncated|file format not recognized|file not recognized)"
+)
+
+log = logging.getLogger(__name__)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -91,7 +105,32 @@ def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec:
     except Exception as error:
         return Invalid(message=f"cannot build the candidate: {type(error).__name__}: {error}",
                        duration_s=time.monotonic() - started)
-    return run_candidate(gm, inputs, spec, workdir)
+    outcome = run_candidate(gm, inputs, spec, workdir)
+    damaged = damaged_cache_files(outcome)
+    if damaged:
+        # Not this candidate's failure: an earlier child was killed while writing these. Remove
+        # them (only inside the compile caches) and compile again, once.
+        for path in damaged:
+            log.warning("removing a damaged compile cache entry: %s", path)
+            path.unlink(missing_ok=True)
+        gm, inputs = build_candidate(wire_graph, values)
+        outcome = run_candidate(gm, inputs, spec, workdir)
+    return outcome
+
+
+def damaged_cache_files(outcome: Outcome) -> list[Path]:
+    """Binaries inside the compile caches that `outcome`'s error says are damaged (truncated)."""
+    if not isinstance(outcome, Fails):
+        return []
+    roots = [Path(root).resolve() for root in (os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                                                  os.environ.get("TRITON_CACHE_DIR"), tempfile.gettempdir())
+             if root]
+    damaged = []
+    for match in _DAMAGED_BINARY.finditer(outcome.signature.text):
+        path = Path(match["path"]).resolve()
+        if path.is_file() and any(path.is_relative_to(root) for root in roots):
+            damaged.append(path)
+    return damaged
 
 
 def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path) -> Outcome:

@@ -52,9 +52,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -148,6 +150,227 @@ def compile_cache_dir(job_root: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class _ServerOptions:
+    """What the fork server is started with: its command line when spawned, its arguments when forked."""
+
+    root: Path
+    workdir: Path
+    spec_json: str
+    parallelism: int
+    threads: int
+    parent_pid: int
+    values: Path | None
+    warm: bool
+
+    def argv(self) -> list[str]:
+        argv = ["--root", str(self.root), "--workdir", str(self.workdir), "--spec", self.spec_json,
+                "--parallelism", str(self.parallelism), "--threads", str(self.threads),
+                "--parent-pid", str(self.parent_pid)]
+        if self.values is not None:
+            argv += ["--values", str(self.values)]
+        if not self.warm:
+            argv.append("--no-warm")
+        return argv
+
+
+# Set by `preload()`, in this process and (through an at-fork hook) in every process forked from
+# it while it was still clean: how many native threads beyond Python's own it had then. More now
+# means a native thread pool (OpenMP, most likely) started since, and a process forked from here
+# would hang in its first parallel region: OpenMP's threads do not survive a fork.
+_fork_origin_native_threads: int | None = None
+# Whether the origin also ran inductor's CPU warm-up (ISA probe, a compile), which the fork server
+# then inherits instead of running it per job.
+_fork_origin_warm = False
+_clean_at_fork = False
+
+
+def preload(warm: bool = True) -> dict[str, float]:
+    """Make this process an origin the sandbox may fork its fork server from (a zygote).
+
+    Imports torch and what the candidates need and, with `warm`, runs inductor's CPU warm-up (its
+    vector-ISA probe and one compile, no kernel run) against the machine's compile cache: never
+    CUDA, no tensor op, no thread. A later `SandboxPool` then forks its server from here instead of
+    starting a fresh interpreter that imports and warms up all over again (seconds per job). The
+    RQ worker calls it once at start and every work horse inherits it. Without it, or once this
+    process has started a native thread pool or initialized CUDA (see `fork_refusal`), pools spawn
+    their server.
+    """
+    global _fork_origin_warm
+    started = time.monotonic()
+    _import_compiler_modules()
+    imported = time.monotonic()
+    before = _native_threads_beyond_python()
+    warmed = False
+    if warm and os.environ.get("MINIFY_CACHE_DIR", "") != "job":
+        with _compile_cache_environment():
+            _warm_inductor_cpu()
+        warmed = True
+    if _native_threads_beyond_python() > before:
+        log.warning("sandbox: the warm-up started native threads; pools will spawn their fork server")
+        return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
+    if _fork_origin_native_threads is None:
+        os.register_at_fork(before=_check_clean_before_fork, after_in_child=_mark_child_of_clean_origin)
+    _fork_origin_warm = warmed
+    _mark_fork_origin()
+    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
+
+
+def _mark_fork_origin() -> None:
+    global _fork_origin_native_threads
+    _fork_origin_native_threads = _native_threads_beyond_python()
+
+
+def _check_clean_before_fork() -> None:
+    global _clean_at_fork
+    _clean_at_fork = fork_refusal() is None
+
+
+def _mark_child_of_clean_origin() -> None:
+    global _fork_origin_native_threads
+    if _clean_at_fork:
+        _mark_fork_origin()
+    else:
+        _fork_origin_native_threads = None
+
+
+class _compile_cache_environment:
+    """Point inductor and triton at the machine's compile cache (as pools do) for a while."""
+
+    def __enter__(self) -> None:
+        caches = compile_cache_dir(Path(tempfile.gettempdir()))
+        wanted = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
+        self._saved = {name: os.environ.get(name) for name in wanted}
+        os.environ.update(wanted)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _native_threads_beyond_python() -> int:
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1 << 30
+    return tasks - threading.active_count()
+
+
+def fork_refusal() -> str | None:
+    """Why a fork server may not be forked from this process now (None: it may)."""
+    if os.environ.get("MINIFY_SANDBOX_START", "").lower() == "spawn":
+        return "MINIFY_SANDBOX_START=spawn"
+    if _fork_origin_native_threads is None:
+        return "this process was not preloaded"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialized in this process"
+    if _native_threads_beyond_python() > _fork_origin_native_threads:
+        return "a native thread pool started in this process since preload()"
+    return None
+
+
+class _ForkedServer:
+    """The part of `subprocess.Popen` the pool uses, for a fork server forked from this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            while self.returncode is None:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    self.returncode = -1
+                else:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
+            time.sleep(0.02)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _fork_server(options: _ServerOptions, request_fd: int, event_fd: int,
+                 environment: dict[str, str]) -> _ForkedServer:
+    """Fork the fork server from this (preloaded) process; in the child, serve and never return."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, fork() may deadlock": see below
+        pid = os.fork()
+    if pid:
+        return _ForkedServer(pid)
+    # Only the forking thread lives on here. Python re-initializes the import lock, logging's
+    # locks and the GIL after a fork; nothing else this child touches was held by another thread.
+    code = 70
+    try:
+        _detach_inherited_descriptors(keep={request_fd, event_fd})
+        os.environ.clear()
+        os.environ.update(environment)
+        tempfile.tempdir = None  # computed again from the new TMPDIR
+        os.chdir(options.root / "tmp")
+        _reset_signal_handlers()
+        code = _run_server(options, request_fd, event_fd)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _detach_inherited_descriptors(keep: set[int]) -> None:
+    """Point every inherited descriptor but stdin/out/err and `keep` at /dev/null; stdin and stdout too.
+
+    A spawned server closes them (close_fds); a forked one must not hold the parent's pipes
+    (another pool's request pipe would then never see EOF) or sockets. They become /dev/null rather
+    than closed, so that an object of the parent's that closes its descriptor later cannot close
+    a reused number.
+    """
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep or fd in (2, null):
+            continue
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass  # the listing's own descriptor, already closed
+    os.close(null)
+
+
+def _reset_signal_handlers() -> None:
+    """Python-level handlers of the parent's go; ignored signals stay ignored, as across exec."""
+    signal.set_wakeup_fd(-1)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                   signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD):
+        if callable(signal.getsignal(number)):
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+
+
 @dataclass
 class _Pending:
     future: Future
@@ -179,27 +402,22 @@ class SandboxPool:
         self._ready_info: dict[str, Any] = {}
         self._spawned = threading.Event()
         self._spawn_error: BaseException | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen | _ForkedServer | None = None
         self._request_w: int | None = None
-        command = [
-            sys.executable, "-m", "minify_worker.sandbox",
-            "--root", str(self.root),
-            "--workdir", str(self.workdir),
-            "--spec", spec.model_dump_json(),
-            "--parallelism", str(self.parallelism),
-            "--threads", str(self.threads_per_child),
-            "--parent-pid", str(os.getpid()),
-        ]
         values_path = values.values_path if isinstance(values, PreparedProgram) else values
-        if values_path is not None:
-            command += ["--values", str(Path(values_path).resolve())]
-        if not warm:
-            command.append("--no-warm")
+        self._options = _ServerOptions(
+            root=self.root, workdir=self.workdir, spec_json=spec.model_dump_json(), parallelism=self.parallelism,
+            threads=self.threads_per_child, parent_pid=os.getpid(),
+            values=None if values_path is None else Path(values_path).resolve(), warm=warm,
+        )
+        refusal = fork_refusal()
+        self.start_method = "spawn" if refusal else "fork"
+        if refusal:
+            log.debug("sandbox: spawning the fork server (%s)", refusal)
         self._environment = self._server_environment(env)
         # The I/O thread starts the server: PR_SET_PDEATHSIG follows the thread that forked it,
         # and this thread lives exactly as long as the pool.
-        self._thread = threading.Thread(target=self._serve, args=(command,), name="minify-sandbox-io",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="minify-sandbox-io", daemon=True)
         self._thread.start()
         self._spawned.wait()
         if self._spawn_error is not None:
@@ -330,15 +548,19 @@ class SandboxPool:
                 if not quiet:
                     raise SandboxError(self._dead_reason or f"the fork server is gone: {error}") from error
 
-    def _serve(self, command: list[str]) -> None:
+    def _serve(self) -> None:
         request_r, request_w = os.pipe()
         event_r, event_w = os.pipe()
         try:
-            self._process = subprocess.Popen(
-                [*command, "--request-fd", str(request_r), "--event-fd", str(event_w)],
-                pass_fds=(request_r, event_w), env=self._environment,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=str(self.root / "tmp"),
-            )
+            if self.start_method == "fork":
+                self._process = _fork_server(self._options, request_r, event_w, self._environment)
+            else:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "minify_worker.sandbox", *self._options.argv(),
+                     "--request-fd", str(request_r), "--event-fd", str(event_w)],
+                    pass_fds=(request_r, event_w), env=self._environment,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=str(self.root / "tmp"),
+                )
         except BaseException as error:
             for fd in (request_r, request_w, event_r, event_w):
                 os.close(fd)
@@ -780,33 +1002,47 @@ def _tail(path: Path) -> str:
 def warm_up(spec: JobSpec) -> dict[str, Any]:
     """Import what every candidate child needs, without initializing CUDA or starting OpenMP threads.
 
-    For inductor on the CPU it also runs inductor's vector-ISA probe (a few small C++ builds, each
-    checked by a `python -c` dlopen subprocess): its result is cached in this process, so every
-    forked child inherits it instead of probing again. The server runs this right after forking its
-    first child (prepare, which needs none of it), so the two overlap.
+    For inductor on the CPU it also runs `_warm_inductor_cpu`, whose results every forked child
+    inherits. The server runs this right after forking its first child (prepare, which needs none
+    of it), so the two overlap; a server forked from a warm `preload()`ed origin skips it.
     """
     started = time.monotonic()
+    _import_compiler_modules()
     import torch
-    import torch._dynamo
+
+    imported = time.monotonic()
+    if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
+        _warm_inductor_cpu()
+    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - started, 3),
+            "cuda_initialized": bool(torch.cuda.is_initialized())}
+
+
+def _warm_inductor_cpu() -> None:
+    """Inductor's vector-ISA probe (a few small C++ builds, each checked by a `python -c` dlopen
+    subprocess; cached in this process) and a compile-only warm-up (`_compile_warm_up_graph`)."""
     import torch._inductor.codecache
-    import torch._inductor.compile_fx
     import torch._inductor.config as inductor_config
     import torch._inductor.cpu_vec_isa as cpu_vec_isa
-    import torch.export
-
-    from . import backends, runner  # noqa: F401
 
     inductor_config.compile_threads = 1
     if hasattr(torch._inductor.codecache, "_HEADER_DIR"):
         # Precompiled headers go under the temp dir by default, which is per job: keep them with the caches.
         torch._inductor.codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
                                                              "precompiled_headers")
-    imported = time.monotonic()
-    if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
-        cpu_vec_isa.pick_vec_isa()
-        _compile_warm_up_graph()
-    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - started, 3),
-            "cuda_initialized": bool(torch.cuda.is_initialized())}
+    cpu_vec_isa.pick_vec_isa()
+    _compile_warm_up_graph()
+
+
+def _import_compiler_modules() -> None:
+    """What every candidate child imports: torch, dynamo, inductor's compiler, export, our runner."""
+    import torch
+    import torch._dynamo
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx
+    import torch._inductor.cpu_vec_isa
+    import torch.export  # noqa: F401
+
+    from . import backends, runner  # noqa: F401
 
 
 def _compile_warm_up_graph() -> None:
@@ -842,24 +1078,32 @@ def _server_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-fd", type=int, required=True)
     parser.add_argument("--event-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    options = _ServerOptions(root=args.root, workdir=args.workdir, spec_json=args.spec, parallelism=args.parallelism,
+                             threads=args.threads, parent_pid=args.parent_pid, values=args.values,
+                             warm=not args.no_warm)
+    return _run_server(options, args.request_fd, args.event_fd)
+
+
+def _run_server(options: _ServerOptions, request_fd: int, event_fd: int) -> int:
+    """The fork server's life, spawned (`python -m minify_worker.sandbox`) or forked from a preloaded parent."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != args.parent_pid:
+    if os.getppid() != options.parent_pid:
         return 1
     guardian_fd = _start_guardian()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server = _Server(args.root, args.workdir, JobSpec.model_validate_json(args.spec), args.parallelism,
-                     args.threads, args.request_fd, args.event_fd, guardian_fd=guardian_fd)
+    server = _Server(options.root, options.workdir, JobSpec.model_validate_json(options.spec_json),
+                     options.parallelism, options.threads, request_fd, event_fd, guardian_fd=guardian_fd)
     try:
         started = time.monotonic()
         import torch  # every child needs it
 
         info: dict[str, Any] = {"imports_s": round(time.monotonic() - started, 3), "warmup_s": 0.0,
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
-        if not args.no_warm:
+        if options.warm and not _fork_origin_warm:
             server.deferred_warm_up = lambda: warm_up(server.spec)
-        if args.values is not None:
-            loaded = server.load_values(str(args.values))
+        if options.values is not None:
+            loaded = server.load_values(str(options.values))
             if not loaded["ok"]:
                 server.emit({"event": "fatal", "message": loaded["error"]})
                 return 2
