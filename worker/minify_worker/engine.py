@@ -15,18 +15,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.fx as fx
 
-from minify_client.models import JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
+from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
 from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program, wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
@@ -102,10 +102,10 @@ class _SandboxEvaluator:
             self._started.append(self.pool)
         return self.pool
 
-    def submit(self, graph: fx.Graph) -> Future[Outcome]:
+    def submit(self, graph: fx.Graph, timeout_s: float | None = None) -> Future[Outcome]:
         pool = self.live_pool()
         outer: Future[Outcome] = Future()
-        inner = pool.submit(graph_to_wire(graph), timeout_s=self.timeout_s)
+        inner = pool.submit(graph_to_wire(graph), timeout_s=timeout_s or self.timeout_s)
         self._inner[outer] = inner
 
         def settle(done: Future[Outcome]) -> None:
@@ -123,6 +123,17 @@ class _SandboxEvaluator:
 
         inner.add_done_callback(settle)
         return outer
+
+    def warm_with(self, graph: fx.Graph, timeout_s: float) -> None:
+        """`SandboxPool.warm_with` on the first fork server only: never on one started after a death."""
+        if self.restarts == 0 and self._dead is not self.pool:
+            self.pool.warm_with(graph_to_wire(graph), timeout_s)
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """The timeout of every later candidate, and of those already submitted."""
+        self.timeout_s = timeout_s
+        for inner in list(self._inner.values()):
+            self.pool.set_timeout(inner, timeout_s)
 
     def cancel(self, future: Future[Outcome]) -> None:
         inner = self._inner.get(future)
@@ -199,75 +210,132 @@ class _Run:
             self._record_point()
             if self.cancel.is_set():
                 return self._finish(JobState.cancelled, "cancelled before it started")
-            reproduced = self._reproduce(pool, graph)
-            if reproduced is not None:
-                return reproduced
-            assert self.signature is not None and self.candidate_timeout_s is not None
             evaluator = _SandboxEvaluator(
-                pool, self.candidate_timeout_s,
+                pool, self._first_timeout(),
                 restart=lambda: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism),
             )
-            target, failure = self.signature, self.spec.failure
             self.scheduler = Scheduler(
                 evaluator,
-                lambda outcome: oracle.still_fails(outcome, target, failure),
+                self._still_fails,
                 parallelism=parallelism,
                 on_check=self._emit,
                 should_stop=self._stop_reason,
             )
-            self.scheduler.remember(graph, Fails(target))
-            status, reason = JobState.succeeded, None
-            self._enter_phase("reduce")
             try:
-                try:
-                    reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
-                except Stopped as stopped:
-                    status, reason = self._status_when_stopped(stopped.reason)
-                if status is JobState.cancelled:
-                    return self._finish(status, reason)
-                self._enter_phase("artifacts")
-                self._emit(force=True, message="writing artifacts")
-                written = self._write_program_artifacts(evaluator.live_pool())
+                return self._reproduce_and_reduce(evaluator, graph)
+            except _Unreproduced as unreproduced:
+                return unreproduced.result
             finally:
                 evaluator.close()
+
+    def _reproduce_and_reduce(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
+        """Run the original, and reduce at once: candidates run while the original does, and are
+        judged once its signature is known (`_target`); the flakiness re-runs of the original run
+        alongside the reduction (`_confirm_original`)."""
+        self._start_original(evaluator, graph)
+        status, reason = JobState.succeeded, None
+        try:
+            reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
+            self._target()  # a graph that offered no candidate at all never asked for it
+        except Stopped as stopped:
+            if self.signature is None:  # stopped before the original's outcome was known
+                self._cancel_originals()
+                return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
+            status, reason = self._status_when_stopped(stopped.reason)
+        if status is JobState.cancelled:
+            self._cancel_originals()
+            return self._finish(status, reason)
+        self._confirm_original()
+        self._enter_phase("artifacts")
+        self._emit(force=True, message="writing artifacts")
+        written = self._write_program_artifacts(evaluator.live_pool())
         return self._finish(status, reason, written)
 
-    def _reproduce(self, pool: SandboxPool, graph: fx.Graph) -> MinifyResult | None:
-        """Run the original several times: target signature, flakiness, calibrated timeout."""
-        self._enter_phase("reproduce")
-        runs = max(2, min(MAX_ORIGINAL_RUNS, pool.parallelism))
-        self._emit(force=True, message=f"running the original {runs} times")
-        failure = self.spec.failure
+    # -- the original ----------------------------------------------------------------------
+
+    def _first_timeout(self) -> float:
+        """A run of the original (and a candidate before calibration) may take this long."""
         bound = self.spec.limits.candidate_timeout_s
-        first_timeout = bound or (DEFAULT_TIMEOUT_FAILURE_S if failure.kind == "timeout" else self._remaining())
-        wire = graph_to_wire(graph)
-        futures = [pool.submit(wire, timeout_s=first_timeout) for _ in range(runs)]
-        reason = wait_unless_stopped(pool, futures, self._stop_reason)
-        if reason:
-            return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, reason)
-        outcomes: list[Outcome] = [future.result() for future in futures]
-        self.original_runs = len(outcomes)
-        target = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
-                       and oracle.still_fails(o, sig, failure)), None)
-        if target is None and all(outcome.kind == "invalid" for outcome in outcomes):
-            return self._finish(JobState.failed, f"the program could not be run: {outcomes[0].message}")  # type: ignore[union-attr]
-        if target is None:
-            return self._finish(JobState.not_reproducible, _not_reproducible_reason(outcomes, self.spec))
+        return bound or (DEFAULT_TIMEOUT_FAILURE_S if self.spec.failure.kind == "timeout" else self._remaining())
+
+    def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
+        self._enter_phase("reproduce")
+        self._evaluator, self._original = evaluator, graph
+        assert self.scheduler is not None
+        self._original_runs_wanted = max(2, min(MAX_ORIGINAL_RUNS, self.scheduler.parallelism))
+        self._originals = [evaluator.submit(graph, timeout_s=self._first_timeout())]
+        self._emit(force=True, message="running the original")
+
+    def _still_fails(self, outcome: Outcome) -> bool:
+        return oracle.still_fails(outcome, self._target(), self.spec.failure)
+
+    def _target(self) -> Signature:
+        """The original's signature: waits for its first run; if that did not fail the wanted way,
+        for the other runs too. Raises `_Unreproduced` when none did, `Stopped` on a cancel."""
+        if self.signature is not None:
+            return self.signature
+        failure = self.spec.failure
+        self._wait_for(self._originals[:1])
+        target = _target_of([self._originals[0].result()], failure)
+        more = self._original_runs_wanted - 1
+        self._originals += [self._evaluator.submit(self._original, timeout_s=self._first_timeout())
+                            for _ in range(more)]
+        if target is None:  # maybe flaky: the other runs decide, before anything is judged
+            self._wait_for(self._originals)
+            outcomes = [future.result() for future in self._originals]
+            self.original_runs = len(outcomes)
+            target = _target_of(outcomes, failure)
+            if target is None and all(outcome.kind == "invalid" for outcome in outcomes):
+                raise _Unreproduced(self._finish(
+                    JobState.failed, f"the program could not be run: {outcomes[0].message}"))  # type: ignore[union-attr]
+            if target is None:
+                raise _Unreproduced(self._finish(JobState.not_reproducible,
+                                                 _not_reproducible_reason(outcomes, self.spec)))
         self.signature = target
-        failing = [o for o in outcomes if oracle.still_fails(o, target, failure)]
-        self.original_failures = len(failing)
-        self.flaky = len(failing) < len(outcomes)
+        assert self.scheduler is not None
+        self.scheduler.remember(self._original, Fails(target))
+        finished = [future.result() for future in self._originals if future.done()]
         if failure.kind == "timeout":
-            self.candidate_timeout_s = first_timeout
+            self.candidate_timeout_s = self._first_timeout()
         else:
-            slowest = max(_duration(o) for o in outcomes)
+            slowest = max(_duration(outcome) for outcome in finished)
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * slowest)
+            bound = self.spec.limits.candidate_timeout_s
             self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
-        message = f"reproduced: {target}"
+            self._evaluator.set_timeout(self.candidate_timeout_s)
+        first = self._originals[0].result() if self._originals[0].done() else None
+        if first is not None and _compiled_safely(first):
+            # A child compiled the original without crashing or hanging: the fork server compiles it
+            # too, so that every later candidate starts from inductor's state for this program.
+            self._evaluator.warm_with(self._original, self.candidate_timeout_s)
+        self._enter_phase("reduce")
+        self._emit(force=True, message=f"reproduced: {target}")
+        return target
+
+    def _confirm_original(self) -> None:
+        """Wait for the original's other runs (they ran alongside the reduction): flaky or not."""
+        assert self.signature is not None
+        reason = wait_unless_stopped(self._evaluator.pool, self._originals, self._stop_reason)
+        if reason:
+            self._cancel_originals()
+        outcomes = [future.result() for future in self._originals if future.done() and not future.cancelled()]
+        failing = [o for o in outcomes if oracle.still_fails(o, self.signature, self.spec.failure)]
+        self.original_runs, self.original_failures = len(outcomes), len(failing)
+        self.flaky = len(failing) < len(outcomes)
         if self.flaky:
-            message += f" (flaky: failed {len(failing)} of {len(outcomes)} runs)"
-        self._emit(force=True, message=message)
-        return None
+            self._emit(force=True, message=f"flaky: the original failed {len(failing)} of {len(outcomes)} runs")
+
+    def _cancel_originals(self) -> None:
+        for future in getattr(self, "_originals", []):
+            if not future.done():
+                self._evaluator.cancel(future)
+
+    def _wait_for(self, futures: list[Future[Outcome]]) -> None:
+        while not all(future.done() for future in futures):
+            reason = self._stop_reason()
+            if reason:
+                raise Stopped(reason)
+            wait(futures, timeout=0.1)
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
@@ -394,6 +462,26 @@ class _Run:
             self.on_event(event)
         except Exception:  # a broken subscriber must not break the job
             log.exception("progress callback failed")
+
+
+class _Unreproduced(Exception):
+    """The original did not fail the wanted way in any run: the job ends with `result`."""
+
+    def __init__(self, result: MinifyResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
+def _target_of(outcomes: list[Outcome], failure: FailureSpec) -> Signature | None:
+    """The signature of the first outcome that fails the way `failure` asks for."""
+    return next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
+                 and oracle.still_fails(o, sig, failure)), None)
+
+
+def _compiled_safely(outcome: Outcome) -> bool:
+    """The child got through the compile by itself: no crash, hang or out-of-memory."""
+    return isinstance(outcome, Passes) or (
+        isinstance(outcome, Fails) and outcome.signature.kind in ("compile_error", "runtime_error", "accuracy"))
 
 
 def _duration(outcome: Outcome) -> float:

@@ -26,6 +26,8 @@ API (parent side)::
     pool = SandboxPool(workdir, values_path, spec, parallelism)   # values_path may be None
     future = pool.submit(wire_graph, timeout_s, purpose="candidate")   # Future[Outcome]
     pool.cancel(future)               # or future.cancel(): kills that child
+    pool.set_timeout(future, 30.0)    # a new timeout for a queued or running request
+    pool.warm_with(wire_graph, 60.0)  # the server compiles a known-safe graph, for its later children
     value = pool.call("minify_worker.artifacts:write_minimized", kwargs, timeout_s)   # -> dict
     pool.load_values(values_path)     # (re)load the value store in the server, e.g. after prepare
     pool.wait_ready(timeout_s)        # -> the server's warm-up report
@@ -416,7 +418,9 @@ class SandboxPool:
             log.debug("sandbox: spawning the fork server (%s)", refusal)
         self._environment = self._server_environment(env)
         # The I/O thread starts the server: PR_SET_PDEATHSIG follows the thread that forked it,
-        # and this thread lives exactly as long as the pool.
+        # and this thread lives exactly as long as the pool. (Its fresh context also means that a
+        # forked server sees inductor's defaults, not config overrides of whoever made the pool:
+        # inductor keeps those per thread context. Children see the spec's config only.)
         self._thread = threading.Thread(target=self._serve, name="minify-sandbox-io", daemon=True)
         self._thread.start()
         self._spawned.wait()
@@ -465,6 +469,25 @@ class SandboxPool:
     def cancel(self, future: Future) -> bool:
         """Cancel a submitted request: a queued one never starts, a running child is killed."""
         return future.cancel()
+
+    def warm_with(self, wire_graph: dict[str, Any], timeout_s: float) -> None:
+        """Have the fork server compile (never run) this graph itself, once its running children
+        are forked, so that every later child inherits inductor's state for graphs like it.
+
+        Only for a graph a child already compiled without crashing or hanging (the original):
+        the server is what every child comes from. A warm-up that raises (the bug itself, most
+        likely) is fine; one that outlives `timeout_s` is interrupted. Inductor on the CPU only.
+        """
+        self._send({"op": "warm", "graph": wire_graph, "timeout_s": timeout_s}, quiet=True)
+
+    def set_timeout(self, future: Future, timeout_s: float | None) -> None:
+        """Change a submitted request's timeout (counted from its child's start, as before)."""
+        with self._lock:
+            request_id = next((rid for rid, item in self._pending.items() if item.future is future), None)
+            if request_id is None:
+                return
+            self._pending[request_id].timeout_s = timeout_s
+        self._send({"op": "timeout", "id": request_id, "timeout_s": timeout_s}, quiet=True)
 
     def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for the server's warm-up; returns its report (warmup_s, cuda_initialized, ...)."""
@@ -705,6 +728,7 @@ class _Server:
     wake_w: int = -1
     selector: selectors.BaseSelector | None = None
     deferred_warm_up: Callable[[], dict[str, Any]] | None = None
+    pending_warm: dict[str, Any] | None = None
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -717,6 +741,10 @@ class _Server:
         op = message.get("op")
         if op == "kill":
             self.kill_request(message["id"])
+        elif op == "timeout":
+            self.set_timeout(message["id"], message.get("timeout_s"))
+        elif op == "warm":
+            self.pending_warm = message
         elif op == "run" and message.get("kind") == "load_values":
             self.emit({"event": "done", "id": message["id"], "result": self.load_values(message["path"])})
         elif op == "run":
@@ -730,6 +758,17 @@ class _Server:
         except Exception as error:
             return {"ok": False, "error": f"cannot load the value store {path}: {type(error).__name__}: {error}"}
         return {"ok": True, "value": {"names": len(self.values)}}
+
+    def set_timeout(self, request_id: int, timeout_s: float | None) -> None:
+        for message in self.queue:
+            if message["id"] == request_id:
+                message["timeout_s"] = timeout_s
+                return
+        for child in self.running.values():
+            if child.request["id"] == request_id:
+                child.request["timeout_s"] = timeout_s
+                child.deadline = child.started + float(timeout_s) if timeout_s else None
+                return
 
     def kill_request(self, request_id: int) -> None:
         for message in list(self.queue):
@@ -797,6 +836,38 @@ class _Server:
         os.replace(temporary, result_path)
         sys.stdout.flush()
         sys.stderr.flush()
+
+    def warm_with(self, wire_graph: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Compile `wire_graph` here (see `SandboxPool.warm_with`); children forked later inherit it."""
+        if self.spec.backend != "inductor" or self.spec.device_class != "cpu":
+            return {"warm_with": "skipped: inductor on the CPU only"}
+        from .runner import compile_only
+
+        def interrupt(*_: object) -> None:
+            raise TimeoutError(f"the server's warm-up compile took over {timeout_s:g} s")
+
+        import torch
+        import torch._inductor.config as inductor_config
+
+        started = time.monotonic()
+        threads = (_native_threads_beyond_python(), threading.active_count())
+        torch.set_num_threads(1)  # no OpenMP team in the server, whatever the compile touches
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            with inductor_config.patch(compile_threads=1):  # no compile thread pool in the server either
+                result = compile_only(wire_graph, self.values, self.spec)
+        except BaseException as error:  # TimeoutError from the alarm, or anything compile_only let through
+            result = f"{type(error).__name__}: {error}"[:200]
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if (_native_threads_beyond_python(), threading.active_count()) != threads:
+            # Children forked from here now would hang: end this server, the pool's owner starts another.
+            self.emit({"event": "fatal", "message": "the warm-up compile started native threads in the fork server"})
+            self.shutdown()
+            os._exit(3)
+        return {"warm_with": result, "warm_with_s": round(time.monotonic() - started, 3)}
 
     def run_request(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["kind"] == "candidate":
@@ -894,6 +965,9 @@ class _Server:
                 # After the first requests are forked (prepare needs no warm-up), before any later one.
                 warm, self.deferred_warm_up = self.deferred_warm_up, None
                 self.emit({"event": "warm", **warm()})
+            if self.pending_warm is not None:
+                message, self.pending_warm = self.pending_warm, None
+                self.emit({"event": "warm", **self.warm_with(message["graph"], float(message["timeout_s"]))})
             listened = True
             wait = 0.2 if self.deferred_warm_up is not None else self.next_wakeup()
             for key, _ in self.selector.select(wait):
@@ -1097,7 +1171,12 @@ def _run_server(options: _ServerOptions, request_fd: int, event_fd: int) -> int:
     try:
         started = time.monotonic()
         import torch  # every child needs it
+        import torch._inductor.config as inductor_config
 
+        # One compile thread per child (children run side by side instead). Inductor keeps config
+        # overrides per thread context, so a server forked from another thread than the one that
+        # preloaded would not see preload()'s: set it here, in the context every child inherits.
+        inductor_config.compile_threads = 1
         info: dict[str, Any] = {"imports_s": round(time.monotonic() - started, 3), "warmup_s": 0.0,
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
         if options.warm and not _fork_origin_warm:

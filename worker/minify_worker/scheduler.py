@@ -90,6 +90,10 @@ class Scheduler:
         self._running: dict[str, Future[Outcome]] = {}
         self.stats = Stats()
 
+    @property
+    def parallelism(self) -> int:
+        return self._parallelism
+
     def remember(self, graph: fx.Graph, outcome: Outcome) -> None:
         """Seed the memo, e.g. with the original program's outcome."""
         self._memo[structural_hash(graph)] = outcome

@@ -248,3 +248,10 @@ def kill_sandbox_on(op: str) -> Backend:
 
 kill_sandbox_on_relu = kill_sandbox_on("relu")
 fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", kill_sandbox_on("sin")))
+
+
+def inductor_config_values(context: object, keys: list[str]) -> dict[str, Any]:
+    """A `SandboxPool.call` target: these `torch._inductor.config` values as a child sees them."""
+    import torch._inductor.config as inductor_config
+
+    return {key: getattr(inductor_config, key) for key in keys}
