@@ -7,7 +7,10 @@ chosen ops, and checks the job ends on the right single op without drifting to a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -229,3 +232,18 @@ def test_a_candidate_that_kills_the_fork_server_costs_that_candidate_not_the_job
     assert ops_of(result.report.graph_code or "") == ["relu"]
     assert result.report.outcomes.get("invalid", 0) >= 1
     assert "minimized.pt2" in result.artifacts
+
+
+def test_the_offline_command_minifies_with_its_fork_server_forked_from_itself(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu", "cos"))
+    env = dict(os.environ, MINIFY_ALLOWED_BACKENDS=TESTING)
+
+    done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
+                           f"{TESTING}:fail_on_relu", "--out", str(tmp_path / "out"), "--json"],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert ops_of(report["graph_code"]) == ["relu"]
+    assert report["sandbox_start"] == "fork"  # the command preloaded itself, as the RQ worker does
+    assert (tmp_path / "out" / "repro.py").is_file()

@@ -55,7 +55,10 @@ def minify_command(argv: list[str]) -> int:
         parser.error(f"{args.inputs}: no such file")
 
     from minify_worker.engine import minify
+    from minify_worker.sandbox import preload
 
+    # As the RQ worker does at start: the job's fork server is then forked from this process, warm.
+    preload(warm=spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu")
     cancel = threading.Event()
     display = _ProgressDisplay(enabled=not args.quiet and not args.json)
     try:

@@ -26,7 +26,7 @@ from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, 
 from minify_worker import artifacts, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
+from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
 from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program, wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 
@@ -123,11 +123,6 @@ class _SandboxEvaluator:
 
         inner.add_done_callback(settle)
         return outer
-
-    def warm_with(self, graph: fx.Graph, timeout_s: float) -> None:
-        """`SandboxPool.warm_with` on the first fork server only: never on one started after a death."""
-        if self.restarts == 0 and self._dead is not self.pool:
-            self.pool.warm_with(graph_to_wire(graph), timeout_s)
 
     def set_timeout(self, timeout_s: float) -> None:
         """The timeout of every later candidate, and of those already submitted."""
@@ -303,11 +298,6 @@ class _Run:
             bound = self.spec.limits.candidate_timeout_s
             self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
             self._evaluator.set_timeout(self.candidate_timeout_s)
-        first = self._originals[0].result() if self._originals[0].done() else None
-        if first is not None and _compiled_safely(first):
-            # A child compiled the original without crashing or hanging: the fork server compiles it
-            # too, so that every later candidate starts from inductor's state for this program.
-            self._evaluator.warm_with(self._original, self.candidate_timeout_s)
         self._enter_phase("reduce")
         self._emit(force=True, message=f"reproduced: {target}")
         return target
@@ -476,12 +466,6 @@ def _target_of(outcomes: list[Outcome], failure: FailureSpec) -> Signature | Non
     """The signature of the first outcome that fails the way `failure` asks for."""
     return next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
                  and oracle.still_fails(o, sig, failure)), None)
-
-
-def _compiled_safely(outcome: Outcome) -> bool:
-    """The child got through the compile by itself: no crash, hang or out-of-memory."""
-    return isinstance(outcome, Passes) or (
-        isinstance(outcome, Fails) and outcome.signature.kind in ("compile_error", "runtime_error", "accuracy"))
 
 
 def _duration(outcome: Outcome) -> float:

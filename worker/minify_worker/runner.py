@@ -118,26 +118,6 @@ def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec:
     return outcome
 
 
-def compile_only(wire_graph: dict[str, Any], values: dict[str, Any], spec: JobSpec) -> str:
-    """Compile the candidate with the spec's inductor config and never run it; what happened, in words.
-
-    The fork server calls this on the original once a child has compiled it safely, so that the
-    children after it start from inductor's warm state for this program (sympy's caches, loaded
-    kernels): a candidate's compile then costs a third to half less. Raising is expected (a
-    compile error is what the job is about) and answers with the error's type.
-    """
-    from torch._inductor.compile_fx import compile_fx
-
-    try:
-        gm, inputs = build_candidate(wire_graph, values)
-        apply_inductor_config(spec.config)
-        with torch.no_grad():
-            compile_fx(gm, inputs)  # compiling reads the inputs' metadata, never their values
-    except Exception as error:
-        return f"raised {type(error).__name__}"
-    return "compiled"
-
-
 def damaged_cache_files(outcome: Outcome) -> list[Path]:
     """Binaries inside the compile caches that `outcome`'s error says are damaged (truncated)."""
     if not isinstance(outcome, Fails):

@@ -27,7 +27,6 @@ API (parent side)::
     future = pool.submit(wire_graph, timeout_s, purpose="candidate")   # Future[Outcome]
     pool.cancel(future)               # or future.cancel(): kills that child
     pool.set_timeout(future, 30.0)    # a new timeout for a queued or running request
-    pool.warm_with(wire_graph, 60.0)  # the server compiles a known-safe graph, for its later children
     value = pool.call("minify_worker.artifacts:write_minimized", kwargs, timeout_s)   # -> dict
     pool.load_values(values_path)     # (re)load the value store in the server, e.g. after prepare
     pool.wait_ready(timeout_s)        # -> the server's warm-up report
@@ -470,16 +469,6 @@ class SandboxPool:
         """Cancel a submitted request: a queued one never starts, a running child is killed."""
         return future.cancel()
 
-    def warm_with(self, wire_graph: dict[str, Any], timeout_s: float) -> None:
-        """Have the fork server compile (never run) this graph itself, once its running children
-        are forked, so that every later child inherits inductor's state for graphs like it.
-
-        Only for a graph a child already compiled without crashing or hanging (the original):
-        the server is what every child comes from. A warm-up that raises (the bug itself, most
-        likely) is fine; one that outlives `timeout_s` is interrupted. Inductor on the CPU only.
-        """
-        self._send({"op": "warm", "graph": wire_graph, "timeout_s": timeout_s}, quiet=True)
-
     def set_timeout(self, future: Future, timeout_s: float | None) -> None:
         """Change a submitted request's timeout (counted from its child's start, as before)."""
         with self._lock:
@@ -728,7 +717,6 @@ class _Server:
     wake_w: int = -1
     selector: selectors.BaseSelector | None = None
     deferred_warm_up: Callable[[], dict[str, Any]] | None = None
-    pending_warm: dict[str, Any] | None = None
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -743,8 +731,7 @@ class _Server:
             self.kill_request(message["id"])
         elif op == "timeout":
             self.set_timeout(message["id"], message.get("timeout_s"))
-        elif op == "warm":
-            self.pending_warm = message
+
         elif op == "run" and message.get("kind") == "load_values":
             self.emit({"event": "done", "id": message["id"], "result": self.load_values(message["path"])})
         elif op == "run":
@@ -836,38 +823,6 @@ class _Server:
         os.replace(temporary, result_path)
         sys.stdout.flush()
         sys.stderr.flush()
-
-    def warm_with(self, wire_graph: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Compile `wire_graph` here (see `SandboxPool.warm_with`); children forked later inherit it."""
-        if self.spec.backend != "inductor" or self.spec.device_class != "cpu":
-            return {"warm_with": "skipped: inductor on the CPU only"}
-        from .runner import compile_only
-
-        def interrupt(*_: object) -> None:
-            raise TimeoutError(f"the server's warm-up compile took over {timeout_s:g} s")
-
-        import torch
-        import torch._inductor.config as inductor_config
-
-        started = time.monotonic()
-        threads = (_native_threads_beyond_python(), threading.active_count())
-        torch.set_num_threads(1)  # no OpenMP team in the server, whatever the compile touches
-        previous = signal.signal(signal.SIGALRM, interrupt)
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            with inductor_config.patch(compile_threads=1):  # no compile thread pool in the server either
-                result = compile_only(wire_graph, self.values, self.spec)
-        except BaseException as error:  # TimeoutError from the alarm, or anything compile_only let through
-            result = f"{type(error).__name__}: {error}"[:200]
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        if (_native_threads_beyond_python(), threading.active_count()) != threads:
-            # Children forked from here now would hang: end this server, the pool's owner starts another.
-            self.emit({"event": "fatal", "message": "the warm-up compile started native threads in the fork server"})
-            self.shutdown()
-            os._exit(3)
-        return {"warm_with": result, "warm_with_s": round(time.monotonic() - started, 3)}
 
     def run_request(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["kind"] == "candidate":
@@ -965,9 +920,6 @@ class _Server:
                 # After the first requests are forked (prepare needs no warm-up), before any later one.
                 warm, self.deferred_warm_up = self.deferred_warm_up, None
                 self.emit({"event": "warm", **warm()})
-            if self.pending_warm is not None:
-                message, self.pending_warm = self.pending_warm, None
-                self.emit({"event": "warm", **self.warm_with(message["graph"], float(message["timeout_s"]))})
             listened = True
             wait = 0.2 if self.deferred_warm_up is not None else self.next_wakeup()
             for key, _ in self.selector.select(wait):
