@@ -435,7 +435,7 @@ class _Run:
         stats = self.scheduler.stats if self.scheduler else None
         event = ProgressEvent(
             type="status" if status is not None else "progress",
-            phase=stats.phase if stats and self.phase not in ("done", "artifacts") else self.phase,
+            phase=stats.phase if stats and self.phase == "reduce" else self.phase,
             nodes_original=self.nodes_original,
             nodes_current=count_ops(self.best) if self.best is not None else None,
             checks_total=stats.checks_total if stats else 0,
