@@ -153,8 +153,11 @@ def wait_healthy(url: str, workers: int, process: subprocess.Popen, timeout_s: f
 @contextmanager
 def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers: int = 1,
                   tokens: list[str] | None = None, args: list[str] | None = None,
-                  timeout_s: float = 60.0) -> Iterator[Service]:
+                  timeout_s: float = 240.0) -> Iterator[Service]:
     """The real `minify-server` on a free port with an embedded Redis in `data_dir` and `workers` workers.
+
+    A worker counts once it has registered, after its preload (torch and inductor imports, and on a
+    machine whose compile cache is still empty, inductor's first compile: tens of seconds).
 
     `env` adds to (or overrides) the environment; the test backends are allowed by default.
     Yields a Service; stops it on exit and fails if any of its processes is left.
