@@ -110,6 +110,9 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
     assert set(artifacts) >= {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
     assert f"minify-client download {job_id}" in page.inner_text("#result")
     assert "python repro.py" in page.inner_text("#result")
+    facts = page.inner_text("dl.spec")
+    assert "Time by phase" in facts and all(phase in facts for phase in report["phase_s"])
+    assert "forked from the warm worker" in facts
 
     with page.expect_download() as download_info:
         page.click("[data-artifact='repro.py']")

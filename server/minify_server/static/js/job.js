@@ -158,6 +158,11 @@ export function renderJob(root, id) {
     if (result?.torch_version) rows.push(["Torch", result.torch_version]);
     if (result?.candidate_timeout_s) rows.push(["Candidate timeout", formatDuration(result.candidate_timeout_s)]);
     if (result?.original_runs) rows.push(["Original runs", `${result.original_failures} of ${result.original_runs} failed`]);
+    const phases = Object.entries(result?.phase_s || {});
+    if (phases.length) rows.push(["Time by phase", phases.map(([name, seconds]) => `${name} ${formatDuration(seconds)}`).join(" · ")]);
+    if (result?.sandbox_start) {
+      rows.push(["Sandbox", result.sandbox_start === "fork" ? "forked from the warm worker" : "started a fresh Python"]);
+    }
     specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
   }
 
