@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,8 +32,9 @@ from minify_worker.scheduler import Scheduler, Stopped, reduce
 
 log = logging.getLogger(__name__)
 
-# The original runs this many times (in parallel) before minimizing, to find its signature and
-# tell a flaky failure from a steady one; never fewer than 2, never more than run at once.
+# The original runs this many times, to find its signature and tell a flaky failure from a steady
+# one: the first run alone, the others beside the reduction; never fewer than 2, never more than
+# run at once.
 MAX_ORIGINAL_RUNS = 3
 # A candidate may take this many times the original's slowest run before it counts as a hang:
 # candidates are smaller, but their compiles can miss caches the original's warmed.
@@ -165,6 +166,7 @@ class _Run:
         self.original_runs = 0
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
+        self._originals: list[Future[Outcome]] = []  # runs of the original, the first one first
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -270,13 +272,13 @@ class _Run:
         if self.signature is not None:
             return self.signature
         failure = self.spec.failure
-        self._wait_for(self._originals[:1])
+        self._wait_for_originals(self._originals[:1])
         target = _target_of([self._originals[0].result()], failure)
         more = self._original_runs_wanted - 1
         self._originals += [self._evaluator.submit(self._original, timeout_s=self._first_timeout())
                             for _ in range(more)]
         if target is None:  # maybe flaky: the other runs decide, before anything is judged
-            self._wait_for(self._originals)
+            self._wait_for_originals(self._originals)
             outcomes = [future.result() for future in self._originals]
             self.original_runs = len(outcomes)
             target = _target_of(outcomes, failure)
@@ -305,9 +307,7 @@ class _Run:
     def _confirm_original(self) -> None:
         """Wait for the original's other runs (they ran alongside the reduction): flaky or not."""
         assert self.signature is not None
-        reason = wait_unless_stopped(self._evaluator.pool, self._originals, self._stop_reason)
-        if reason:
-            self._cancel_originals()
+        wait_unless_stopped(self._evaluator, self._originals, self._stop_reason)  # a stop cancels the rest
         outcomes = [future.result() for future in self._originals if future.done() and not future.cancelled()]
         failing = [o for o in outcomes if oracle.still_fails(o, self.signature, self.spec.failure)]
         self.original_runs, self.original_failures = len(outcomes), len(failing)
@@ -316,16 +316,14 @@ class _Run:
             self._emit(force=True, message=f"flaky: the original failed {len(failing)} of {len(outcomes)} runs")
 
     def _cancel_originals(self) -> None:
-        for future in getattr(self, "_originals", []):
+        for future in self._originals:
             if not future.done():
                 self._evaluator.cancel(future)
 
-    def _wait_for(self, futures: list[Future[Outcome]]) -> None:
-        while not all(future.done() for future in futures):
-            reason = self._stop_reason()
-            if reason:
-                raise Stopped(reason)
-            wait(futures, timeout=0.1)
+    def _wait_for_originals(self, futures: list[Future[Outcome]]) -> None:
+        reason = wait_unless_stopped(self._evaluator, futures, self._stop_reason)
+        if reason:
+            raise Stopped(reason)
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)

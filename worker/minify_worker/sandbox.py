@@ -60,11 +60,12 @@ import traceback
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from minify_client.models import JobSpec
 
@@ -207,14 +208,15 @@ def preload(warm: bool = True) -> dict[str, float]:
         with _compile_cache_environment():
             _warm_inductor_cpu()
         warmed = True
+    timings = {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
     if _native_threads_beyond_python() > before:
         log.warning("sandbox: the warm-up started native threads; pools will spawn their fork server")
-        return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
+        return timings
     if _fork_origin_native_threads is None:
         os.register_at_fork(before=_check_clean_before_fork, after_in_child=_mark_child_of_clean_origin)
     _fork_origin_warm = warmed
     _mark_fork_origin()
-    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
+    return timings
 
 
 def _mark_fork_origin() -> None:
@@ -235,17 +237,22 @@ def _mark_child_of_clean_origin() -> None:
         _fork_origin_native_threads = None
 
 
-class _compile_cache_environment:
+def _compile_cache_variables(job_root: Path) -> dict[str, str]:
+    """The environment that points inductor and triton at `compile_cache_dir(job_root)`."""
+    caches = compile_cache_dir(job_root)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
+
+
+@contextmanager
+def _compile_cache_environment() -> Iterator[None]:
     """Point inductor and triton at the machine's compile cache (as pools do) for a while."""
-
-    def __enter__(self) -> None:
-        caches = compile_cache_dir(Path(tempfile.gettempdir()))
-        wanted = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
-        self._saved = {name: os.environ.get(name) for name in wanted}
-        os.environ.update(wanted)
-
-    def __exit__(self, *exc_info: object) -> None:
-        for name, value in self._saved.items():
+    wanted = _compile_cache_variables(Path(tempfile.gettempdir()))
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
@@ -281,10 +288,10 @@ class _ForkedServer:
         self.pid = pid
         self.returncode: int | None = None
 
-    def poll(self) -> int | None:
+    def poll(self, flags: int = os.WNOHANG) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, flags)
             except ChildProcessError:
                 self.returncode = -1
             else:
@@ -294,14 +301,7 @@ class _ForkedServer:
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is None:
-            while self.returncode is None:
-                try:
-                    _, status = os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    self.returncode = -1
-                else:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
+            return self.poll(flags=0)  # type: ignore[return-value]
         deadline = time.monotonic() + timeout
         while self.poll() is None:
             if time.monotonic() >= deadline:
@@ -428,11 +428,9 @@ class SandboxPool:
 
     def _server_environment(self, extra: dict[str, str] | None) -> dict[str, str]:
         environment = dict(os.environ)
-        caches = compile_cache_dir(self.root)
         environment.update({
             "TMPDIR": str(self.root / "tmp"),
-            "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-            "TRITON_CACHE_DIR": str(caches / "triton"),
+            **_compile_cache_variables(self.root),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
         })
@@ -731,7 +729,6 @@ class _Server:
             self.kill_request(message["id"])
         elif op == "timeout":
             self.set_timeout(message["id"], message.get("timeout_s"))
-
         elif op == "run" and message.get("kind") == "load_values":
             self.emit({"event": "done", "id": message["id"], "result": self.load_values(message["path"])})
         elif op == "run":
@@ -1147,16 +1144,14 @@ def _run_server(options: _ServerOptions, request_fd: int, event_fd: int) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = _server_main()
-    sys.stderr.flush()
-    os._exit(code)  # skip torch's and inductor's exit handlers: nothing of theirs needs to run here
+class _Cancels(Protocol):
+    def cancel(self, future: Future) -> object: ...
 
 
-def wait_unless_stopped(pool: SandboxPool, futures: list[Future],
+def wait_unless_stopped(pool: _Cancels, futures: list[Future],
                         should_stop: Callable[[], str | None] | None) -> str | None:
-    """Wait for every future; if `should_stop` answers a reason first, cancel them all (their
-    children die) and return that reason."""
+    """Wait for every future; if `should_stop` answers a reason first, cancel them all through
+    `pool` (a `SandboxPool`, or whatever submitted them: their children die) and return that reason."""
     while not all(future.done() for future in futures):
         reason = should_stop() if should_stop is not None else None
         if reason:
@@ -1197,3 +1192,9 @@ def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: Job
         if own_pool:
             active.close()
     return PreparedProgram.read(workdir)
+
+
+if __name__ == "__main__":
+    code = _server_main()
+    sys.stderr.flush()
+    os._exit(code)  # skip torch's and inductor's exit handlers: nothing of theirs needs to run here
