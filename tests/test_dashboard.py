@@ -154,6 +154,8 @@ def test_jobs_page_lists_every_job_and_filters_by_status(
 
     page.click("[data-filter=not_reproducible]")
     page.wait_for_selector(f"tr[data-job-id='{succeeded}']", state="detached")
+    # The filtered list is fetched and drawn anew: wait for it, not just for the old rows to go.
+    page.wait_for_selector(f"tr[data-job-id='{not_reproducible}']")
     statuses = page.eval_on_selector_all("tr.job-row", "rows => rows.map((r) => r.dataset.status)")
     assert statuses and set(statuses) == {"not_reproducible"}
     assert errors == []
