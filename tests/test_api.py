@@ -178,6 +178,11 @@ def test_invalid_spec_is_400_in_words(client: httpx.Client, programs: dict[str, 
     assert_error(response, 400, "invalid spec")
 
 
+def test_a_job_timeout_beyond_a_week_is_400(client: httpx.Client, programs: dict[str, Path]) -> None:
+    response = submit(client, programs["relu_cos"], {**FAIL_ON_RELU, "limits": {"job_timeout_s": 1e12}})
+    assert_error(response, 400, "limits.job_timeout_s: Input should be less than or equal to 604800")
+
+
 def test_backend_module_not_allowed_is_400(client: httpx.Client, programs: dict[str, Path]) -> None:
     response = submit(client, programs["relu_cos"], {"backend": "os:system"})
     assert_error(response, 400, "not allowed")

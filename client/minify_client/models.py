@@ -19,6 +19,9 @@ ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bund
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+# The longest a job or one candidate may be given: a week. Far larger values overflow the timers
+# they become (RQ's alarm, thread waits) and every attempt dies, so they are refused up front.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 class _Strict(BaseModel):
@@ -28,7 +31,7 @@ class _Strict(BaseModel):
 class FailureSpec(_Strict):
     """What "still fails" means for this job."""
 
-    kind: Literal["compile_error", "runtime_error", "crash", "accuracy", "timeout", "any"] = "any"
+    kind: Literal["compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any"] = "any"
     match: str | None = Field(
         default=None,
         description='Regex searched in "ExceptionType: message"; default: the signature of the original.',
@@ -48,8 +51,16 @@ class FailureSpec(_Strict):
 
 
 class Limits(_Strict):
-    candidate_timeout_s: float | None = Field(default=None, gt=0)
-    job_timeout_s: float = Field(default=3600, gt=0)
+    candidate_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    original_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S,
+        description="how long one run of the original may take (default: the worker's, minutes, not the job's hour)",
+    )
+    memory_mb: int | None = Field(
+        default=None, ge=64, le=1 << 24,
+        description="memory bound of one candidate's process group; default: the machine's memory / parallelism",
+    )
+    job_timeout_s: float = Field(default=3600, gt=0, le=MAX_TIMEOUT_S)
     parallelism: int | None = Field(default=None, ge=1, le=256)
 
 
@@ -151,6 +162,8 @@ class Report(BaseModel):
     elapsed_s: float = 0.0
     signature: str | None = None
     failure_kind: str | None = None
+    signature_chain: list[str] = Field(
+        default_factory=list, description="the failure's exception chain, outermost wrapper first, root cause last")
     flaky: bool = False
     original_runs: int = 0
     original_failures: int = 0
