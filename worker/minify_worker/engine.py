@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
 from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program, wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped, reduce
+from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class _Run:
 
     def execute(self, program: Path, inputs: Path | None) -> MinifyResult:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="minify-job-"))
+        workdir = make_job_dir()
         try:
             return self._execute(program, inputs, workdir)
         except SandboxError as error:  # the fork server itself died: no candidate can run any more
