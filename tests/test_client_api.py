@@ -106,7 +106,7 @@ def test_error_statuses_raise_the_matching_api_error_with_the_server_message(
 
 def test_a_closed_port_raises_connection_failed_naming_the_server():
     url = closed_port_url()
-    with Client(url) as client, pytest.raises(ConnectionFailed) as caught:
+    with Client(url, retry_for_s=0) as client, pytest.raises(ConnectionFailed) as caught:
         client.status("j1")
     assert str(caught.value).startswith(f"cannot reach minify server at {url}: ")
 
@@ -219,7 +219,7 @@ def test_an_interrupted_download_raises_and_leaves_no_file(server: ScriptedServe
     server.route("GET", "/v1/jobs/j1/artifacts/minimized.pt2",
                  lambda e: e.send_truncated(b"x" * 100, announced=10_000))
     (tmp_path / "minimized.pt2").write_bytes(b"previous")
-    with Client(server.url) as client, pytest.raises(DownloadInterrupted) as caught:
+    with Client(server.url, retry_for_s=0) as client, pytest.raises(DownloadInterrupted) as caught:
         client.download("j1", tmp_path)
     assert caught.value.name == "minimized.pt2"
     assert [p.name for p in tmp_path.iterdir()] == ["minimized.pt2"]

@@ -132,16 +132,44 @@ def test_an_invalid_spec_is_a_usage_error_before_anything_is_sent(
 def test_a_stopped_server_gives_one_clear_line_and_exit_1(program: Path, tmp_path: Path, command: list[str]):
     url = closed_port_url()
     args = [program if part == "PROGRAM" else part for part in command]
-    result = run_cli(*args, "--server", url, cwd=tmp_path)
+    result = run_cli(*args, "--server", url, "--retry-for", "0", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith(f"minify-client: error: cannot reach minify server at {url}: ")
     assert result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", [["submit", "PROGRAM", "--wait"], ["watch", "j1"], ["download", "j1"]])
+def test_an_unreachable_server_is_retried_for_retry_for_seconds_saying_so(program: Path, tmp_path: Path,
+                                                                        command: list[str]):
+    url = closed_port_url()
+    args = [program if part == "PROGRAM" else part for part in command]
+    started = time.monotonic()
+    result = run_cli(*args, "--server", url, "--retry-for", "1.5", cwd=tmp_path)
+    assert time.monotonic() - started >= 1.5
+    assert result.returncode == 1
+    said, error = result.stderr.splitlines()
+    assert said.startswith("minify-client: server unreachable (")
+    assert said.endswith("retrying for up to 1.5 s ...")
+    assert error.startswith(f"minify-client: error: cannot reach minify server at {url}: ")
+    assert error.endswith("(gave up after retrying for 1.5 s)")
+
+
+def test_retry_for_comes_from_minify_retry_for_when_not_given(program: Path):
+    result = run_cli("status", "j1", "--server", closed_port_url(), env={"MINIFY_RETRY_FOR": "0.5"})
+    assert "retrying for up to 0.5 s" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "env"), [(["--retry-for", "-1"], {}), ([], {"MINIFY_RETRY_FOR": "soon"})])
+def test_a_retry_for_that_is_not_seconds_is_a_usage_error(flags: list[str], env: dict[str, str]):
+    result = run_cli("status", "j1", "--server", closed_port_url(), *flags, env=env)
+    assert result.returncode == 2
+    assert "must be a number of seconds >= 0" in result.stderr
+
+
 def test_the_server_comes_from_minify_server_when_not_given(program: Path):
     url = closed_port_url()
-    result = run_cli("submit", program, env={"MINIFY_SERVER": url})
+    result = run_cli("submit", program, "--retry-for", "0", env={"MINIFY_SERVER": url})
     assert f"cannot reach minify server at {url}" in result.stderr
 
 
@@ -254,7 +282,8 @@ def test_an_interrupted_download_is_one_line_and_exit_1(server: ScriptedServer, 
     serve_finished_job(server, JobState.succeeded)
     server.route("GET", "/v1/jobs/j1/artifacts/minimized.pt2",
                  lambda e: e.send_truncated(b"x" * 10, announced=1000))
-    result = run_cli("submit", program, "--wait", "--out", tmp_path / "out", "--server", server.url)
+    result = run_cli("submit", program, "--wait", "--out", tmp_path / "out", "--server", server.url,
+                     "--retry-for", "0")
     assert result.returncode == 1
     assert result.stderr.startswith("minify-client: error: download of minimized.pt2 interrupted: ")
     assert not (tmp_path / "out" / "minimized.pt2").exists()

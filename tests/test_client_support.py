@@ -33,12 +33,15 @@ class Exchange:
     body: bytes
     handler: BaseHTTPRequestHandler = field(repr=False)
 
-    def send_json(self, status: int, data: Any) -> None:
-        self.send_bytes(status, json.dumps(data).encode(), "application/json")
+    def send_json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
+        self.send_bytes(status, json.dumps(data).encode(), "application/json", headers)
 
-    def send_bytes(self, status: int, body: bytes, content_type: str = "application/octet-stream") -> None:
+    def send_bytes(self, status: int, body: bytes, content_type: str = "application/octet-stream",
+                   headers: dict[str, str] | None = None) -> None:
         self.handler.send_response(status)
         self.handler.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.handler.send_header(name, value)
         self.handler.send_header("Content-Length", str(len(body)))
         self.handler.end_headers()
         self.handler.wfile.write(body)
@@ -51,6 +54,10 @@ class Exchange:
         self.handler.end_headers()
         self.handler.wfile.write(body)
         self.handler.wfile.flush()
+        self.handler.close_connection = True
+
+    def drop(self) -> None:
+        """Close the connection without an answer, as a server that dies mid-request does."""
         self.handler.close_connection = True
 
     def start_events(self) -> None:
@@ -68,9 +75,10 @@ class Exchange:
 
 
 class ScriptedServer:
-    """`with ScriptedServer() as server: server.route("GET", "/v1/jobs/j1", handler)`."""
+    """`with ScriptedServer() as server: server.route("GET", "/v1/jobs/j1", handler)`; on a free
+    loopback port, or on `port`."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
@@ -103,7 +111,7 @@ class ScriptedServer:
 
             do_GET = do_POST = do_DELETE = _dispatch
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -125,12 +133,16 @@ class ScriptedServer:
         self._server.server_close()
 
 
-def closed_port_url() -> str:
-    """A loopback URL where nothing listens."""
+def closed_port() -> int:
+    """A loopback port where nothing listens."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        return sock.getsockname()[1]
+
+
+def closed_port_url() -> str:
+    """A loopback URL where nothing listens."""
+    return f"http://127.0.0.1:{closed_port()}"
 
 
 def job_status(

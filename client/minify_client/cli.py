@@ -13,7 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from minify_client.client import Client
+from minify_client.client import (
+    DEFAULT_RETRY_FOR_S,
+    RETRY_FOR_ENV,
+    Client,
+    parse_retry_for,
+    retry_for_from_environment,
+)
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import JobState, Report
 from minify_client.progress import progress_view, summary
@@ -62,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the minify server (default: $MINIFY_SERVER or http://127.0.0.1:8000)")
     connection.add_argument("--token", help="API token (default: $MINIFY_TOKEN)")
     connection.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    connection.add_argument("--retry-for", type=_retry_for, metavar="SECONDS",
+                            help="how long to keep retrying while the server is unreachable (a restart) "
+                            f"before giving up; 0: give up at once (default: ${RETRY_FOR_ENV} or "
+                            f"{DEFAULT_RETRY_FOR_S:g})")
 
     parser = argparse.ArgumentParser(
         prog="minify-client",
@@ -289,7 +299,24 @@ def _resume_command(job_id: str, args: argparse.Namespace, out_dir: Path | None)
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.server, args.token)
+    retry_for_s: float | None = args.retry_for
+    if retry_for_s is None:
+        try:
+            retry_for_s = retry_for_from_environment()
+        except ValueError as error:
+            raise UsageError(str(error)) from error
+    return Client(args.server, args.token, retry_for_s=retry_for_s, on_retry=_say_retrying)
+
+
+def _retry_for(raw: str) -> float:
+    try:
+        return parse_retry_for(raw)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _say_retrying(message: str) -> None:
+    print(f"minify-client: {message}", file=sys.stderr, flush=True)
 
 
 def _progress_stream(args: argparse.Namespace) -> TextIO:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import builtins
+import email.utils
 import json
 import logging
 import os
+import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -17,7 +20,15 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from minify_client._sse import ServerSentEvent, parse_events
-from minify_client.errors import Conflict, ConnectionFailed, DownloadInterrupted, NotFound, api_error
+from minify_client.errors import (
+    ApiError,
+    Conflict,
+    ConnectionFailed,
+    DownloadInterrupted,
+    MinifyError,
+    NotFound,
+    api_error,
+)
 from minify_client.models import (
     ARTIFACT_NAMES,
     Health,
@@ -30,6 +41,13 @@ from minify_client.models import (
 )
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+# How long the client keeps trying an unreachable server (a restart, a deploy) before it gives up.
+DEFAULT_RETRY_FOR_S = 300.0
+RETRY_FOR_ENV = "MINIFY_RETRY_FOR"
+# Answers that mean "not now" from a proxy or a server whose backend is briefly away.
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+_FIRST_RETRY_DELAY_S = 0.5
+_MAX_RETRY_DELAY_S = 5.0
 # The artifacts a finished job is downloaded as; bundle.tar.gz repeats them in one file.
 DEFAULT_ARTIFACTS = tuple(name for name in ARTIFACT_NAMES if name != "bundle.tar.gz")
 
@@ -43,8 +61,13 @@ ProgramSource = str | os.PathLike[str] | bytes | IO[bytes]
 class Client:
     """A minify server. `server` and `token` default to $MINIFY_SERVER and $MINIFY_TOKEN.
 
-    Every method raises `ConnectionFailed` when the server cannot be reached and an `ApiError`
-    subclass when it answers 4xx/5xx.
+    While the server cannot be reached (connection refused or reset, timeouts, 502/503/504) every
+    call retries with backoff, honouring Retry-After, for up to `retry_for_s` seconds (default
+    $MINIFY_RETRY_FOR, else 300) counted from the first failure; `on_retry` hears when an outage
+    begins and ends (default: a log warning). A job submission is sent again only when the
+    connection was never made, so it never creates two jobs. Then every method raises
+    `ConnectionFailed` when the server cannot be reached and an `ApiError` subclass when it
+    answers 4xx/5xx.
     """
 
     def __init__(
@@ -53,11 +76,15 @@ class Client:
         token: str | None = None,
         *,
         timeout_s: float = 60.0,
-        max_reconnects: int = 10,
+        retry_for_s: float | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
         self.server = (server or os.environ.get("MINIFY_SERVER") or DEFAULT_SERVER).rstrip("/")
         self.token = token if token is not None else os.environ.get("MINIFY_TOKEN") or None
-        self.max_reconnects = max_reconnects
+        self.retry_for_s = retry_for_from_environment() if retry_for_s is None else retry_for_s
+        self._on_retry = on_retry or logger.warning
+        self._unreachable_since: float | None = None
+        self._failed_attempts = 0
         headers = {"User-Agent": "minify-client"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -93,7 +120,7 @@ class Client:
             if inputs_part is not None:
                 files["inputs"] = inputs_part
             response = self._request(
-                "POST", "/v1/jobs", files=files, data={"spec": job_spec.model_dump_json()}
+                "POST", "/v1/jobs", files=files, data={"spec": job_spec.model_dump_json()}, resend=False
             )
         return _parse(JobCreated, response)
 
@@ -131,17 +158,16 @@ class Client:
     # ---- progress -----------------------------------------------------------------------------
 
     def events(self, job_id: str) -> Iterator[ProgressEvent]:
-        """The job's progress events until it ends, reconnecting (with Last-Event-ID) when the
-        stream drops; events the client does not understand are skipped."""
+        """The job's progress events until it ends; a stream that drops (a server restart, a proxy)
+        is resumed after the last event seen (Last-Event-ID); events the client does not
+        understand are skipped."""
         last_event_id: str | None = None
-        failures = 0
         while True:
             finished = False
             try:
                 for sse in self._event_stream(job_id, last_event_id):
                     if sse.id is not None:
                         last_event_id = sse.id
-                    failures = 0
                     event = _progress_event(sse)
                     if event is None:
                         continue
@@ -150,12 +176,9 @@ class Client:
                         finished = True
                 if not finished:
                     finished = self.status(job_id).status.finished
-            except (httpx.TransportError, ConnectionFailed) as error:
-                failures += 1
-                if failures > self.max_reconnects:
-                    raise _connection_failed(self.server, error) from error
+            except httpx.TransportError as error:
                 logger.info("event stream of %s dropped (%s); reconnecting", job_id, error)
-                time.sleep(min(0.25 * 2**failures, 5.0))
+                self._wait_to_retry(_connection_failed(self.server, error))
                 continue
             if finished:
                 return
@@ -210,6 +233,13 @@ class Client:
         return self.download(job_id, out_dir, [name])[name]
 
     def _download_file(self, url: str, name: str, out_dir: Path) -> Path:
+        while True:
+            try:
+                return self._download_once(url, name, out_dir)
+            except DownloadInterrupted as error:
+                self._wait_to_retry(error)
+
+    def _download_once(self, url: str, name: str, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
         destination = out_dir / name
         handle, partial_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=out_dir)
@@ -234,13 +264,47 @@ class Client:
 
     # ---- transport ----------------------------------------------------------------------------
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, url, **kwargs)
-        except httpx.TransportError as error:
-            raise _connection_failed(self.server, error) from error
-        _raise_for_status(response)
-        return response
+    def _request(self, method: str, url: str, *, resend: bool = True, **kwargs: Any) -> httpx.Response:
+        """One request, retried while the server is unreachable. `resend=False` for a request that
+        creates something: it is sent again only when it cannot have reached the server."""
+        while True:
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except httpx.TransportError as error:
+                if not _may_retry(error, resend):
+                    raise _connection_failed(self.server, error) from error
+                self._wait_to_retry(_connection_failed(self.server, error))
+                continue
+            if resend and response.status_code in RETRYABLE_STATUS:
+                self._wait_to_retry(api_error(response.status_code, _error_message(response)),
+                                    _retry_after_s(response))
+                continue
+            self._reached()
+            _raise_for_status(response)
+            return response
+
+    def _wait_to_retry(self, error: MinifyError, retry_after_s: float | None = None) -> None:
+        """Sleep before the next attempt, or raise `error` once `retry_for_s` has passed since
+        the server was last reached."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since, self._failed_attempts = now, 0
+            if self.retry_for_s > 0:
+                self._on_retry(f"server {_unreachable(error)}, retrying for up to {self.retry_for_s:g} s ...")
+        self._failed_attempts += 1
+        left_s = self._unreachable_since + self.retry_for_s - now
+        if left_s <= 0:
+            self._unreachable_since = None
+            raise _gave_up(error, self.retry_for_s) from error
+        if retry_after_s is None:
+            backoff_s = min(_MAX_RETRY_DELAY_S, _FIRST_RETRY_DELAY_S * 2 ** (self._failed_attempts - 1))
+            retry_after_s = backoff_s * random.uniform(0.5, 1.0)  # jitter: clients do not return in step
+        time.sleep(min(retry_after_s, left_s))
+
+    def _reached(self) -> None:
+        if self._unreachable_since is not None:
+            self._on_retry(f"server reachable again after {time.monotonic() - self._unreachable_since:.0f} s")
+            self._unreachable_since = None
 
     def _stream(self, method: str, url: str, **kwargs: Any) -> _StreamContext:
         return _StreamContext(self, method, url, kwargs)
@@ -256,27 +320,106 @@ class Client:
 
 
 class _StreamContext:
-    """`httpx.Client.stream` with connection errors and error statuses raised as MinifyErrors."""
+    """`httpx.Client.stream` with connection errors and error statuses raised as MinifyErrors;
+    opening it is retried as `Client._request` retries."""
 
     def __init__(self, client: Client, method: str, url: str, kwargs: dict[str, Any]) -> None:
         self._client = client
-        self._context = client._http.stream(method, url, **kwargs)
+        self._method, self._url, self._kwargs = method, url, kwargs
+        self._context: Any = None
 
     def __enter__(self) -> httpx.Response:
-        try:
-            response = self._context.__enter__()
-        except httpx.TransportError as error:
-            raise _connection_failed(self._client.server, error) from error
-        if response.is_error:
+        client = self._client
+        while True:
+            self._context = client._http.stream(self._method, self._url, **self._kwargs)
+            try:
+                response = self._context.__enter__()
+            except httpx.TransportError as error:
+                if not _may_retry(error, resend=True):
+                    raise _connection_failed(client.server, error) from error
+                client._wait_to_retry(_connection_failed(client.server, error))
+                continue
+            if not response.is_error:
+                client._reached()
+                return response
             response.read()
             self._context.__exit__(None, None, None)
-            _raise_for_status(response)
-        return response
+            if response.status_code in RETRYABLE_STATUS:
+                client._wait_to_retry(api_error(response.status_code, _error_message(response)),
+                                      _retry_after_s(response))
+                continue
+            client._reached()
+            raise api_error(response.status_code, _error_message(response))
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._context.__exit__(kind, value, tb)
+
+
+def retry_for_from_environment() -> float:
+    """$MINIFY_RETRY_FOR (seconds), else DEFAULT_RETRY_FOR_S; ValueError unless a number >= 0."""
+    raw = os.environ.get(RETRY_FOR_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETRY_FOR_S
+    return parse_retry_for(raw, RETRY_FOR_ENV)
+
+
+def parse_retry_for(raw: str, source: str = "--retry-for") -> float:
+    """Seconds to keep retrying an unreachable server: a number >= 0 (0: give up at once)."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"{source} must be a number of seconds >= 0, not {raw!r}")
+    return seconds
+
+
+def _may_retry(error: httpx.TransportError, resend: bool) -> bool:
+    if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return True  # the connection was never made: the request did not reach the server
+    return resend and isinstance(error, (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError))
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """Retry-After in seconds (a number of seconds or an HTTP date), when the server sent one."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _unreachable(error: MinifyError) -> str:
+    if isinstance(error, ConnectionFailed):
+        return f"unreachable ({error.reason})"
+    if isinstance(error, ApiError):
+        return f"unavailable (it answered {error.status_code}: {error.message})"
+    return f"unreachable ({error})"
+
+
+def _gave_up(error: MinifyError, retry_for_s: float) -> MinifyError:
+    """`error`, saying how long the client retried (nothing to say when it was told not to)."""
+    if retry_for_s <= 0:
+        return error
+    suffix = f" (gave up after retrying for {retry_for_s:g} s)"
+    if isinstance(error, ConnectionFailed):
+        return ConnectionFailed(error.server, error.reason + suffix)
+    if isinstance(error, DownloadInterrupted):
+        return DownloadInterrupted(error.name, error.reason + suffix)
+    if isinstance(error, ApiError):
+        return api_error(error.status_code, error.message + suffix)
+    return error
 
 
 def _raise_for_status(response: httpx.Response) -> None:
