@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from minify_client.models import JobState, ProgressEvent
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
+EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_CODES = {
     JobState.succeeded: 0,
     JobState.not_reproducible: 3,
@@ -60,6 +62,14 @@ def minify_command(argv: list[str]) -> int:
     # As the RQ worker does at start: the job's fork server is then forked from this process, warm.
     preload(warm=spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu")
     cancel = threading.Event()
+    terminated = threading.Event()
+
+    def terminate(signum: int, frame: object) -> None:
+        """SIGTERM: stop as a cancel does, so the sandbox children die and the job folder goes."""
+        terminated.set()
+        cancel.set()
+
+    signal.signal(signal.SIGTERM, terminate)
     display = _ProgressDisplay(enabled=not args.quiet and not args.json)
     try:
         with display:
@@ -68,6 +78,9 @@ def minify_command(argv: list[str]) -> int:
         cancel.set()
         print("interrupted", file=sys.stderr)
         return 130
+    if terminated.is_set():
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     if args.json:
         print(result.report.model_dump_json(indent=2))
     else:

@@ -23,6 +23,7 @@ from rq import Queue, Worker
 from rq.job import Job
 
 from minify_worker.job import record_worker_lost
+from minify_worker.workdirs import remove_stale_job_dirs
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def _horse_killed(job: Job, retpid: int, ret_val: int, rusage: object) -> None:
     why = (f"work horse killed by {signal.Signals(os.WTERMSIG(ret_val)).name}" if os.WIFSIGNALED(ret_val)
            else f"work horse exited with status {os.WEXITSTATUS(ret_val)}")
     record_worker_lost(job.connection, job, why)
+    remove_stale_job_dirs()  # the horse could not remove its job folder
 
 
 def default_queues() -> str:
@@ -101,6 +103,7 @@ def main(argv: list[str]) -> int:
         from minify_worker.sandbox import preload
 
         log.info("preloaded torch and inductor: %s", preload())
+    remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
     worker = MinifyWorker(
         [Queue(name, connection=redis) for name in queues],
