@@ -408,3 +408,47 @@ def test_structural_hash_tells_an_int_constant_from_a_float_one():
     assert gt.args[1] == 0 and isinstance(gt.args[1], int)
     gt.args = (gt.args[0], 0.0)
     assert G.structural_hash(changed) != G.structural_hash(graph)
+
+
+# --- extraction and chain cuts ----------------------------------------------------------------
+
+
+class _SinSumMulRelu(torch.nn.Module):
+    """sin -> sum(-1) -> mul -> relu: a chain whose middle changes shape (no op can stand in)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.sin(x).sum(-1) * 2)
+
+
+def _sin_sum_mul_relu() -> fx.Graph:
+    return G.flat_graph_from_exported_program(torch.export.export(_SinSumMulRelu(), (torch.randn(3, 4),)))
+
+
+def test_cut_chain_promotes_the_node_and_keeps_its_producer_as_an_output():
+    graph = _sin_sum_mul_relu()
+    cut = G.cut_chain(graph, "sum_1")
+    assert cut is not None
+    assert _targets(cut) == ["aten.sin.default", "aten.mul.Tensor", "aten.relu.default"]
+    assert _names(cut, "placeholder") == ["x", "sum_1"]
+    assert [value.name for value in G.outputs(cut)] == ["relu", "sin"]
+
+
+def test_cut_chain_is_none_when_the_producer_survives_plain_promotion():
+    graph = _sin_sum_mul_relu()
+    assert G.cut_chain(graph, "sin") is None  # its producer is an input, not an op
+
+
+def test_extract_keeps_only_the_named_ops_reading_the_rest_as_inputs():
+    graph = _sin_sum_mul_relu()
+    extracted = G.extract(graph, ["sum_1", "relu"])
+    assert extracted is not None
+    assert _targets(extracted) == ["aten.sum.dim_IntList", "aten.relu.default"]
+    assert _names(extracted, "placeholder") == ["sin", "mul"]
+    assert [value.name for value in G.outputs(extracted)] == ["sum_1", "relu"]
+
+
+def test_extract_brings_along_a_tuple_op_its_getitem_needs():
+    graph = _max_dim_graph()
+    extracted = G.extract(graph, ["getitem"])
+    assert extracted is not None
+    assert _targets(extracted) == ["aten.max.dim", "operator.getitem"]

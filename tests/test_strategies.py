@@ -112,16 +112,30 @@ def _accuracy_bug(values: dict[str, object], strict: bool) -> Oracle:
 
 
 def _minimize(graph: fx.Graph, context: S.StrategyContext, fails: Oracle,
-              tiers: tuple[list[S.Strategy], ...] = (S.DEFAULT_STRATEGIES, S.FINAL_STRATEGIES)) -> fx.Graph:
-    """The driving rule of the module docstring, sequentially: first failing candidate wins."""
+              tiers: list[S.Tier] = S.PASSES, checks: list[str] | None = None) -> fx.Graph:
+    """The driving rule of the module docstring, sequentially: first failing candidate wins.
+
+    `checks` collects the description of every distinct candidate tested."""
+    tested: dict[str, bool] = {}
+
+    def still_fails(candidate: S.Candidate) -> bool:
+        key = G.structural_hash(candidate.graph)
+        if key not in tested:
+            tested[key] = fails(candidate.graph)
+            if checks is not None:
+                checks.append(candidate.description)
+        return tested[key]
+
+    revisit = next(index for index, tier in enumerate(tiers) if not tier.opening)
     tier = 0
     while tier < len(tiers):
-        accepted = next((candidate for strategy in tiers[tier] for candidate in strategy(graph, context)
-                         if fails(candidate.graph)), None)
+        accepted = next((candidate for _, strategy in tiers[tier].strategies
+                         for candidate in strategy(graph, context) if still_fails(candidate)), None)
         if accepted is None:
             tier += 1
         else:
-            graph, tier = accepted.graph, 0
+            graph = accepted.graph
+            tier = tier if tiers[tier].opening else revisit
     return graph
 
 
@@ -129,8 +143,11 @@ def _ops(graph: fx.Graph) -> list[str]:
     return [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
 
 
+ALL_STRATEGIES = S.OPENING_STRATEGIES + S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES
+
+
 def _all_candidates(graph: fx.Graph, context: S.StrategyContext) -> Iterator[S.Candidate]:
-    for strategy in S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES:
+    for strategy in ALL_STRATEGIES:
         yield from strategy(graph, context)
 
 
@@ -196,7 +213,7 @@ def test_output_chunks_are_removed_before_truncation_when_outputs_dominate():
 
 def test_no_candidate_repeats_or_equals_its_source():
     graph, _ = _program("transformer_layer")
-    for strategy in S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES:
+    for strategy in ALL_STRATEGIES:
         hashes = [G.structural_hash(c.graph) for c in strategy(graph, S.StrategyContext())]
         assert len(hashes) == len(set(hashes))
         assert G.structural_hash(graph) not in hashes
@@ -266,12 +283,14 @@ def test_one_minimal_proposes_dropping_and_promoting_each_op():
     graph = _chain_graph(("sin", "relu"))
     assert _descriptions(S.one_minimal(graph, S.StrategyContext())) == [
         "drop sin (users read x)", "promote sin to an input", "drop relu (users read sin)",
-        "promote relu to an input"]
+        "promote relu to an input", "cut the chain at relu (its producers become outputs)"]
 
 
-def test_passes_name_the_default_and_final_tiers():
-    assert [name for name, _ in S.PASSES[0]] == [s.__name__ for s in S.DEFAULT_STRATEGIES]
-    assert [name for name, _ in S.PASSES[1]] == [s.__name__ for s in S.FINAL_STRATEGIES]
+def test_passes_are_the_opening_then_the_default_and_final_tiers():
+    assert [tier.names for tier in S.PASSES] == [
+        [s.__name__ for s in strategies]
+        for strategies in (S.OPENING_STRATEGIES, S.DEFAULT_STRATEGIES, S.FINAL_STRATEGIES)]
+    assert [tier.opening for tier in S.PASSES] == [True, False, False]
 
 
 # --- greedy minimization with a simulated failure --------------------------------------------
@@ -322,7 +341,7 @@ def test_the_final_pass_drops_ops_between_two_that_fail_together():
     def needs_sin_and_cos(candidate: fx.Graph) -> bool:
         return {"aten.sin.default", "aten.cos.default"} <= set(_ops(candidate))
 
-    torch_like = _minimize(graph, S.StrategyContext(), needs_sin_and_cos, (S.DEFAULT_STRATEGIES,))
+    torch_like = _minimize(graph, S.StrategyContext(), needs_sin_and_cos, [S.Tier.of(S.DEFAULT_STRATEGIES)])
     assert _ops(torch_like) == ["aten.sin.default", "aten.relu.default", "aten.cos.default"]
     ours = _minimize(graph, S.StrategyContext(), needs_sin_and_cos)
     assert _ops(ours) == ["aten.sin.default", "aten.cos.default"]
@@ -341,3 +360,105 @@ def test_non_strict_accuracy_skips_candidates_that_output_an_int():
     truncate_size = f"truncate after {size} (granularity 1)"
     assert truncate_size in _descriptions(S.truncate_suffix(graph, S.StrategyContext()))
     assert truncate_size not in _descriptions(S.truncate_suffix(graph, ACCURACY))
+
+
+# --- chain cuts and aiming strategies --------------------------------------------------------
+
+
+class _GeluChainLayerNorm(torch.nn.Module):
+    """gelu -> sum -> mul -> unsqueeze -> layer_norm: two ops joined by a chain no op can bypass."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (torch.nn.functional.gelu(x).sum(-1) * 2).unsqueeze(-1).expand(-1, 8)
+        return torch.nn.functional.layer_norm(y, (8,))
+
+
+def _needs(*ops: str) -> Oracle:
+    return lambda graph: set(ops) <= set(_ops(graph))
+
+
+def _cycled_chain(length: int, kinds: tuple[str, ...]) -> fx.Graph:
+    return _chain_graph(tuple(kinds[index % len(kinds)] for index in range(length)))
+
+
+EIGHT_KINDS = ("sin", "cos", "exp", "tanh", "sigmoid", "neg", "abs", "relu")
+
+
+def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops():
+    ep = torch.export.export(_GeluChainLayerNorm(), (torch.randn(3, 8),))
+    graph = G.flat_graph_from_exported_program(ep)
+    fails = _needs("aten.gelu.default", "aten.layer_norm.default")
+
+    torch_like = _minimize(graph, S.StrategyContext(), fails,
+                           [S.Tier.of(S.DEFAULT_STRATEGIES), S.Tier.of([S.keep_single_output])])
+    ours = _minimize(graph, S.StrategyContext(), fails)
+
+    assert len(_ops(torch_like)) > 2
+    assert sorted(_ops(ours)) == ["aten.gelu.default", "aten.layer_norm.default"]
+
+
+def test_the_result_is_one_minimal_under_every_move_of_the_final_pass():
+    ep = torch.export.export(_GeluChainLayerNorm(), (torch.randn(3, 8),))
+    fails = _needs("aten.gelu.default", "aten.layer_norm.default")
+    result = _minimize(G.flat_graph_from_exported_program(ep), S.StrategyContext(), fails)
+
+    assert not any(fails(candidate.graph) for candidate in S.one_minimal(result, S.StrategyContext()))
+
+
+def test_a_bug_one_op_kind_triggers_is_found_in_about_log2_n_checks():
+    graph = _cycled_chain(256, EIGHT_KINDS)
+    checks: list[str] = []
+
+    result = _minimize(graph, S.StrategyContext(), _contains("aten.relu.default"), checks=checks)
+
+    assert _ops(result) == ["aten.relu.default"]
+    assert len(checks) <= 8 + 10, checks
+
+
+def test_a_bug_one_op_instance_triggers_is_found_by_bisecting_ranges():
+    graph = _cycled_chain(256, EIGHT_KINDS)
+    checks: list[str] = []
+
+    def fails(candidate: fx.Graph) -> bool:
+        return any(node.op == "call_function" and node.name == "relu_20" for node in candidate.nodes)
+
+    result = _minimize(graph, S.StrategyContext(), fails, checks=checks)
+
+    assert [node.name for node in result.nodes if node.op == "call_function"] == ["relu_20"]
+    assert any(check.startswith("keep ops") for check in checks)
+    assert len(checks) <= 2 * 8 + 10, checks
+
+
+def test_bisect_kinds_keeps_each_half_of_the_kinds_in_turn():
+    graph = _chain_graph(("sin", "relu", "sin", "cos"))
+    candidates = list(S.bisect_kinds(graph, S.StrategyContext()))
+    assert [_ops(candidate.graph) for candidate in candidates] == [
+        ["aten.sin.default", "aten.relu.default", "aten.sin.default"], ["aten.cos.default"]]
+
+
+def test_probe_kinds_proposes_one_batch_of_single_op_probes():
+    graph = _chain_graph(("sin", "relu", "cos", "exp"))
+    probes = list(S.probe_kinds(graph, S.StrategyContext(parallelism=3)))
+    assert [_ops(probe.graph) for probe in probes] == [
+        ["aten.sin.default"], ["aten.relu.default"], ["aten.cos.default"]]
+
+
+def test_bisect_ranges_keeps_each_half_of_the_ops_in_graph_order():
+    graph = _chain_graph(("sin", "relu", "cos"))
+    assert [_ops(c.graph) for c in S.bisect_ranges(graph, S.StrategyContext())] == [
+        ["aten.sin.default", "aten.relu.default"], ["aten.cos.default"]]
+
+
+def test_aiming_candidates_of_a_real_layer_run_in_eager():
+    graph, values = _program("transformer_layer")
+    for strategy in S.OPENING_STRATEGIES:
+        for candidate in strategy(graph, S.StrategyContext(parallelism=4)):
+            _run(candidate.graph, values)
+
+
+def test_an_accuracy_bug_is_localized_by_the_aiming_strategies():
+    graph, values = _program("transformer_layer")
+    checks: list[str] = []
+    result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False), checks=checks)
+    assert _ops(result) == ["aten.relu.default"]
+    assert checks[0].startswith("keep the ops of kinds")

@@ -522,11 +522,14 @@ def canonicalize(graph: fx.Graph) -> fx.Graph:
 
 
 def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[int] | None = None,
-           promote: Iterable[str] = (), bypass: Mapping[str, str] | None = None) -> fx.Graph:
+           promote: Iterable[str] = (), bypass: Mapping[str, str] | None = None,
+           output_names: Sequence[str] | None = None, also_output: Sequence[str] = ()) -> fx.Graph:
     """A canonical candidate in one copy: the fused form of the primitives below.
 
     `cut`: output only that node, dropping everything after it (`truncate_after`).
     `keep_outputs`: keep only these output positions (`prune_outputs`).
+    `output_names`: output exactly these nodes instead (`extract`).
+    `also_output`: append these nodes to the outputs (`cut_chain`: keeps them alive).
     `promote`: these nodes become placeholders (names from `promotion_targets`).
     `bypass`: {node: stand-in}: users of the node read the stand-in instead (`drop_node`).
     The result is canonical (`canonicalize`): live nodes only, placeholders first, in order.
@@ -549,6 +552,9 @@ def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[in
         values = outputs(graph)
         if keep_outputs is not None:
             values = [values[index] for index in keep_outputs]
+        if output_names is not None:
+            values = [by_name[name] for name in output_names]
+    values += [by_name[name] for name in also_output]
     values = [resolve(value) if isinstance(value, fx.Node) else value for value in values]
     stack = [value for value in values if isinstance(value, fx.Node)]
     stack += [node for node in nodes[: last + 1] if _is_mutating(node) and node not in stand_ins]
@@ -668,3 +674,56 @@ def stand_in_for(graph: fx.Graph, node_name: str) -> str | None:
 def _same_type(left: dict[str, Any] | None, right: dict[str, Any]) -> bool:
     return left is not None and all(left.get(key) == right.get(key)
                                     for key in ("shape", "stride", "dtype", "device"))
+
+
+def is_output_value(node: fx.Node) -> bool:
+    """Whether `node` can be an output of a candidate: an op producing one tensor or scalar."""
+    return node.op == "call_function" and node.meta.get(META_KIND) in PROMOTABLE_KINDS
+
+
+def extract(graph: fx.Graph, node_names: Iterable[str]) -> fx.Graph | None:
+    """The ops `node_names` alone, as a canonical candidate; None when it would output nothing.
+
+    What they read from outside becomes an input (promoted); an outside op that cannot be promoted
+    (a tuple-valued op such as `aten.max.dim` under a kept `getitem`) comes along instead. The
+    outputs are the kept ops whose value left the kept set: read by an op outside it, returned by
+    the graph, or read by nobody.
+    """
+    nodes = list(graph.nodes)
+    by_name = {node.name: node for node in nodes}
+    kept = {by_name[name] for name in node_names}
+    stack = list(kept)
+    while stack:
+        node = stack.pop()
+        for arg in node.all_input_nodes:
+            if arg.op == "call_function" and arg not in kept and not is_promotable(arg):
+                kept.add(arg)
+                stack.append(arg)
+    promoted = {arg.name for node in kept for arg in node.all_input_nodes
+                if arg.op == "call_function" and arg not in kept}
+    boundary = [node.name for node in nodes if node in kept and is_output_value(node)
+                and (not node.users or any(user not in kept for user in node.users))]
+    if not boundary:
+        return None
+    return derive(graph, promote=promoted, output_names=boundary)
+
+
+def cut_chain(graph: fx.Graph, node_name: str) -> fx.Graph | None:
+    """Promote `node_name` to an input and keep its producers alive as extra outputs.
+
+    Plain promotion loses the ops upstream of the node when nothing else reads them (DCE drops
+    them); this keeps both ends of a chain, so `a -> b -> c` can become `a` and `c` apart. None
+    when no producer would die (plain promotion is then the same candidate) or nothing promotes.
+    """
+    targets = promotion_targets(graph, [node_name])
+    if not targets:
+        return None
+    promoted = derive(graph, promote=targets)
+    surviving = {node.name for node in promoted.nodes}
+    by_name = {node.name: node for node in graph.nodes}
+    producers = {arg.name for name in targets for arg in by_name[name].all_input_nodes
+                 if is_output_value(arg) and arg.name not in surviving}
+    if not producers:
+        return None
+    ordered = [node.name for node in graph.nodes if node.name in producers]
+    return derive(graph, promote=targets, also_output=ordered)

@@ -13,6 +13,7 @@ production, a thread pool over a pure-Python oracle in tests) and reports throug
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ import torch.fx as fx
 
 from minify_worker.graph import size_key, structural_hash
 from minify_worker.outcomes import Fails, Outcome
-from minify_worker.strategies import Candidate, StrategyContext
+from minify_worker.strategies import Candidate, StrategyContext, Tier
 
 log = logging.getLogger(__name__)
 
@@ -221,21 +222,24 @@ def reduce(
     scheduler: Scheduler,
     graph: fx.Graph,
     context: StrategyContext,
-    passes: Sequence[Sequence[tuple[str, Strategy]]],
+    passes: Sequence[Tier],
     *,
     on_accept: Callable[[fx.Graph, str], None] | None = None,
 ) -> Reduction:
-    """Apply strategy passes to a fixed point.
+    """Apply strategy tiers to a fixed point.
 
-    `passes` are tiers: the first tier runs to a fixed point (restarting from its first strategy
-    after every success, as torch's minifier does), then the next tier gets a turn; any success in
-    a later tier sends the loop back to the first.
+    Each tier runs to a fixed point (restarting from its first strategy after every success, as
+    torch's minifier does), then the next tier gets a turn; a success in a later tier sends the
+    loop back to the first tier that is not an opening (`Tier.opening`: those run once, first).
+    The strategies learn the scheduler's parallelism through `context.parallelism`.
     """
+    context = dataclasses.replace(context, parallelism=scheduler.parallelism)
+    revisit = next((index for index, tier in enumerate(passes) if not tier.opening), 0)
     accepted: list[str] = []
     tier = 0
     while tier < len(passes):
         progressed = False
-        for name, strategy in passes[tier]:
+        for name, strategy in passes[tier].strategies:
             scheduler.stats.phase = name
             candidate = scheduler.first_failing(graph, strategy(graph, context))
             if candidate is not None:
@@ -245,8 +249,8 @@ def reduce(
                     on_accept(graph, candidate.description)
                 progressed = True
                 break
-        if progressed:
-            tier = 0
-        else:
+        if not progressed:
             tier += 1
+        elif not passes[tier].opening:
+            tier = revisit
     return Reduction(graph, accepted)

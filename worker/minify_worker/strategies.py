@@ -7,13 +7,17 @@ no unused inputs, inputs first), so equal candidates hash equal wherever they co
 
 How the scheduler drives them (`scheduler.reduce` with `PASSES` does exactly this):
 
+0. Run `OPENING_STRATEGIES` (bisection over op kinds, probes of one op per kind, bisection
+   over topological ranges) the same way as step 1, once, at the start: they aim at a bug one op
+   triggers (found in about log2(ops) checks) and find nothing, quickly, when it needs several.
 1. Run `DEFAULT_STRATEGIES` in list order on the current graph. For each strategy, test its
    candidates and accept the first one *in yield order* that still fails. After an acceptance,
    start again from the first strategy on the new graph.
 2. When no default strategy yields a failing candidate, run `FINAL_STRATEGIES` the same way; any
    acceptance there sends the loop back to step 1 (a dropped op can open new truncations).
 3. When neither tier yields a failing candidate the graph is 1-minimal: no single op can be
-   promoted to an input or dropped, no suffix truncated, no output removed.
+   dropped, promoted to an input, or cut out of a chain (promoted with its producers kept as
+   outputs), no suffix truncated, no output removed.
 
 `DEFAULT_STRATEGIES` reproduce torch's minifier (torch/_functorch/fx_minifier.py), including its
 candidate order, which decides results such as the seed's accuracy-vs-strict expectations:
@@ -24,6 +28,7 @@ asks for it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -46,11 +51,14 @@ class StrategyContext:
     candidate whose outputs are all booleans or integers cannot fail: strategies do not propose
     it. This is the same choice torch ends up with (it tests such candidates and they pass), at
     no cost. `max_granularity` caps the coarsest chunk size, as torch's `--max-granularity`.
+    `parallelism` is how many candidates the scheduler tests at once (`scheduler.reduce` sets
+    it): `probe_kinds` proposes that many probes, one batch.
     """
 
     accuracy: bool = False
     strict_accuracy: bool = False
     max_granularity: int | None = None
+    parallelism: int = 1
 
     @classmethod
     def for_failure(cls, kind: str, strict_accuracy: bool = False,
@@ -245,8 +253,9 @@ def keep_single_output(graph: fx.Graph, context: StrategyContext) -> Iterator[Ca
 
 
 def one_minimal(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
-    """For every op, in graph order: drop it (its users read a same-typed input instead), or
-    promote it to an input. Torch cannot drop an op from the middle of a graph."""
+    """For every op, in graph order: drop it (its users read a same-typed input instead),
+    promote it to an input, or cut the chain there (promote it and keep its producers as extra
+    outputs, `graph.cut_chain`). Torch can do none but the promotion from the middle of a graph."""
     proposals = _Proposals(graph, context)
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -259,7 +268,83 @@ def one_minimal(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate
         if targets:
             yield from proposals.offer(g.derive(graph, promote=targets),
                                        f"promote {node.name} to an input")
+        cut = g.cut_chain(graph, node.name)
+        if cut is not None:
+            yield from proposals.offer(cut, f"cut the chain at {node.name} (its producers become outputs)")
 
+
+# --------------------------------------------------------------------------------------------
+# Aiming strategies: a bug one op triggers is found in about log2(ops) checks
+
+
+def _op_groups(graph: fx.Graph) -> dict[str, list[str]]:
+    """Ops by first appearance, each with the getitems that read it: {op: [op, getitems...]}."""
+    groups: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        producer = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(producer, fx.Node) and producer.name in groups:
+            groups[producer.name].append(node.name)
+        else:
+            groups[node.name] = [node.name]
+    return groups
+
+
+def _kinds(graph: fx.Graph) -> dict[str, list[str]]:
+    """{op kind: the ops of that kind, as `_op_groups` keys}, kinds by first appearance."""
+    by_name = {node.name: node for node in graph.nodes}
+    kinds: dict[str, list[str]] = {}
+    for op in _op_groups(graph):
+        kinds.setdefault(g.target_name(by_name[op].target), []).append(op)
+    return kinds
+
+
+def _halves(items: list[str]) -> list[list[str]]:
+    middle = (len(items) + 1) // 2
+    return [items[:middle], items[middle:]] if len(items) >= 2 else []
+
+
+def _extracted(graph: fx.Graph, ops: Iterable[str], groups: dict[str, list[str]],
+               proposals: _Proposals, description: str) -> Iterator[Candidate]:
+    candidate = g.extract(graph, [name for op in ops for name in groups[op]])
+    if candidate is not None:
+        yield from proposals.offer(candidate, description)
+
+
+def bisect_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+    """Keep the ops of half the op kinds (the other ops' results become inputs), each half in turn."""
+    proposals = _Proposals(graph, context)
+    groups = _op_groups(graph)
+    kinds = _kinds(graph)
+    for half in _halves(list(kinds)):
+        yield from _extracted(graph, [op for kind in half for op in kinds[kind]], groups, proposals,
+                              f"keep the ops of kinds {_names(half)}")
+
+
+def probe_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+    """One op of each kind alone, its inputs promoted: the first op of the first
+    `context.parallelism` kinds (one batch of the scheduler)."""
+    proposals = _Proposals(graph, context)
+    groups = _op_groups(graph)
+    for kind, ops in list(_kinds(graph).items())[: max(1, context.parallelism)]:
+        yield from _extracted(graph, ops[:1], groups, proposals, f"probe {ops[0]} ({kind}) alone")
+
+
+def bisect_ranges(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+    """Keep the first half of the ops in graph order, then the second (results crossing become
+    inputs and outputs)."""
+    proposals = _Proposals(graph, context)
+    groups = _op_groups(graph)
+    for half in _halves(list(groups)):
+        yield from _extracted(graph, half, groups, proposals, f"keep ops {half[0]} to {half[-1]}")
+
+
+OPENING_STRATEGIES: list[Strategy] = [
+    bisect_kinds,
+    probe_kinds,
+    bisect_ranges,
+]
 
 DEFAULT_STRATEGIES: list[Strategy] = [
     eliminate_dead_code,
@@ -275,9 +360,29 @@ FINAL_STRATEGIES: list[Strategy] = [
 ]
 
 
-def named(strategies: Iterable[Strategy]) -> list[tuple[str, Strategy]]:
-    """(name, strategy) pairs, as `scheduler.reduce` takes them."""
-    return [(strategy.__name__, strategy) for strategy in strategies]
+@dataclass(frozen=True)
+class Tier:
+    """Strategies `scheduler.reduce` drives to a fixed point together.
+
+    An `opening` tier runs once, first: after a success in a later tier the loop goes back to the
+    first tier that is not an opening, so a failure that needs several ops pays for the aiming
+    strategies once, not after every step of the sweep.
+    """
+
+    strategies: tuple[tuple[str, Strategy], ...]
+    opening: bool = False
+
+    @classmethod
+    def of(cls, strategies: Iterable[Strategy], *, opening: bool = False) -> Tier:
+        return cls(tuple((strategy.__name__, strategy) for strategy in strategies), opening)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.strategies]
 
 
-PASSES: list[list[tuple[str, Strategy]]] = [named(DEFAULT_STRATEGIES), named(FINAL_STRATEGIES)]
+PASSES: list[Tier] = [
+    Tier.of(OPENING_STRATEGIES, opening=True),
+    Tier.of(DEFAULT_STRATEGIES),
+    Tier.of(FINAL_STRATEGIES),
+]
