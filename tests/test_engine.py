@@ -247,3 +247,21 @@ def test_the_offline_command_minifies_with_its_fork_server_forked_from_itself(tm
     assert ops_of(report["graph_code"]) == ["relu"]
     assert report["sandbox_start"] == "fork"  # the command preloaded itself, as the RQ worker does
     assert (tmp_path / "out" / "repro.py").is_file()
+
+
+class _SinSumMulRelu(torch.nn.Module):
+    """sin -> sum(-1) -> mul -> relu: no op of the chain between sin and relu can be bypassed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.sin(x).sum(-1) * 2)
+
+
+def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops(tmp_path: Path) -> None:
+    program = tmp_path / "sin_sum_mul_relu.pt2"
+    torch.export.save(torch.export.export(_SinSumMulRelu(), (torch.randn(3, 4),)), program)
+
+    result = minify(program, spec("fail_on_sin_and_relu"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert sorted(ops_of(result.report.graph_code or "")) == ["relu", "sin"]
+    assert result.report.nodes_final == 2

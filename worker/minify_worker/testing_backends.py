@@ -62,6 +62,19 @@ def raise_on(op: str, error: type[Exception] = RuntimeError, message: str | None
     return backend
 
 
+def raise_on_all(*ops: str, error: type[Exception] = RuntimeError) -> Backend:
+    """Raise while compiling a graph that has every op of `ops` (a bug that needs them together:
+    any one of them alone compiles)."""
+    text = f"injected failure on {' and '.join(ops)} together"
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if all(has_op(gm, op) for op in ops):
+            raise error(text)
+        return _eager(gm)
+
+    return backend
+
+
 def signal_on(op: str, signum: int = signal.SIGSEGV) -> Backend:
     """Kill the compiling process with `signum` (a segfault by default) when the graph has `op`."""
 
@@ -147,6 +160,7 @@ hang_with_grandchild_on_relu = hang_on("relu", with_grandchild=True)
 exit_on_relu = exit_on("relu")
 wrong_on_relu = wrong_on("relu")
 oom_on_relu = oom_on("relu")
+fail_on_sin_and_relu = raise_on_all("sin", "relu")
 
 # One backend that misbehaves a different way per op, so one warm pool can show every outcome.
 misbehave_by_op = by_op({
