@@ -1,9 +1,16 @@
-"""Is an upload a torch.export archive? Decided from the zip directory alone: no torch, no unpickling."""
+"""Is an upload a torch.export archive that loads without running code? No torch, no unpickling.
+
+The format is decided from the zip directory; the members that would run code when
+`torch.export.load` reads them (pickled weights and constants, ...) are found by
+`minify_client.archive`, which the worker runs again before it loads.
+"""
 
 from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+
+from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 
 # Entries that mark a torch.export archive, relative to its single top-level folder: the pt2 archive
 # format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.
@@ -15,8 +22,13 @@ class NotAnExportArchive(ValueError):
     """The file is not what `torch.export.save` writes."""
 
 
-def check_export_archive(path: Path) -> None:
-    """Raise NotAnExportArchive with the reason when `path` is not a torch.export .pt2 archive."""
+class CodeInArchive(NotAnExportArchive):
+    """The archive holds members that would run code when loaded (pickles), and pickles are not allowed."""
+
+
+def check_export_archive(path: Path, *, allow_pickle: bool = False) -> None:
+    """Raise NotAnExportArchive with the reason when `path` is not a torch.export .pt2 archive, and
+    CodeInArchive naming the members that would run code when loaded, unless `allow_pickle`."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -36,6 +48,18 @@ def check_export_archive(path: Path) -> None:
         raise NotAnExportArchive(
             "not a torch.export archive: no archive_format, models/*.json or serialized_exported_program.json"
         )
+    if not allow_pickle:
+        _check_no_code(path)
+
+
+def _check_no_code(path: Path) -> None:
+    try:
+        unsafe = find_unsafe_members(path)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise NotAnExportArchive(f"not a torch.export archive: a damaged zip file ({error})") from error
+    if unsafe:
+        raise CodeInArchive(f"refused: {describe_unsafe_members(unsafe)}; the operator accepts such archives "
+                            f"by setting {ALLOW_PICKLE_ENV}=1 (trusted uploads only)")
 
 
 def check_torch_save_file(path: Path) -> None:
