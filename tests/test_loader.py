@@ -136,3 +136,62 @@ def test_prepare_program_reports_a_bad_file_as_program_error(tmp_path: Path) -> 
     (tmp_path / "notes.pt2").write_text("hello")
     with pytest.raises(ProgramError, match=r"not a torch\.export archive"):
         prepare_program(tmp_path / "notes.pt2", None, tmp_path / "work", JobSpec())
+
+
+def test_a_pt2_with_a_pickled_weight_is_refused_before_torch_export_load_runs_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.archives import pickled_weight_archive
+
+    monkeypatch.delenv("MINIFY_ALLOW_PICKLE", raising=False)
+    program = pickled_weight_archive(tmp_path, tmp_path / "ran")
+    with pytest.raises(ProgramError, match=r"pickled_weight\.pt2 is refused: .*data/weights/weight_0 \(weight "
+                                           r"'fc1\.weight' is marked use_pickle.*MINIFY_ALLOW_PICKLE=1"):
+        prepare(program, None, tmp_path / "work")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_pt2_with_a_pickled_weight_tensor_loads_where_the_operator_allows_pickles(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.archives import pickled_weight_archive
+
+    monkeypatch.setenv("MINIFY_ALLOW_PICKLE", "1")
+    weight = torch.nn.Parameter(torch.randn(16, 10))
+    metadata = prepare(pickled_weight_archive(tmp_path, tmp_path / "ran", payload=weight), None, tmp_path / "work")
+    assert metadata["source"] == "pt2" and torch.equal(values_of(tmp_path / "work")["p_fc1_weight"], weight)
+
+
+def test_a_program_with_weights_and_tensor_constants_loads(tmp_path: Path) -> None:
+    from tests.support.archives import constant_archive
+
+    metadata = prepare(constant_archive(tmp_path), None, tmp_path / "work")
+    assert metadata["constants"] and metadata["nodes_original"] == 2
+    assert torch.equal(values_of(tmp_path / "work")[metadata["constants"][0]], torch.arange(4.0))
+
+
+def test_a_program_torch_export_load_cannot_load_says_what_it_raised(tmp_path: Path) -> None:
+    from tests.support.archives import rewrite_archive
+
+    program = rewrite_archive(saved("relu_cos", tmp_path), tmp_path / "future.pt2",
+                              lambda inner, data: b"9" if inner == "archive_version" else None)
+    with pytest.raises(ProgramError, match=r"^torch\.export\.load could not load future\.pt2: ValueError: "
+                                           r"Saved archive version 9 does not match"):
+        prepare(program, None, tmp_path / "work")
+
+
+def test_the_sandboxed_loader_refuses_a_pickled_constant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.archives import pickled_constant_archive
+
+    monkeypatch.delenv("MINIFY_ALLOW_PICKLE", raising=False)
+    program = pickled_constant_archive(tmp_path, tmp_path / "ran")
+    with pytest.raises(ProgramError, match=r"data/constants/tensor_0 \(constant .* is marked use_pickle"):
+        prepare_program(program, None, tmp_path / "work", JobSpec())
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_sandboxed_loader_sees_the_operators_allow_pickle(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.archives import pickled_weight_archive
+
+    monkeypatch.setenv("MINIFY_ALLOW_PICKLE", "1")
+    program = pickled_weight_archive(tmp_path, tmp_path / "ran", payload=torch.nn.Parameter(torch.randn(16, 10)))
+    assert prepare_program(program, None, tmp_path / "work", JobSpec()).nodes_original == 3

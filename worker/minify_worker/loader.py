@@ -4,7 +4,9 @@ Runs in a sandbox child only (`prepare_in_child`, a `SandboxPool.call` target; t
 `sandbox.prepare_program`): loading a user's file is the first thing that may crash.
 
 Accepted programs:
-- a `.pt2` written by `torch.export.save`;
+- a `.pt2` written by `torch.export.save`; one with members that run code when loaded (pickled
+  weights or constants, see `minify_client.archive`) only when `MINIFY_ALLOW_PICKLE=1`: the check
+  runs here, before `torch.export.load`, whatever the server decided;
 - a pickled `torch.fx.GraphModule` written by `torch.save(gm)`, only when `MINIFY_ALLOW_PICKLE=1`
   (a pickle runs code when loaded): it is re-exported with `torch.export.export(gm, args)`.
 
@@ -32,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+
 PROGRAM_JSON = "program.json"
 VALUES = "values.pt"
 FORMAT = "minify-program/1"
-ALLOW_PICKLE_ENV = "MINIFY_ALLOW_PICKLE"
 
 EXPORT_HINT = (
     "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
@@ -152,16 +155,29 @@ def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
     except (zipfile.BadZipFile, OSError) as error:
         raise ProgramError(f"{path.name} is a damaged zip file: {_short(error)}") from error
     if any(name.endswith("archive_format") or "/models/" in name for name in names):
+        _refuse_code_in_archive(path)
         try:
             return torch.export.load(path), "pt2"
         except Exception as error:
-            raise ProgramError(
-                f"{path.name} could not be loaded with torch.export.load (truncated or damaged?): "
-                f"{_short(error)}"
-            ) from error
+            raise ProgramError(f"torch.export.load could not load {path.name}: {_raised(error)}") from error
     if any(name.endswith("data.pkl") for name in names):
         return _export_pickled_module(path, raw_inputs), "pickle"
     raise ProgramError(f"{path.name} is a zip file but not a torch.export archive; {EXPORT_HINT}")
+
+
+def _refuse_code_in_archive(path: Path) -> None:
+    if os.environ.get(ALLOW_PICKLE_ENV) == "1":
+        return
+    try:
+        unsafe = find_unsafe_members(path)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise ProgramError(f"{path.name} is a damaged zip file: {_short(error)}") from error
+    if unsafe:
+        raise ProgramError(
+            f"{path.name} is refused: {describe_unsafe_members(unsafe)}. The worker's operator allows "
+            f"such archives by setting {ALLOW_PICKLE_ENV}=1 (only for uploads they trust); or save the "
+            "program with plain tensors as weights and constants: torch.export.save(ep, 'program.pt2')"
+        )
 
 
 def _export_pickled_module(path: Path, raw_inputs: Any) -> Any:
@@ -412,6 +428,25 @@ def _to_device(value: Any, device: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # Messages
+
+
+def _raised(error: BaseException) -> str:
+    """What was raised, with its innermost cause: `Type: message (caused by Type: message)`."""
+    cause, seen = error, {id(error)}
+    while True:
+        inner = cause.__cause__ if cause.__cause__ is not None else (
+            None if cause.__suppress_context__ else cause.__context__)
+        if inner is None or id(inner) in seen:
+            break
+        cause = inner
+        seen.add(id(inner))
+    text = _message(error)
+    return text if cause is error else f"{text} (caused by {_message(cause)})"
+
+
+def _message(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:600]
 
 
 def _short(error: BaseException) -> str:
