@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -18,7 +18,7 @@ from examples import programs
 from minify_worker import graph as g
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 from minify_worker.scheduler import Scheduler, Stopped, reduce
-from minify_worker.strategies import PASSES, Candidate, StrategyContext
+from minify_worker.strategies import PASSES, Candidate, StrategyContext, Tier
 
 SIGNATURE = Signature("compile_error", "RuntimeError", "injected failure on relu")
 
@@ -178,3 +178,63 @@ def test_reduce_reaches_the_single_failing_op_of_a_chain() -> None:
     reduction = reduce(scheduler, graph, StrategyContext(), PASSES)
 
     assert op_names(reduction.graph) == ["relu"]
+
+
+def _extracted(graph: fx.Graph, *ops: str) -> Candidate:
+    extracted = g.extract(graph, ops)
+    assert extracted is not None
+    return Candidate(extracted, "+".join(ops))
+
+
+def _scheduler_that_learned_relu_matters(evaluator: ThreadEvaluator, graph: fx.Graph) -> Scheduler:
+    """Three candidates without relu (and with tanh and neg) have passed."""
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2)
+    learning = [_extracted(graph, op, "tanh", "neg") for op in ("sin", "cos", "exp")]
+    assert scheduler.first_failing(graph, learning) is None
+    evaluator.submitted.clear()
+    return scheduler
+
+
+def test_a_spare_slot_goes_to_the_candidate_most_likely_to_fail() -> None:
+    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg"))
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 0.05)
+    scheduler = _scheduler_that_learned_relu_matters(evaluator, graph)
+    candidates = [_extracted(graph, *ops) for ops in
+                  (("sin", "cos"), ("cos", "exp"), ("sin", "exp"), ("sin", "cos", "exp", "relu"), ("tanh", "neg"))]
+
+    chosen = scheduler.first_failing(graph, candidates)
+
+    assert chosen is not None and chosen.description == "sin+cos+exp+relu"
+    started = [op_names(submitted) for submitted in evaluator.submitted]
+    assert started[:2] == [["sin", "cos"], ["sin", "cos", "exp", "relu"]]
+    assert ["tanh", "neg"] not in started  # after the failure: never started
+
+
+def test_an_earlier_failing_candidate_wins_over_a_likelier_one_that_failed_first() -> None:
+    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg"))
+    evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.01 if g.count_ops(cand) == 4 else 0.1)
+    scheduler = _scheduler_that_learned_relu_matters(evaluator, graph)
+    candidates = [_extracted(graph, *ops) for ops in
+                  (("sin", "cos"), ("cos", "relu"), ("sin", "exp"), ("sin", "cos", "exp", "relu"), ("tanh", "neg"))]
+
+    chosen = scheduler.first_failing(graph, candidates)
+
+    assert chosen is not None and chosen.description == "cos+relu"
+    assert scheduler.stats.checks_in_flight == 0
+
+
+def test_reduce_runs_the_opening_tier_once_and_tells_strategies_the_parallelism() -> None:
+    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    seen: list[int] = []
+
+    def spy(current: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+        seen.append(context.parallelism)
+        return iter(())
+
+    evaluator = ThreadEvaluator(lambda cand: {"sin", "neg"} <= set(op_names(cand)))
+    scheduler = Scheduler(evaluator, still_fails, parallelism=3)
+
+    reduction = reduce(scheduler, graph, StrategyContext(), [Tier.of([spy], opening=True), *PASSES[1:]])
+
+    assert seen == [3]
+    assert sorted(op_names(reduction.graph)) == ["neg", "sin"]

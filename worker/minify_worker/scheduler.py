@@ -5,7 +5,9 @@ Strategies propose candidates in the order they prefer them; the scheduler tests
 result does not depend on how many candidates ran in parallel or which finished first. Once a
 candidate is known to fail, nothing after it is started and what is already running after it is
 cancelled (its answer cannot change the choice). Every distinct candidate is tested at most once:
-outcomes are memoized by the graph's structural hash.
+outcomes are memoized by the graph's structural hash. Slots beyond the one the earliest
+candidate needs go to the read-ahead candidates most likely to fail (see `Scheduler`): a failure
+known early makes the rest of the batch moot sooner.
 
 The scheduler knows nothing about processes: it talks to an `Evaluator` (the sandbox in
 production, a thread pool over a pure-Python oracle in tests) and reports through `Stats`.
@@ -23,8 +25,8 @@ from typing import Protocol
 
 import torch.fx as fx
 
-from minify_worker.graph import size_key, structural_hash
-from minify_worker.outcomes import Fails, Outcome
+from minify_worker.graph import size_key, structural_hash, target_name
+from minify_worker.outcomes import Fails, Outcome, Passes
 from minify_worker.strategies import Candidate, StrategyContext, Tier
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class Stats:
 class _Pending:
     candidate: Candidate
     key: str
+    dropped_kinds: frozenset[str] = frozenset()
     future: Future[Outcome] | None = None
     outcome: Outcome | None = None
 
@@ -69,9 +72,31 @@ class _Pending:
     def done(self) -> bool:
         return self.outcome is not None
 
+    @property
+    def queued(self) -> bool:
+        return self.future is None and self.outcome is None
+
+
+LOOKAHEAD_PER_SLOT = 4
+"""How many candidates past the ones in flight the scheduler reads ahead, per parallel slot, to
+choose which to start: a candidate costs a graph copy when read, nothing more until it starts."""
+
+
+def _op_kinds(graph: fx.Graph) -> frozenset[str]:
+    return frozenset(target_name(node.target) for node in graph.nodes if node.op == "call_function")
+
 
 class Scheduler:
-    """Tests candidates through an evaluator: in parallel, memoized, first-in-order wins."""
+    """Tests candidates through an evaluator: in parallel, memoized, first-in-order wins.
+
+    Which candidate a free slot goes to: the earliest one not started, when nothing before it is
+    in flight (its answer is always needed); otherwise the one of the read-ahead most likely to
+    fail, since a failure makes every candidate after it moot. Likelihood is learned from the
+    outcomes so far: a candidate that drops an op kind whose absence made candidates pass is
+    unlikely to fail; one that drops only kinds some failing candidate did without is likely
+    to. This decides only the order work starts in: the candidate accepted is always the first
+    failing one in the strategy's order.
+    """
 
     def __init__(
         self,
@@ -89,6 +114,8 @@ class Scheduler:
         self._should_stop = should_stop or (lambda: None)
         self._memo: dict[str, Outcome] = {}
         self._running: dict[str, Future[Outcome]] = {}
+        self._passes_without: Counter[str] = Counter()  # kind -> candidates that passed without it
+        self._not_needed: set[str] = set()  # kinds some still-failing candidate did without
         self.stats = Stats()
 
     @property
@@ -104,62 +131,90 @@ class Scheduler:
         source = iter(candidates)
         current_size = size_key(current)
         current_key = structural_hash(current)
+        current_kinds = _op_kinds(current)
+        lookahead = LOOKAHEAD_PER_SLOT * self._parallelism
         window: list[_Pending] = []
         exhausted = False
-        feeding = True
         try:
             while True:
-                while feeding and not exhausted and self._in_flight(window) < self._parallelism:
-                    candidate = next(source, None)
-                    if candidate is None:
-                        exhausted = True
-                        break
-                    pending = self._start(candidate, current_key, current_size)
-                    if pending is None:
-                        continue
-                    window.append(pending)
-                    if pending.done and self._still_fails(pending.outcome):
-                        feeding = False
+                self._drop_after_first_failure(window)
                 while window and window[0].done:
                     head = window.pop(0)
                     assert head.outcome is not None
                     if self._still_fails(head.outcome):
                         return head.candidate
-                if not window:
-                    if exhausted or not feeding:
-                        return None
+                failure_known = any(p.done and self._still_fails(p.outcome) for p in window)
+                queued = sum(1 for p in window if p.queued)
+                if not failure_known and not exhausted and queued < lookahead:
+                    candidate = next(source, None)
+                    if candidate is None:
+                        exhausted = True
+                    else:
+                        pending = self._read(candidate, current_key, current_size, current_kinds)
+                        if pending is not None:
+                            window.append(pending)
                     continue
+                while self._in_flight(window) < self._parallelism:
+                    chosen = self._next_to_start(window)
+                    if chosen is None:
+                        break
+                    self._start(chosen)
+                if not window:
+                    return None
+                if self._in_flight(window) == 0:
+                    continue  # what started was answered from the memo
                 self._wait_any(window)
-                if any(p.done and self._still_fails(p.outcome) for p in window):
-                    feeding = False
-                    self._cancel_after_first_failure(window)
         finally:
             for pending in window:
                 if not pending.done and pending.future is not None:
                     self._release(pending)
 
-    def _start(self, candidate: Candidate, current_key: str, current_size: tuple[int, ...]) -> _Pending | None:
+    def _read(self, candidate: Candidate, current_key: str, current_size: tuple[int, ...],
+              current_kinds: frozenset[str]) -> _Pending | None:
+        """A pending entry for the candidate (answered at once from the memo), or None if moot."""
         if size_key(candidate.graph) >= current_size:
             return None
         key = structural_hash(candidate.graph)
         if key == current_key:
             return None
-        self.stats.checks_total += 1
+        pending = _Pending(candidate, key, current_kinds - _op_kinds(candidate.graph))
         if key in self._memo:
+            self.stats.checks_total += 1
             self.stats.checks_cached += 1
+            pending.outcome = self._memo[key]
             self._on_check()
-            return _Pending(candidate, key, outcome=self._memo[key])
-        future = self._running.get(key)
+        return pending
+
+    def _next_to_start(self, window: list[_Pending]) -> _Pending | None:
+        for pending in window:
+            if pending.queued:
+                return pending
+            if not pending.done:
+                break  # something earlier is in flight: this slot may speculate
+        queued = [p for p in window if p.queued]
+        return max(queued, key=self._likelihood, default=None)  # max keeps the earliest of equals
+
+    def _likelihood(self, pending: _Pending) -> int:
+        return -sum(self._passes_without[kind] for kind in pending.dropped_kinds if kind not in self._not_needed)
+
+    def _start(self, pending: _Pending) -> None:
+        self.stats.checks_total += 1
+        if pending.key in self._memo:
+            self.stats.checks_cached += 1
+            pending.outcome = self._memo[pending.key]
+            self._on_check()
+            return
+        future = self._running.get(pending.key)
         if future is None:
-            future = self._evaluator.submit(candidate.graph)
-            self._running[key] = future
+            future = self._evaluator.submit(pending.candidate.graph)
+            self._running[pending.key] = future
             self.stats.checks_in_flight += 1
         else:
             self.stats.checks_cached += 1
-        return _Pending(candidate, key, future=future)
+        pending.future = future
 
     def _in_flight(self, window: Sequence[_Pending]) -> int:
-        return sum(1 for p in window if not p.done)
+        return sum(1 for p in window if p.future is not None and not p.done)
 
     def _wait_any(self, window: list[_Pending]) -> None:
         running = {p.future for p in window if not p.done and p.future is not None}
@@ -183,18 +238,28 @@ class Scheduler:
             self.stats.checks_in_flight -= 1
             self._memo[pending.key] = outcome
             self.stats.outcomes[self._outcome_label(outcome)] += 1
+            self._learn(pending, outcome)
             log.debug("%s -> %s", pending.candidate.description, outcome)
         self._on_check()
+
+    def _learn(self, pending: _Pending, outcome: Outcome) -> None:
+        if self._still_fails(outcome):
+            self._not_needed.update(pending.dropped_kinds)
+        elif isinstance(outcome, Passes):
+            self._passes_without.update(pending.dropped_kinds)
 
     def _outcome_label(self, outcome: Outcome) -> str:
         if isinstance(outcome, Fails) and not self._still_fails(outcome):
             return "other_failure"
         return outcome.kind
 
-    def _cancel_after_first_failure(self, window: list[_Pending]) -> None:
-        first = next(i for i, p in enumerate(window) if p.done and self._still_fails(p.outcome))
+    def _drop_after_first_failure(self, window: list[_Pending]) -> None:
+        """Once a candidate is known to fail, the ones after it are moot: cancel, forget them."""
+        first = next((i for i, p in enumerate(window) if p.done and self._still_fails(p.outcome)), None)
+        if first is None:
+            return
         for pending in window[first + 1 :]:
-            if not pending.done:
+            if not pending.done and pending.future is not None:
                 self._release(pending)
         del window[first + 1 :]
 
