@@ -13,7 +13,7 @@ from minify_server.archive import NotAnExportArchive, check_export_archive, chec
 def make_zip(path: Path, names: list[str]) -> Path:
     with zipfile.ZipFile(path, "w") as archive:
         for name in names:
-            archive.writestr(name, b"{}")
+            archive.writestr(name, b"" if name.endswith(".pt") else b"{}")  # torch reads an empty .pt as {}
     return path
 
 
@@ -57,3 +57,33 @@ def test_torch_save_inputs_are_recognised(tmp_path: Path) -> None:
     check_torch_save_file(tmp_path / "inputs.pt")
     with pytest.raises(NotAnExportArchive, match=r"not a torch\.save file"):
         check_torch_save_file(make_zip(tmp_path / "i.pt", ["a/archive_format"]))
+
+
+def test_an_archive_with_a_pickled_weight_is_refused_naming_the_member(tmp_path: Path) -> None:
+    from minify_server.archive import CodeInArchive
+    from tests.support.archives import pickled_weight_archive
+
+    with pytest.raises(CodeInArchive, match=r"data/weights/weight_0 .*MINIFY_ALLOW_PICKLE=1"):
+        check_export_archive(pickled_weight_archive(tmp_path, tmp_path / "ran"))
+
+
+def test_an_archive_with_a_pickled_weight_is_accepted_where_the_operator_allows_pickles(tmp_path: Path) -> None:
+    from tests.support.archives import pickled_weight_archive
+
+    check_export_archive(pickled_weight_archive(tmp_path, tmp_path / "ran"), allow_pickle=True)
+
+
+def test_the_server_answers_415_naming_the_pickled_member_and_nothing_runs(tmp_path: Path) -> None:
+    import json
+
+    from tests.support.archives import pickled_weight_archive
+    from tests.support.service import start_service
+
+    program = pickled_weight_archive(tmp_path, tmp_path / "ran")
+    with start_service(tmp_path / "data", workers=0) as service, service.client() as client:
+        response = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
+                               data={"spec": json.dumps({"backend": "eager"})})
+        listed = client.get("/v1/jobs").json()
+    assert response.status_code == 415, response.text
+    assert "data/weights/weight_0 (weight 'fc1.weight' is marked use_pickle" in response.json()["error"]
+    assert listed["jobs"] == [] and not (tmp_path / "ran").exists()

@@ -1,0 +1,46 @@
+"""`minify-worker minify` on a .pt2 whose weight is a pickle: refused unless the operator allows pickles.
+
+A real offline command, a cheap test backend (no inductor compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.support.archives import pickled_weight_archive
+
+TESTING = "minify_worker.testing_backends"
+
+
+def run_offline(program: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if key != "MINIFY_ALLOW_PICKLE"}
+    environment.update(MINIFY_ALLOWED_BACKENDS=TESTING, **env)
+    return subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
+                           f"{TESTING}:fail_on_relu", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env=environment)
+
+
+def test_the_offline_command_refuses_a_pickled_weight_and_nothing_runs(tmp_path: Path) -> None:
+    done = run_offline(pickled_weight_archive(tmp_path, tmp_path / "ran"), tmp_path / "out")
+
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "pickled_weight.pt2 is refused" in done.stdout
+    assert "data/weights/weight_0 (weight 'fc1.weight' is marked use_pickle" in done.stdout
+    assert "MINIFY_ALLOW_PICKLE=1" in done.stdout
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_offline_command_minifies_a_pickled_weight_where_the_operator_allows_pickles(tmp_path: Path) -> None:
+    program = pickled_weight_archive(tmp_path, tmp_path / "ran", payload=torch.nn.Parameter(torch.randn(16, 10)))
+
+    done = run_offline(program, tmp_path / "out", MINIFY_ALLOW_PICKLE="1")
+
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["nodes_original"] == 3 and report["nodes_final"] == 1
