@@ -206,6 +206,19 @@ def test_write_program_artifacts_is_a_sandbox_call_with_json_arguments(seed_aoti
     assert "# Signature:        CppCompileError: C++ compile error" in (tmp_path / artifacts.REPRO).read_text()
 
 
+def test_write_program_artifacts_writes_nothing_to_a_relative_out_dir_and_says_why(seed_aoti, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a sandbox child's working directory is not its caller's
+    graph, values = seed_aoti
+    result = artifacts.write_program_artifacts(SimpleNamespace(values=values), wire_graph=G.graph_to_wire(graph),
+                                               out_dir="out/relu", spec_json=JobSpec().model_dump_json())
+
+    assert result["files"] == []
+    assert set(result["errors"]) == {artifacts.INPUTS, artifacts.REPRO, artifacts.MINIMIZED}
+    assert "'out/relu' is relative" in result["errors"][artifacts.REPRO]
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- repro.py: what it says -------------------------------------------------------------------
 
 
@@ -271,6 +284,19 @@ def test_repro_sets_each_recorded_inductor_config_override(seed_aoti):
 
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = 'compile_error'\n" in text
     assert "torch._inductor.config.max_autotune = True\n" in text
+
+
+def test_repro_sets_recorded_dynamo_and_functorch_config_in_their_modules(seed_aoti):
+    spec = JobSpec(config={"torch._dynamo.config.assume_static_by_default": False,
+                           "torch._functorch.config.donated_buffer": False, "freezing": True})
+
+    text = artifacts.render_repro(seed_aoti[0], spec, None, "2.13.0")
+
+    assert "import torch._dynamo.config\nimport torch._functorch.config\n" in text
+    assert "\ntorch._dynamo.config.assume_static_by_default = False\n" in text
+    assert "\ntorch._functorch.config.donated_buffer = False\n" in text
+    assert "\ntorch._inductor.config.freezing = True\n" in text
+    compile(text, "repro.py", "exec")
 
 
 def test_repro_refuses_a_config_key_that_is_not_a_dotted_name(seed_aoti):

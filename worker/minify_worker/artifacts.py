@@ -56,8 +56,14 @@ def write_program_artifacts(
     `context.values` is the value store the sandbox child holds; `wire_graph` is `graph_to_wire`'s
     form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict).
     Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
-    refuses still gets its inputs.pt and repro.py.
+    refuses still gets its inputs.pt and repro.py. `out_dir` must be absolute (nothing is
+    written otherwise, and every file is an error).
     """
+    if not Path(out_dir).is_absolute():
+        # A sandbox child works in a folder of its own: a relative out_dir would put the files
+        # where nobody looks, and the caller would list files that are not where it says.
+        reason = f"out_dir {out_dir!r} is relative; the sandbox child needs an absolute folder"
+        return {"files": [], "errors": {name: reason for name in (INPUTS, REPRO, MINIMIZED)}}
     graph = graph_from_wire(wire_graph)
     spec = JobSpec.model_validate_json(spec_json)
     target = Signature(**signature) if signature is not None else None
@@ -343,13 +349,24 @@ def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
     ])
 
 
+# Spec config keys that name another config module than inductor's (as minify_client.capture
+# records them); the others are torch._inductor.config keys.
+_OTHER_CONFIG_MODULES = ("torch._dynamo.config", "torch._functorch.config")
+
+
 def _config_lines(config: dict[str, Any]) -> str:
-    lines = ["# torch._inductor.config overrides recorded in the job spec"]
+    lines = ["# config overrides recorded in the job spec"]
+    imports = set()
     for key, value in sorted(config.items()):
         if not all(part.isidentifier() for part in key.split(".")):
-            raise ValueError(f"config key {key!r} is not a dotted torch._inductor.config name")
-        lines.append(f"torch._inductor.config.{key} = {value!r}")
-    return "\n".join(lines) if config else "# no torch._inductor.config overrides"
+            raise ValueError(f"config key {key!r} is not a dotted config name")
+        module = next((name for name in _OTHER_CONFIG_MODULES if key.startswith(name + ".")), None)
+        if module is not None:
+            imports.add(f"import {module}")
+            lines.append(f"{key} = {value!r}")
+        else:
+            lines.append(f"torch._inductor.config.{key} = {value!r}")
+    return "\n".join([*sorted(imports), *lines]) if config else "# no config overrides"
 
 
 # Names FX-generated code may use that _IMPORTS does not provide, and how to provide them.
