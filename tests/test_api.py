@@ -53,6 +53,7 @@ def finished_job(service: Service, programs: dict[str, Path]) -> dict:
 def test_submit_answers_201_with_id_and_links(finished_job: dict) -> None:
     created = finished_job["created"]
     assert created["status"] == "queued"
+    assert created["warnings"] == []  # a live worker serves the cpu queue
     assert created["links"]["self"] == f"/v1/jobs/{created['id']}"
     assert created["links"]["events"] == f"/v1/jobs/{created['id']}/events"
 

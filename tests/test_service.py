@@ -33,6 +33,11 @@ FAIL_ON_RELU = {"backend": "minify_worker.testing_backends:fail_on_relu", "failu
 HANG_ON_RELU = {"backend": "minify_worker.testing_backends:hang_with_grandchild_on_relu",
                 "failure": {"kind": "timeout"}, "limits": {"candidate_timeout_s": 120}}
 FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
+# Runs until cancelled (its original hangs), with no grandchild that could outlive a killed worker.
+HANGS = {"backend": "minify_worker.testing_backends:hang_on_relu", "failure": {"kind": "timeout"},
+         "limits": {"candidate_timeout_s": 120}}
+# A worker silent 1 + 2 s is dead; every worker cleans up (re-queues dead workers' jobs) every second.
+FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -251,4 +256,103 @@ def test_stopping_the_server_mid_job_leaves_no_process_and_requeues_the_job(tmp_
         status = client.get(f"/v1/jobs/{job_id}").json()
         assert client.get("/healthz").json()["queues"]["cpu"] == 1
     assert status["status"] == "queued" and status["attempts"] == 1, status
+
+
+def start_worker(service: Service, name: str, *flags: str) -> subprocess.Popen:
+    """`minify-worker` on the cpu queue, in its own process group, as on a machine of its own."""
+    env = {**os.environ, MARKER: service.marker, "MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}
+    return subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url", service.redis_url,
+                             "--queues", "cpu", "--name", name, "--no-preload", *flags],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def kill_whole_worker(worker: subprocess.Popen) -> None:
+    """SIGKILL the worker and its work horse (which leads a process group of its own), as when its
+    machine dies; the sandbox children follow by PR_SET_PDEATHSIG."""
+    horses = children_of(worker.pid)
+    os.killpg(worker.pid, signal.SIGKILL)
+    for horse in horses:
+        try:
+            os.killpg(horse, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.wait()
+
+
+def stop_worker(worker: subprocess.Popen) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+
+
+def wait_for_live_workers(client: httpx.Client, count: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (workers := client.get("/healthz").json()["workers"]) != count:
+        assert time.monotonic() < deadline, f"{workers} live workers, not {count}, after {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
+def test_a_job_whose_whole_worker_is_sigkilled_runs_again_on_an_idle_worker_within_seconds(
+        service_without_workers: Service, programs: dict[str, Path]) -> None:
+    doomed = start_worker(service_without_workers, "doomed", *FAST_HEARTBEAT)
+    survivor: subprocess.Popen | None = None
+    try:
+        with service_without_workers.client() as client:
+            wait_for_live_workers(client, 1)
+            job_id = submit(client, programs["relu_cos"], HANGS)
+            assert wait_for_status(client, job_id, {"running"}, timeout_s=60)["worker"] == "doomed"
+            survivor = start_worker(service_without_workers, "survivor", *FAST_HEARTBEAT)
+            wait_for_live_workers(client, 2)
+            killed = time.monotonic()
+            kill_whole_worker(doomed)
+            deadline = killed + 60
+            while (status := client.get(f"/v1/jobs/{job_id}").json())["attempts"] < 2:
+                assert time.monotonic() < deadline, f"the job did not run again in 60 s: {status}"
+                time.sleep(0.1)
+            took = time.monotonic() - killed
+            assert status["status"] == "running" and status["worker"] == "survivor", status
+            client.delete(f"/v1/jobs/{job_id}")
+            assert wait_for_status(client, job_id, FINISHED, timeout_s=30)["status"] == "cancelled"
+            messages = [event.data.get("message", "") for event in read_events(client, job_id)]
+    finally:
+        if doomed.poll() is None:
+            kill_whole_worker(doomed)
+        if survivor is not None:
+            stop_worker(survivor)
+    print(f"\njob running again {took:.1f} s after its whole worker was SIGKILLed "
+          f"(heartbeat interval 1 s, grace 2 s, maintenance every 1 s)")
+    assert any("worker lost the job" in message and "re-queued" in message for message in messages), messages
+    assert took < 15
+
+
+def test_healthz_and_metrics_count_only_live_workers(service_without_workers: Service) -> None:
+    worker = start_worker(service_without_workers, "short-lived", *FAST_HEARTBEAT)
+    try:
+        with service_without_workers.client() as client:
+            wait_for_live_workers(client, 1)
+            assert "minify_workers 1.0" in client.get("/metrics").text
+            kill_whole_worker(worker)
+            wait_for_live_workers(client, 0, timeout_s=10)  # its heartbeat (1 + 2 s) expired
+            health = client.get("/healthz").json()
+            text = client.get("/metrics").text
+    finally:
+        if worker.poll() is None:
+            kill_whole_worker(worker)
+    assert health["status"] == "degraded" and health["workers"] == 0
+    assert "minify_workers 0.0" in text
+
+
+def test_a_cuda_job_with_no_cuda_worker_says_so_at_submit_and_on_its_status(
+        service_without_workers: Service, programs: dict[str, Path]) -> None:
+    program = programs["relu_cos"]
+    with service_without_workers.client() as client:
+        created = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
+                              data={"spec": json.dumps({"backend": "eager", "device": "cuda"})})
+        assert created.status_code == 201, created.text
+        status = client.get(f"/v1/jobs/{created.json()['id']}").json()
+        client.delete(f"/v1/jobs/{created.json()['id']}")
+    assert created.json()["warnings"] == ["no worker is serving the cuda queue; the job waits until one starts"]
+    assert status["status"] == "queued"
+    assert len(status["warnings"]) == 1, status
+    assert status["warnings"][0].startswith("no worker has served the cuda queue for ")
 

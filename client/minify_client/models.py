@@ -198,6 +198,9 @@ class JobCreated(BaseModel):
     id: str
     status: JobState
     links: JobLinks
+    warnings: list[str] = Field(
+        default_factory=list, description="why the job may not run soon, e.g. no worker serves its queue"
+    )
 
 
 class JobStatus(BaseModel):
@@ -214,6 +217,9 @@ class JobStatus(BaseModel):
     program_name: str | None = None
     attempts: int = 0
     links: JobLinks | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="why a queued job is not running, e.g. no worker serves its queue"
+    )
 
 
 class JobList(BaseModel):

@@ -5,16 +5,40 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis
-import redis.asyncio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from minify_server import connections
 from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
+from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
 from minify_server.routes import jobs, system
 from minify_server.store import ArtifactStore
+
+# Routes that answer only after talking to Redis: a success there means Redis is back.
+_REDIS_ROUTES = ("/v1", "/healthz", "/metrics")
+
+
+class _RedisRecovery:
+    """Ends a logged Redis outage at the first successful answer of a route that uses Redis."""
+
+    def __init__(self, app: ASGIApp, outages: connections.OutageLog) -> None:
+        self.app = app
+        self.outages = outages
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.outages.since is None or not scope["path"].startswith(_REDIS_ROUTES):
+            await self.app(scope, receive, send)
+            return
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start" and 200 <= message["status"] < 300:
+                self.outages.recovered()
+            await send(message)
+
+        await self.app(scope, receive, watch)
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -22,20 +46,25 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = redis.asyncio.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
-        app.state.sync_redis = redis.Redis.from_url(redis_url)
+        app.state.redis = connections.async_client(redis_url)
+        app.state.stream_redis = connections.async_client(
+            redis_url, read_timeout_s=BLOCK_MS / 1000 + connections.READ_TIMEOUT_S)
+        app.state.sync_redis = connections.sync_client(redis_url)
         app.state.records = JobRecords(app.state.redis)
         try:
             yield
         finally:
             await app.state.redis.aclose()
+            await app.state.stream_redis.aclose()
             app.state.sync_redis.close()
 
     app = FastAPI(title="minify", version="1", lifespan=lifespan,
                   description="Turn a failing PyTorch program into the smallest program that fails the same way.")
     app.state.settings = settings
     app.state.store = ArtifactStore(settings.data_dir)
+    app.state.redis_outages = connections.OutageLog()
     install_error_handlers(app)
+    app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)
     app.include_router(system.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from minify_client.models import ErrorResponse
+from minify_server.connections import RETRY_AFTER_S, UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [dict(item) for item in exc.errors()]
         return error_response(422, f"invalid request: {_describe(errors)}")
+
+    async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # Handled here, not by the catch-all below: that one re-raises, and the server then drops
+        # the (keep-alive) connection and logs a traceback per request.
+        request.app.state.redis_outages.failed(exc)
+        return error_response(503, "the job store (Redis) is unavailable; retry shortly",
+                              headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    for unavailable in UNAVAILABLE:
+        app.add_exception_handler(unavailable, _redis_unavailable)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

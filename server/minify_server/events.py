@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis
 
 from minify_client.models import JobState
+from minify_server.connections import UNAVAILABLE, OutageLog
 from minify_server.records import events_key, record_key
 
 BLOCK_MS = 5_000
@@ -21,21 +22,29 @@ def _is_final(fields: dict[str, str]) -> bool:
     return status is not None and JobState(status).finished
 
 
-async def job_events(redis: Redis, job_id: str, last_event_id: str | None) -> AsyncIterator[str]:
-    """`id:`/`event:`/`data:` frames; the stream entry id is the SSE id, so Last-Event-ID resumes."""
+async def job_events(redis: Redis, job_id: str, last_event_id: str | None,
+                     outages: OutageLog) -> AsyncIterator[str]:
+    """`id:`/`event:`/`data:` frames; the stream entry id is the SSE id, so Last-Event-ID resumes.
+
+    When Redis becomes unavailable the stream ends early; EventSource and the client reconnect with
+    Last-Event-ID (after the `retry:` delay) and lose nothing.
+    """
     stream = events_key(job_id)
     cursor = last_event_id or "0-0"
     yield "retry: 2000\n\n"
-    while True:
-        batches = await redis.xread({stream: cursor}, count=BATCH, block=BLOCK_MS)
-        if not batches:
-            status = await redis.hget(record_key(job_id), "status")
-            if status is None or JobState(status).finished:
-                return  # ended without a final event we have not sent (e.g. expired history)
-            yield ": keep-alive\n\n"
-            continue
-        for entry_id, fields in batches[0][1]:
-            cursor = entry_id
-            yield f"id: {entry_id}\nevent: {fields.get('event', 'log')}\ndata: {fields.get('data', '{}')}\n\n"
-            if _is_final(fields):
-                return
+    try:
+        while True:
+            batches = await redis.xread({stream: cursor}, count=BATCH, block=BLOCK_MS)
+            if not batches:
+                status = await redis.hget(record_key(job_id), "status")
+                if status is None or JobState(status).finished:
+                    return  # ended without a final event we have not sent (e.g. expired history)
+                yield ": keep-alive\n\n"
+                continue
+            for entry_id, fields in batches[0][1]:
+                cursor = entry_id
+                yield f"id: {entry_id}\nevent: {fields.get('event', 'log')}\ndata: {fields.get('data', '{}')}\n\n"
+                if _is_final(fields):
+                    return
+    except UNAVAILABLE as error:
+        outages.failed(error)

@@ -30,7 +30,7 @@ class _Snapshot:
         for name, count in self.depths.items():
             depth.add_metric([name], count)
         yield depth
-        yield GaugeMetricFamily("minify_workers", "RQ workers registered", value=self.workers)
+        yield GaugeMetricFamily("minify_workers", "Live workers (heartbeat not expired)", value=self.workers)
         yield CounterMetricFamily("minify_checks", "Candidate checks run by finished jobs",
                                   value=self.counters.get("checks_total", 0))
         yield CounterMetricFamily("minify_checks_cached", "Candidate checks answered from the memo",

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from rq import Callback, Queue, Retry
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
-from rq.worker import Worker
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from minify_client.models import JobSpec
 
@@ -43,9 +44,19 @@ def dequeue(redis: Redis, job_id: str) -> None:
         pass
 
 
-def queue_depths(redis: Redis) -> dict[str, int]:
-    return {name: Queue(name, connection=redis).count for name in QUEUE_NAMES}
+async def queue_depths(redis: AsyncRedis) -> dict[str, int]:
+    """Jobs waiting per queue (the length of RQ's list for it)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in QUEUE_NAMES:
+            pipe.llen(Queue.redis_queue_namespace_prefix + name)
+        return dict(zip(QUEUE_NAMES, await pipe.execute(), strict=True))
 
 
-def worker_count(redis: Redis) -> int:
-    return Worker.count(connection=redis)
+async def live_workers(redis: AsyncRedis, queue_name: str | None = None) -> int:
+    """Workers (of one queue, or all) whose heartbeat has not expired.
+
+    RQ's worker sets keep a dead worker's name until a maintenance pass; its record (a key with the
+    heartbeat's expiry) is what says it is alive.
+    """
+    names = await redis.smembers(WORKERS_BY_QUEUE_KEY % queue_name if queue_name else REDIS_WORKER_KEYS)
+    return await redis.exists(*names) if names else 0

@@ -3,7 +3,10 @@
 One hash per job (`minify:job:<id>`), one stream of ProgressEvents per job
 (`minify:job:<id>:events`), a cancel flag (`minify:job:<id>:cancel`), a sorted set of all jobs
 by creation time (`minify:jobs`) and a hash of counters (`minify:counters`). The worker gets the
-key names in the job's ticket (ticket_keys), so this module is the one place they are spelled.
+key names in the job's ticket (ticket_keys), so this module is the one place they are spelled;
+the exception is `minify:queues:served_at` (queue name → when a live worker last served it, epoch
+seconds), which workers write on every heartbeat, outside any job, and which
+minify_worker/rqworker.py spells too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Re
 
 INDEX_KEY = "minify:jobs"
 COUNTERS_KEY = "minify:counters"
+QUEUES_SERVED_KEY = "minify:queues:served_at"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
 
@@ -140,3 +144,8 @@ class JobRecords:
 
     async def counters(self) -> dict[str, int]:
         return {name: int(value) for name, value in (await self.redis.hgetall(COUNTERS_KEY)).items()}
+
+    async def queue_served_at(self, queue_name: str) -> float | None:
+        """When a live worker last served the queue (epoch seconds), if ever."""
+        value = await self.redis.hget(QUEUES_SERVED_KEY, queue_name)
+        return float(value) if value else None

@@ -6,11 +6,18 @@ does import the engine, torch and inductor once at start and runs inductor's CPU
 (`minify_worker.sandbox.preload`: no CUDA, no kernel run, no thread), so that each horse's sandbox
 forks its fork server from that warm state instead of importing and warming up per job (seconds).
 Run one per machine (one per GPU), pointed at the service's Redis; as many machines as you like.
+
+Liveness: the worker heartbeats every --heartbeat-interval seconds, idle or busy; its record and
+its running job's entry expire --heartbeat-grace seconds after a missed beat. Every worker, idle
+or busy, runs RQ's maintenance every --maintenance-interval seconds, which re-queues the jobs of
+workers whose heartbeat expired. So a worker that dies whole (machine lost, SIGKILL) has its job
+running again within interval + grace + maintenance seconds, whatever the other workers do.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
@@ -19,7 +26,9 @@ import time
 from types import FrameType
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue, Worker
+from rq.executions import Execution
 from rq.job import Job
 
 from minify_worker.job import record_worker_lost
@@ -30,10 +39,73 @@ log = logging.getLogger(__name__)
 QUEUE_NAMES = ("cpu", "cuda")
 # How long a job may take to stop (cancel its candidates, write its status) on a cold shutdown.
 HORSE_STOP_GRACE_S = 10.0
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 30
+MAINTENANCE_INTERVAL_S = 15
+# RQ holds a queue's maintenance lock for 899 s: a worker killed while cleaning would stop every
+# other worker's cleaning, and so the recovery of lost jobs, for 15 minutes.
+MAINTENANCE_LOCK_S = 60
+_PR_SET_PDEATHSIG = 1
+# Queue name -> when a live worker last served it; the layout is the server's (minify_server/records.py).
+QUEUES_SERVED_KEY = "minify:queues:served_at"
+
+
+class MinifyQueue(Queue):
+    def acquire_maintenance_lock(self) -> bool:
+        return bool(self.connection.set(self.registry_cleaning_key, 1, nx=True, ex=MAINTENANCE_LOCK_S))
 
 
 class MinifyWorker(Worker):
-    """An RQ worker whose cold shutdown lets the running job stop its candidates and be re-queued."""
+    """An RQ worker that heartbeats and cleans up on a short period, idle or busy, and whose cold
+    shutdown lets the running job stop its candidates and be re-queued.
+
+    RQ itself blocks an idle worker in one dequeue for worker_ttl - 15 s (405 s by default),
+    runs maintenance only between dequeues and never while a job runs, and keeps a dead worker's
+    record for worker_ttl + 60 s.
+    """
+
+    def __init__(self, *args: object, heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S,
+                 heartbeat_grace_s: int = HEARTBEAT_GRACE_S, **kwargs: object) -> None:
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_grace_s = heartbeat_grace_s
+        self._parent_pid = os.getpid()
+        super().__init__(*args, job_monitoring_interval=heartbeat_interval_s,
+                         worker_ttl=heartbeat_interval_s + heartbeat_grace_s, **kwargs)
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return self.heartbeat_interval_s
+
+    def heartbeat(self, timeout: int | None = None, pipeline: object | None = None) -> None:
+        """Extend this worker's record, and say when its queues were last served (the server tells
+        the submitter of a job nobody serves since when)."""
+        super().heartbeat(self.heartbeat_interval_s + self.heartbeat_grace_s, pipeline=pipeline)
+        connection = pipeline if pipeline is not None else self.connection
+        connection.hset(QUEUES_SERVED_KEY, mapping={name: int(time.time()) for name in self.queue_names()})
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """How long the running job's entry lives without a beat (RQ adds a fixed 60 s)."""
+        interval = float(self.heartbeat_interval_s)
+        if job.timeout and job.timeout > 0:
+            interval = min(job.timeout - working_time, interval)
+        return int(interval) + self.heartbeat_grace_s
+
+    def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
+        """Every heartbeat interval while a job runs: beat, and clean up when it is time."""
+        super().maintain_heartbeats(job, execution)
+        if self.should_run_maintenance_tasks:
+            try:
+                self.run_maintenance_tasks()
+            except RedisError as error:  # the job goes on; the next beat tries again
+                log.warning("maintenance failed: %s", error)
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        # A horse outliving its worker would run on unwatched while its job is re-queued elsewhere:
+        # SIGTERM stops the job as a cold shutdown does, and it is re-queued at once.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != self._parent_pid:  # the worker died before the prctl
+            os._exit(1)
+        super().main_work_horse(job, queue)
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.horse_pid:
@@ -67,6 +139,11 @@ def default_queues() -> str:
     return "cpu,cuda" if has_gpu else "cpu"
 
 
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minify-worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis-url", default=os.environ.get("MINIFY_REDIS_URL"),
@@ -77,8 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allowed-backends", default=None,
                         help="custom backend module prefixes jobs may import (env MINIFY_ALLOWED_BACKENDS)")
     parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
-    parser.add_argument("--maintenance-interval", type=int, default=30,
-                        help="seconds between RQ registry cleanups (re-queues jobs of dead workers)")
+    parser.add_argument("--heartbeat-interval", type=int, metavar="SECONDS",
+                        default=_env_int("MINIFY_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_S),
+                        help=f"seconds between heartbeats (env MINIFY_HEARTBEAT_INTERVAL; default "
+                             f"{HEARTBEAT_INTERVAL_S})")
+    parser.add_argument("--heartbeat-grace", type=int, metavar="SECONDS",
+                        default=_env_int("MINIFY_HEARTBEAT_GRACE", HEARTBEAT_GRACE_S),
+                        help=f"a worker silent this long after a missed heartbeat is dead and its job is "
+                             f"re-queued (env MINIFY_HEARTBEAT_GRACE; default {HEARTBEAT_GRACE_S})")
+    parser.add_argument("--maintenance-interval", type=int, metavar="SECONDS",
+                        default=_env_int("MINIFY_MAINTENANCE_INTERVAL", MAINTENANCE_INTERVAL_S),
+                        help="seconds between RQ registry cleanups, which re-queue the jobs of dead workers "
+                             f"(env MINIFY_MAINTENANCE_INTERVAL; default {MAINTENANCE_INTERVAL_S})")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the engine (torch) in the worker; each job imports it")
     parser.add_argument("--log-level", default="INFO")
@@ -94,6 +181,9 @@ def main(argv: list[str]) -> int:
     unknown = [name for name in queues if name not in QUEUE_NAMES]
     if unknown or not queues:
         parser.error(f"--queues must name some of {', '.join(QUEUE_NAMES)}; got {args.queues!r}")
+    for flag in ("heartbeat_interval", "heartbeat_grace", "maintenance_interval"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1 second")
     if args.allowed_backends is not None:
         os.environ["MINIFY_ALLOWED_BACKENDS"] = args.allowed_backends
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -106,11 +196,13 @@ def main(argv: list[str]) -> int:
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
     worker = MinifyWorker(
-        [Queue(name, connection=redis) for name in queues],
+        [MinifyQueue(name, connection=redis) for name in queues],
         connection=redis,
         name=args.name or f"{socket.gethostname()}-{os.getpid()}",
         work_horse_killed_handler=_horse_killed,
         maintenance_interval=args.maintenance_interval,
+        heartbeat_interval_s=args.heartbeat_interval,
+        heartbeat_grace_s=args.heartbeat_grace,
     )
     log.info("minify worker %s on queues %s", worker.name, ", ".join(queues))
     worker.work(burst=args.burst, logging_level=args.log_level)

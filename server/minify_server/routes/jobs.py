@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -61,7 +63,29 @@ async def _job(request: Request, job_id: str) -> JobStatus:
     status = to_job_status(fields)
     artifacts = _store(request).available(job_id) if status.status.finished else []
     status.links = _links(job_id, artifacts)
+    if status.status is JobState.queued:
+        warning = await _unserved_queue_warning(request, status.spec.device_class, status.created_at)
+        status.warnings = [warning] if warning else []
     return status
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{max(0, int(seconds))} s"
+    if seconds < 2 * 3600:
+        return f"{int(seconds // 60)} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+async def _unserved_queue_warning(request: Request, queue_name: str, queued_at: datetime | None) -> str | None:
+    """Why a queued job is not running: no live worker serves its queue (since when, for a job that waits)."""
+    if await queue.live_workers(request.app.state.redis, queue_name):
+        return None
+    if queued_at is None:
+        return f"no worker is serving the {queue_name} queue; the job waits until one starts"
+    served_at = await _records(request).queue_served_at(queue_name)
+    idle_s = time.time() - (served_at if served_at is not None else queued_at.timestamp())
+    return f"no worker has served the {queue_name} queue for {_duration(idle_s)}; the job waits until one starts"
 
 
 def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
@@ -152,7 +176,9 @@ async def create_job(request: Request) -> JobCreated:
     }
     await run_in_threadpool(queue.enqueue, request.app.state.sync_redis, job_id, spec, ticket,
                             settings.job_retries)
-    return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []))
+    warning = await _unserved_queue_warning(request, spec.device_class, None)
+    return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []),
+                      warnings=[warning] if warning else [])
 
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")
@@ -179,7 +205,8 @@ async def job_event_stream(request: Request, job_id: str,
                            last_event_id: str | None = Header(default=None)) -> StreamingResponse:
     await _job(request, job_id)
     cursor = last_event_id or request.query_params.get("last_event_id")
-    return StreamingResponse(job_events(request.app.state.redis, job_id, cursor), media_type="text/event-stream",
+    events = job_events(request.app.state.stream_redis, job_id, cursor, request.app.state.redis_outages)
+    return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from redis.exceptions import RedisError
-from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import Health
 from minify_server import metrics, queue
+from minify_server.connections import RETRY_AFTER_S, UNAVAILABLE
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+HEALTH_TIMEOUT_S = 2.0
 
 router = APIRouter(tags=["service"])
 
@@ -26,16 +28,19 @@ async def dashboard() -> FileResponse | HTMLResponse:
                         "the API is at <a href='/docs'>/docs</a>.</p>")
 
 
-@router.get("/healthz", response_model=Health, summary="Redis reachable, workers seen")
+@router.get("/healthz", response_model=Health, summary="Redis reachable, live workers")
 async def healthz(request: Request) -> Response:
+    redis = request.app.state.redis
     try:
-        await request.app.state.redis.ping()
-        sync_redis = request.app.state.sync_redis
-        workers = await run_in_threadpool(queue.worker_count, sync_redis)
-        depths = await run_in_threadpool(queue.queue_depths, sync_redis)
-    except (RedisError, OSError):
+        async with asyncio.timeout(HEALTH_TIMEOUT_S):  # a hung Redis must not hang the health check
+            await redis.ping()
+            workers = await queue.live_workers(redis)
+            depths = await queue.queue_depths(redis)
+    except (*UNAVAILABLE, TimeoutError) as error:
+        request.app.state.redis_outages.failed(error)
         health = Health(status="degraded", redis=False, workers=0)
-        return JSONResponse(health.model_dump(), status_code=503)
+        return JSONResponse(health.model_dump(), status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
     health = Health(status="ok" if workers else "degraded", redis=True, workers=workers, queues=depths)
     return JSONResponse(health.model_dump())
 
@@ -43,11 +48,11 @@ async def healthz(request: Request) -> Response:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def prometheus_metrics(request: Request) -> Response:
     records = request.app.state.records
-    sync_redis = request.app.state.sync_redis
+    redis = request.app.state.redis
     body = metrics.render(
         await records.statuses(),
-        await run_in_threadpool(queue.queue_depths, sync_redis),
-        await run_in_threadpool(queue.worker_count, sync_redis),
+        await queue.queue_depths(redis),
+        await queue.live_workers(redis),
         await records.counters(),
     )
     return Response(body, media_type="text/plain; version=0.0.4")

@@ -83,6 +83,8 @@ export function renderJob(root, id) {
   const program = h("span", { class: "muted" });
   const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", hidden: true }, "Cancel job");
   const reason = h("p", { class: "reason", id: "job-reason", hidden: true });
+  // Why a queued job is not running (the server's words: "no worker has served the cuda queue for ...").
+  const warnings = h("p", { class: "reason", id: "job-warnings", hidden: true });
   const error = h("p", { class: "error", hidden: true });
 
   const nodesValue = h("div", { class: "stat-value", id: "stat-nodes" }, "–");
@@ -116,7 +118,7 @@ export function renderJob(root, id) {
   root.replaceChildren(
     h("section", { class: "page-head" },
       h("a", { href: "#/jobs", class: "back" }, "← Jobs"), title, badgeSlot, program, h("span", { class: "grow" }), cancelButton),
-    error, reason,
+    error, reason, warnings,
     h("div", { class: "stats" },
       stat("Nodes", nodesValue),
       stat("Checks", checksValue, checksNote),
@@ -141,6 +143,9 @@ export function renderJob(root, id) {
     reason.hidden = !text;
     reason.textContent = text;
     reason.dataset.status = job.status;
+    const notes = job.status === "queued" ? (job.warnings || []) : [];
+    warnings.hidden = !notes.length;
+    warnings.textContent = notes.map((note) => `${note[0].toUpperCase()}${note.slice(1)}.`).join(" ");
   }
 
   function renderSpec() {
