@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# As every worker entry point does (minify_worker/__init__.py), before anything asks about CUDA:
+# otherwise one `torch.cuda.is_available()` here makes CUDA unusable in every forked sandbox child.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import pytest
 

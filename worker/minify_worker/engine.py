@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,10 +23,17 @@ import torch.fx as fx
 
 from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_worker import artifacts, oracle, strategies
-from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire
+from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
-from minify_worker.sandbox import PrepareStopped, SandboxError, SandboxPool, prepare_program, wait_unless_stopped
+from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
+from minify_worker.sandbox import (
+    PrepareStopped,
+    SandboxError,
+    SandboxFault,
+    SandboxPool,
+    prepare_program,
+    wait_unless_stopped,
+)
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 from minify_worker.workdirs import make_job_dir
 
@@ -41,6 +48,14 @@ MAX_ORIGINAL_RUNS = 3
 TIMEOUT_FACTOR = 4.0
 MIN_CANDIDATE_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_FAILURE_S = 60.0
+# A run of the original may take this long unless the spec says otherwise: minutes, not the job's
+# hour, so a hanging compile shows as a hang in minutes.
+DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
+# When the failure is a hang, candidates that pass calibrate the timeout: a candidate that runs
+# this many times longer than the slowest passing one hangs; never less than the floor.
+HANG_TIMEOUT_FACTOR = 3.0
+MIN_HANG_TIMEOUT_S = 5.0
+PASSES_TO_CALIBRATE = 2
 EVENT_INTERVAL_S = 0.2
 MAX_SANDBOX_RESTARTS = 3
 
@@ -80,50 +95,82 @@ class _SandboxEvaluator:
 
     If the fork server itself dies (the OOM killer, or a candidate that kills its parent), the
     candidates that were in flight come back `Invalid` and the next submit starts a fresh fork
-    server: it costs those candidates, not the job. After `MAX_SANDBOX_RESTARTS` the error stands.
+    server: it costs those candidates, not the job. A `SandboxFault` (a child that could not run
+    its candidate at all, e.g. CUDA unusable after a fork) is never an outcome: the sandbox is
+    restarted, spawned afresh, and the candidate runs again there; a fault that is not the fork's
+    doing, or one that outlives `MAX_SANDBOX_RESTARTS` restarts, fails the job with its cause.
     """
 
-    def __init__(self, pool: SandboxPool, timeout_s: float, restart: Callable[[], SandboxPool]) -> None:
+    def __init__(self, pool: SandboxPool, timeout_s: float, restart: Callable[[str | None], SandboxPool]) -> None:
         self.pool = pool
         self.timeout_s = timeout_s
         self.restarts = 0
         self._restart = restart
         self._dead: SandboxPool | None = None
+        self._restart_start: str | None = None
+        self._fault: SandboxFault | None = None
         self._started: list[SandboxPool] = []
         self._inner: dict[Future[Outcome], Future[Outcome]] = {}
+        self._lock = threading.RLock()
+        self.on_outcome: Callable[[Outcome], None] | None = None  # sees every outcome as it comes
 
     def live_pool(self) -> SandboxPool:
-        """The current pool, restarted first if its fork server died."""
-        if self._dead is self.pool:
-            if self.restarts >= MAX_SANDBOX_RESTARTS:
-                raise SandboxError(f"the fork server died {self.restarts + 1} times")
-            self.restarts += 1
-            log.warning("the fork server died; starting a new one (restart %d)", self.restarts)
-            self.pool = self._restart()
-            self._started.append(self.pool)
-        return self.pool
+        """The current pool, restarted first if its fork server died or a child faulted."""
+        with self._lock:
+            if self._dead is self.pool:
+                if self.restarts >= MAX_SANDBOX_RESTARTS:
+                    if self._fault is not None:
+                        raise SandboxError(f"{self._fault} (still after {self.restarts} sandbox restarts)")
+                    raise SandboxError(f"the fork server died {self.restarts + 1} times")
+                self.restarts += 1
+                log.warning("restarting the sandbox (%d): %s", self.restarts, self._fault or "the fork server died")
+                self.pool = self._restart(self._restart_start)
+                self._started.append(self.pool)
+            return self.pool
 
     def submit(self, graph: fx.Graph, timeout_s: float | None = None) -> Future[Outcome]:
-        pool = self.live_pool()
         outer: Future[Outcome] = Future()
+        self._submit(outer, graph, timeout_s)
+        return outer
+
+    def _submit(self, outer: Future[Outcome], graph: fx.Graph, timeout_s: float | None) -> None:
+        pool = self.live_pool()
         inner = pool.submit(graph_to_wire(graph), timeout_s=timeout_s or self.timeout_s)
         self._inner[outer] = inner
 
         def settle(done: Future[Outcome]) -> None:
             self._inner.pop(outer, None)
+            error = None if done.cancelled() else done.exception()
             if done.cancelled():
                 outer.cancel()
-            elif isinstance(done.exception(), SandboxError):
-                self._dead = pool
-                outer.set_result(Invalid(f"the sandbox's fork server died while this candidate ran: "
-                                         f"{done.exception()}"))
-            elif done.exception() is not None:
-                outer.set_exception(done.exception())  # type: ignore[arg-type]
+            elif isinstance(error, SandboxFault):
+                self._faulted(pool, error)
+                try:
+                    self._submit(outer, graph, timeout_s)
+                except SandboxError as final:
+                    _settle(outer, error=final)
+            elif isinstance(error, SandboxError):
+                with self._lock:
+                    self._dead = pool
+                _settle(outer, result=Invalid(f"the sandbox's fork server died while this candidate ran: {error}"))
+            elif error is not None:
+                _settle(outer, error=error)
             else:
-                outer.set_result(done.result())
+                if self.on_outcome is not None:
+                    self.on_outcome(done.result())
+                _settle(outer, result=done.result())
 
         inner.add_done_callback(settle)
-        return outer
+
+    def _faulted(self, pool: SandboxPool, fault: SandboxFault) -> None:
+        with self._lock:
+            if self._dead is pool or pool is not self.pool:
+                return  # already restarted for this pool
+            self._fault = fault
+            self._dead = pool
+            if not fault.fork_related:
+                self.restarts = MAX_SANDBOX_RESTARTS  # a fresh sandbox would fail the same way
+            self._restart_start = "spawn"
 
     def set_timeout(self, timeout_s: float) -> None:
         """The timeout of every later candidate, and of those already submitted."""
@@ -141,6 +188,17 @@ class _SandboxEvaluator:
         """Close the fork servers this evaluator started (the first pool belongs to the caller)."""
         for pool in self._started:
             pool.close()
+
+
+def _settle(future: Future[Outcome], *, result: Outcome | None = None, error: BaseException | None = None) -> None:
+    """Resolve `future` unless it was cancelled meanwhile."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass
 
 
 class _Run:
@@ -167,6 +225,8 @@ class _Run:
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
         self._originals: list[Future[Outcome]] = []  # runs of the original, the first one first
+        self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
+        self._passing_durations: list[float] = []
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -186,44 +246,58 @@ class _Run:
     def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
         self._emit(force=True, message=f"preparing {program.name}")
         parallelism = default_parallelism(self.spec)
-        try:
-            pool = SandboxPool(workdir, None, self.spec, parallelism=parallelism)
-        except SandboxError as error:
-            return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
-        self.sandbox_start = pool.start_method
-        with pool:
+        start: str | None = None
+        while True:
             try:
-                # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
-                prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool,
-                                           should_stop=self._stop_reason)
-                pool.load_values(prepared.values_path, timeout_s=self._remaining())
-            except ProgramError as error:
-                return self._finish(JobState.failed, str(error))
-            except PrepareStopped as stopped:
-                return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, str(stopped))
-            graph = graph_from_wire(prepared.wire_graph)
-            self.nodes_original = count_ops(graph)
-            self.best = graph
-            self._record_point()
-            if self.cancel.is_set():
-                return self._finish(JobState.cancelled, "cancelled before it started")
-            evaluator = _SandboxEvaluator(
-                pool, self._first_timeout(),
-                restart=lambda: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism),
-            )
-            self.scheduler = Scheduler(
-                evaluator,
-                self._still_fails,
-                parallelism=parallelism,
-                on_check=self._emit,
-                should_stop=self._stop_reason,
-            )
+                pool = SandboxPool(workdir, None, self.spec, parallelism=parallelism, start=start)
+            except SandboxError as error:
+                return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
             try:
-                return self._reproduce_and_reduce(evaluator, graph)
-            except _Unreproduced as unreproduced:
-                return unreproduced.result
+                return self._execute_in(pool, program, inputs, workdir, parallelism)
+            except SandboxFault as fault:
+                if pool.start_method != "fork" or not fault.fork_related:
+                    raise
+                # The process this sandbox was forked from poisoned it (CUDA): spawn a fresh one.
+                log.warning("the forked sandbox cannot run here (%s); spawning a fresh one", fault)
+                start = "spawn"
             finally:
-                evaluator.close()
+                pool.close()
+
+    def _execute_in(self, pool: SandboxPool, program: Path, inputs: Path | None, workdir: Path,
+                    parallelism: int) -> MinifyResult:
+        self.sandbox_start = pool.start_method
+        try:
+            # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
+            prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool,
+                                       should_stop=self._stop_reason)
+            pool.load_values(prepared.values_path, timeout_s=self._remaining())
+        except ProgramError as error:
+            return self._finish(JobState.failed, str(error))
+        except PrepareStopped as stopped:
+            return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, str(stopped))
+        graph = graph_from_wire(prepared.wire_graph)
+        self.nodes_original = count_ops(graph)
+        self.best = graph
+        self._record_point()
+        if self.cancel.is_set():
+            return self._finish(JobState.cancelled, "cancelled before it started")
+        evaluator = _SandboxEvaluator(
+            pool, self._first_timeout(),
+            restart=lambda start: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism, start=start),
+        )
+        self.scheduler = Scheduler(
+            evaluator,
+            self._still_fails,
+            parallelism=parallelism,
+            on_check=self._emit,
+            should_stop=self._stop_reason,
+        )
+        try:
+            return self._reproduce_and_reduce(evaluator, graph)
+        except _Unreproduced as unreproduced:
+            return unreproduced.result
+        finally:
+            evaluator.close()
 
     def _reproduce_and_reduce(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
         """Run the original, and reduce at once: candidates run while the original does, and are
@@ -250,17 +324,30 @@ class _Run:
 
     # -- the original ----------------------------------------------------------------------
 
+    def _original_timeout(self) -> float:
+        """How long one run of the original may take: the spec's bound, else minutes (a hang is
+        judged by `DEFAULT_TIMEOUT_FAILURE_S` when the failure asked for is a timeout)."""
+        limits = self.spec.limits
+        if limits.original_timeout_s:
+            bound = limits.original_timeout_s
+        elif self.spec.failure.kind == "timeout":
+            bound = limits.candidate_timeout_s or DEFAULT_TIMEOUT_FAILURE_S
+        else:
+            bound = DEFAULT_ORIGINAL_TIMEOUT_S
+        return min(bound, self._remaining())
+
     def _first_timeout(self) -> float:
-        """A run of the original (and a candidate before calibration) may take this long."""
-        bound = self.spec.limits.candidate_timeout_s
-        return bound or (DEFAULT_TIMEOUT_FAILURE_S if self.spec.failure.kind == "timeout" else self._remaining())
+        """A candidate may take this long before the original has calibrated the timeout."""
+        return self.spec.limits.candidate_timeout_s or self._original_timeout()
 
     def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
         assert self.scheduler is not None
         self._original_runs_wanted = max(2, min(MAX_ORIGINAL_RUNS, self.scheduler.parallelism))
-        self._originals = [evaluator.submit(graph, timeout_s=self._first_timeout())]
+        self._originals = [evaluator.submit(graph, timeout_s=self._original_timeout())]
+        # The failure must depend on the program: the program with no ops runs beside it.
+        self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
         self._emit(force=True, message="running the original")
 
     def _still_fails(self, outcome: Outcome) -> bool:
@@ -275,7 +362,7 @@ class _Run:
         self._wait_for_originals(self._originals[:1])
         target = _target_of([self._originals[0].result()], failure)
         more = self._original_runs_wanted - 1
-        self._originals += [self._evaluator.submit(self._original, timeout_s=self._first_timeout())
+        self._originals += [self._evaluator.submit(self._original, timeout_s=self._original_timeout())
                             for _ in range(more)]
         if target is None:  # maybe flaky: the other runs decide, before anything is judged
             self._wait_for_originals(self._originals)
@@ -288,12 +375,14 @@ class _Run:
             if target is None:
                 raise _Unreproduced(self._finish(JobState.not_reproducible,
                                                  _not_reproducible_reason(outcomes, self.spec)))
+        self._check_depends_on_program(target)
         self.signature = target
         assert self.scheduler is not None
         self.scheduler.remember(self._original, Fails(target))
         finished = [future.result() for future in self._originals if future.done()]
-        if failure.kind == "timeout":
+        if target.kind == "timeout":
             self.candidate_timeout_s = self._first_timeout()
+            self._evaluator.on_outcome = self._calibrate_hang_timeout
         else:
             slowest = max(_duration(outcome) for outcome in finished)
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * slowest)
@@ -303,6 +392,30 @@ class _Run:
         self._enter_phase("reduce")
         self._emit(force=True, message=f"reproduced: {target}")
         return target
+
+    def _check_depends_on_program(self, target: Signature) -> None:
+        """Raise `_Unreproduced` (the job fails) if the program with no ops fails the same way."""
+        self._wait_for_originals([self._empty])
+        outcome = self._empty.result()
+        if oracle.still_fails(outcome, target, self.spec.failure):
+            raise _Unreproduced(self._finish(
+                JobState.failed, f"the failure does not depend on the program: an empty graph (its inputs returned "
+                                 f"as they are) fails the same way on {self.spec.backend} ({self.spec.device}): "
+                                 f"{target}"))
+
+    def _calibrate_hang_timeout(self, outcome: Outcome) -> None:
+        """When the failure is a hang, passing candidates show how long a run that does not hang
+        takes: later candidates (and those running) get a multiple of the slowest, with a floor,
+        so each hanging candidate costs seconds instead of the original's whole bound."""
+        if not isinstance(outcome, Passes):
+            return
+        self._passing_durations.append(outcome.duration_s)
+        if len(self._passing_durations) < PASSES_TO_CALIBRATE:
+            return
+        calibrated = round(max(MIN_HANG_TIMEOUT_S, HANG_TIMEOUT_FACTOR * max(self._passing_durations)), 2)
+        if self.candidate_timeout_s is None or calibrated < self.candidate_timeout_s:
+            self.candidate_timeout_s = calibrated
+            self._evaluator.set_timeout(calibrated)
 
     def _confirm_original(self) -> None:
         """Wait for the original's other runs (they ran alongside the reduction): flaky or not."""
@@ -316,7 +429,7 @@ class _Run:
             self._emit(force=True, message=f"flaky: the original failed {len(failing)} of {len(outcomes)} runs")
 
     def _cancel_originals(self) -> None:
-        for future in self._originals:
+        for future in [*self._originals, *([self._empty] if self._empty is not None else [])]:
             if not future.done():
                 self._evaluator.cancel(future)
 
@@ -375,6 +488,7 @@ class _Run:
             elapsed_s=round(time.monotonic() - self.started, 3),
             signature=str(self.signature) if self.signature else None,
             failure_kind=self.signature.kind if self.signature else None,
+            signature_chain=list(self.signature.chain) if self.signature else [],
             flaky=self.flaky,
             original_runs=self.original_runs,
             original_failures=self.original_failures,
@@ -460,6 +574,18 @@ class _Unreproduced(Exception):
         self.result = result
 
 
+def empty_program(graph: fx.Graph) -> fx.Graph:
+    """`graph` with no ops: the same inputs, returned as they are."""
+    empty = fx.Graph()
+    inputs = []
+    for node in placeholders(graph):
+        copy = empty.node_copy(node)
+        copy.meta = dict(node.meta)
+        inputs.append(copy)
+    empty.output(tuple(inputs)).meta = dict(output_node(graph).meta)
+    return empty
+
+
 def _target_of(outcomes: list[Outcome], failure: FailureSpec) -> Signature | None:
     """The signature of the first outcome that fails the way `failure` asks for."""
     return next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
@@ -480,8 +606,10 @@ def _not_reproducible_reason(outcomes: list[Outcome], spec: JobSpec) -> str:
     if spec.failure.match:
         wanted += f" matching {spec.failure.match!r}"
     reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
-    if first_failure is not None:
+    if first_failure is not None and spec.failure.kind != "any":
         reason += f"; it failed differently: {first_failure.text or first_failure}"
+    elif first_failure is not None:
+        reason += f"; its failure did not match: {first_failure.text or first_failure}"
     invalid = next((o for o in outcomes if o.kind == "invalid"), None)
     if invalid is not None:
         reason += f"; {invalid.message}"  # type: ignore[union-attr]

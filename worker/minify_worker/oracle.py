@@ -17,94 +17,48 @@ import signal as signal_module
 
 from minify_client.models import FailureSpec
 
-from .outcomes import Crashed, Fails, Outcome, Signature, SignatureKind, TimedOut
+from . import signatures
+from .outcomes import Crashed, Fails, Outcome, OutOfMemory, Signature, SignatureKind, TimedOut
 
-_MAX_KEY = 240
 _MAX_TEXT = 4000
-
-# Wrappers whose own type says nothing: the signature is the type of what they wrap.
-_WRAPPER_TYPES = ("InductorError", "BackendCompilerFailed", "LoweringException")
-
-_NOISE_LINE = re.compile(
-    r"^(Traceback \(most recent call last\)|While executing|Original traceback|Set TORCH_LOGS|"
-    r"You can suppress this exception|Exception raised from|frame #|\s*File \")"
-)
-_COMPILER_ERROR = re.compile(r"(?:^|\s|:)(?:fatal )?error:\s*(?P<rest>.+)$")
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-+@~]+)+/?")
-_HEX = re.compile(r"\b0x[0-9a-fA-F]+\b")
-_LONG_HASH = re.compile(r"\b[0-9a-z]{20,}\b")
-_GENERATED_NAME = re.compile(
-    r"\b(tmp|buf|arg|primals|tangents|getitem|in_ptr|out_ptr|in_out_ptr|ks|xindex|x|y|r|s|u)\d+(_\d+)?\b"
-)
-_NODE_SUFFIX = re.compile(r"\b([A-Za-z][A-Za-z]*(?:_[A-Za-z]+)*)_\d+\b")
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-_SPACES = re.compile(r"\s+")
 
 
 def normalize_message(message: str) -> str:
-    """The normalized first meaningful line of `message` (the compiler's first `error:` line if any)."""
-    line = _first_compiler_error(message) or _first_meaningful_line(message)
-    line = _PATH.sub("<path>", line)
-    line = _HEX.sub("<hex>", line)
-    line = _LONG_HASH.sub("<hash>", line)
-    line = _GENERATED_NAME.sub(lambda match: f"{match.group(1)}N", line)
-    line = _NODE_SUFFIX.sub(lambda match: f"{match.group(1)}_N", line)
-    line = _NUMBER.sub("N", line)
-    return _SPACES.sub(" ", line).strip()[:_MAX_KEY]
-
-
-def _first_compiler_error(message: str) -> str | None:
-    for line in message.splitlines():
-        found = _COMPILER_ERROR.search(line)
-        if found:
-            return found.group("rest")
-    return None
-
-
-def _first_meaningful_line(message: str) -> str:
-    for line in message.splitlines():
-        stripped = line.strip()
-        if stripped and not _NOISE_LINE.match(stripped):
-            return stripped
-    return ""
+    """The normalized first meaningful line of `message` (see `signatures.normalize_message`)."""
+    return signatures.normalize_message(message)
 
 
 def unwrap_exception(error: BaseException) -> BaseException:
-    """The exception that carries the meaning: inductor and dynamo wrap the real one."""
-    seen = 0
-    while type(error).__name__ in _WRAPPER_TYPES and seen < 8:
+    """The innermost exception object of `error` that carries the meaning (wrappers unwrapped).
+
+    A root cause known only from a wrapper's text has no object: `signature_from_exception`
+    reads it from the text.
+    """
+    for _ in range(8):
         inner = getattr(error, "inner_exception", None) or getattr(error, "inner_exc", None)
         inner = inner or error.__cause__
-        if not isinstance(inner, BaseException):
+        if type(error).__name__ not in signatures.WRAPPER_TYPES or not isinstance(inner, BaseException):
             break
-        error, seen = inner, seen + 1
+        error = inner
     return error
 
 
-def _split_wrapped_text(error: BaseException) -> tuple[str, str]:
-    """(type name, message), reading "InnerType: message" out of a wrapper that only kept text."""
-    name, message = type(error).__name__, str(error)
-    if name in _WRAPPER_TYPES:
-        found = re.match(r"^\s*(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failure)):\s*(?P<rest>.*)", message,
-                         re.DOTALL)
-        if found:
-            return found.group("type").rsplit(".", 1)[-1], found.group("rest")
-    return name, message
-
-
 def signature_from_exception(error: BaseException, kind: SignatureKind) -> Signature:
-    """The signature of an exception raised while compiling (`compile_error`) or running it."""
-    error = unwrap_exception(error)
-    exc_type, message = _split_wrapped_text(error)
-    return signature_from_text(exc_type, message, kind)
+    """The signature of an exception raised while compiling (`compile_error`) or running it: its
+    root cause's type and normalized message, with the whole chain of wrappers kept."""
+    chain = signatures.exception_chain(error)
+    exc_type, message = chain[-1]
+    return signature_from_text(exc_type, message, kind, chain=tuple(signatures.describe_chain(chain)))
 
 
-def signature_from_text(exc_type: str, message: str, kind: SignatureKind) -> Signature:
+def signature_from_text(exc_type: str, message: str, kind: SignatureKind,
+                        chain: tuple[str, ...] = ()) -> Signature:
     return Signature(
         kind=kind,
         exc_type=exc_type,
         key=normalize_message(message),
         text=f"{exc_type}: {message}"[:_MAX_TEXT],
+        chain=chain if len(chain) > 1 else (),
     )
 
 
@@ -128,6 +82,7 @@ def exit_signature(code: int) -> Signature:
 
 
 TIMEOUT_SIGNATURE = Signature(kind="timeout", exc_type="TimedOut", key="", text="TimedOut")
+OOM_SIGNATURE = Signature(kind="oom", exc_type="OutOfMemory", key="", text="OutOfMemory")
 
 
 def outcome_signature(outcome: Outcome) -> Signature | None:
@@ -136,27 +91,37 @@ def outcome_signature(outcome: Outcome) -> Signature | None:
         return outcome.signature
     if isinstance(outcome, TimedOut):
         return TIMEOUT_SIGNATURE
+    if isinstance(outcome, OutOfMemory):
+        return OOM_SIGNATURE
     return None
 
 
 def still_fails(outcome: Outcome, target: Signature, failure: FailureSpec) -> bool:
     """Whether `outcome` counts as the failure being minimized.
 
-    - kind `timeout`: the candidate timed out.
+    - kind `timeout`: the candidate timed out; kind `oom`: it ran out of memory (its bound, or the
+      machine's).
     - kind `crash`: the child died of the same signal.
-    - `failure.match` set: the failure's "ExceptionType: message" matches the regex, with the kind
-      asked for (`any` accepts every kind).
+    - `failure.match` set: the failure's "ExceptionType: message", or any link of its exception
+      chain, matches the regex, with the kind asked for (`any` accepts every kind).
     - otherwise: the same signature as `target` (kind, type and normalized key), with the kind
       asked for.
-    `Passes`, `Invalid` and `OutOfMemory` never count: an unrelated reason to die is not the bug.
+    With `any`, a hang or running out of memory counts when the original did the same (its target
+    is a timeout or an oom), whatever `match` says: the regex is for exceptions.
+    `Passes` and `Invalid` never count, nor a failure of another kind than the one asked for: an
+    unrelated reason to die is not the bug.
     """
-    if failure.kind == "timeout":
-        return isinstance(outcome, TimedOut)
-    if not isinstance(outcome, Fails | Crashed):
+    signature = outcome_signature(outcome)
+    if signature is None:
         return False
-    signature = outcome.signature
     if failure.kind != "any" and signature.kind != failure.kind:
         return False
+    if failure.kind in ("timeout", "oom"):
+        return True
+    if signature.kind in ("timeout", "oom"):
+        return signature.same_as(target)
     if failure.match is not None:
-        return re.search(failure.match, signature.text or str(signature)) is not None
+        pattern = re.compile(failure.match)
+        texts = (signature.text or str(signature), str(signature), *signature.chain)
+        return any(pattern.search(text) for text in texts)
     return signature.same_as(target)

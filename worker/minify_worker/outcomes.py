@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-SignatureKind = Literal["compile_error", "runtime_error", "accuracy", "crash", "timeout"]
+SignatureKind = Literal["compile_error", "runtime_error", "accuracy", "crash", "timeout", "oom"]
 
 
 @dataclass(frozen=True)
@@ -13,13 +13,16 @@ class Signature:
     """How a program fails: the kind, the exception type (or signal name) and a normalized key.
 
     Two failures are "the same" when kind, exc_type and key are equal; `text` is the raw
-    "ExceptionType: message" (or signal description) kept for reports and `match` regexes.
+    "ExceptionType: message" (or signal description) kept for reports and `match` regexes, of the
+    root cause; `chain` is one "Type: message" line per exception from the outermost wrapper to the
+    root cause, when there were wrappers (`signatures.exception_chain`).
     """
 
     kind: SignatureKind
     exc_type: str
     key: str
     text: str = ""
+    chain: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.exc_type}: {self.key}" if self.key else self.exc_type
@@ -91,5 +94,7 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
     fields = dict(data)
     cls = _OUTCOME_TYPES[fields.pop("kind")]
     if "signature" in fields and isinstance(fields["signature"], dict):
-        fields["signature"] = Signature(**fields["signature"])
+        signature = dict(fields["signature"])
+        signature["chain"] = tuple(signature.get("chain") or ())
+        fields["signature"] = Signature(**signature)
     return cls(**fields)

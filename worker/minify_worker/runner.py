@@ -31,7 +31,7 @@ from torch import fx
 
 from minify_client.models import JobSpec
 
-from . import oracle
+from . import oracle, signatures
 from .backends import Backend, BackendError, apply_inductor_config, resolve_backend, run_compiled
 from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 
@@ -47,7 +47,36 @@ _DAMAGED_BINARY = re.compile(
     r"file truncated|file format not recognized|file not recognized)"
 )
 
+# What torch says when this process cannot use the job's device at all: the sandbox's problem (a
+# fork after CUDA was initialized, a CPU-only build, no driver, a missing device), never the bug.
+_ENVIRONMENT_FAULT = re.compile(
+    r"Cannot re-initialize CUDA in forked subprocess|Torch not compiled with CUDA enabled|"
+    r"Found no NVIDIA driver|No CUDA GPUs are available|CUDA driver initialization failed|"
+    r"CUDA call failed lazily at initialization|invalid device ordinal|"
+    r"CUDA driver version is insufficient|no kernel image is available for execution on the device"
+)
+
 log = logging.getLogger(__name__)
+
+
+class EnvironmentFault(Exception):
+    """This child cannot run the job's candidates at all (see `environment_fault`)."""
+
+
+def environment_fault(error: BaseException) -> str | None:
+    """The message of `error` (or of any exception it wraps) if it says the device is unusable in
+    this process, rather than anything about the candidate."""
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in seen and len(seen) < 8:
+        seen.append(current)
+        for _, message in signatures.exception_chain(current):
+            found = _ENVIRONMENT_FAULT.search(message)
+            if found:
+                line = next((text for text in message.splitlines() if found.group(0) in text), found.group(0))
+                return f"the job's device is unusable in this sandbox child: {line.strip()}"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -73,6 +102,9 @@ def _synchronize(device: str) -> None:
 
 
 def _failure(error: BaseException, kind: str, started: float) -> Outcome:
+    fault = environment_fault(error)
+    if fault is not None:
+        raise EnvironmentFault(fault) from error
     duration = time.monotonic() - started
     if is_out_of_memory(error):
         return OutOfMemory(message=str(oracle.unwrap_exception(error))[:2000], duration_s=duration)
@@ -140,7 +172,12 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
         apply_inductor_config(spec.config)
         backend = resolve_backend(spec.backend, workdir)
         inputs = _to_device(inputs, spec.device)
-    except (BackendError, RuntimeError) as error:
+    except Exception as error:
+        fault = environment_fault(error)
+        if fault is not None:
+            raise EnvironmentFault(fault) from error
+        if not isinstance(error, BackendError | RuntimeError):
+            raise
         return Invalid(message=str(error), duration_s=time.monotonic() - started)
     if spec.failure.kind == "accuracy":
         return _run_for_accuracy(gm, inputs, backend, spec, started)
@@ -166,6 +203,9 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
     try:
         reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
     except Exception as error:
+        fault = environment_fault(error)
+        if fault is not None:
+            raise EnvironmentFault(fault) from error
         return Invalid(message=f"the eager reference run failed: {type(error).__name__}: {error}"[:2000],
                        duration_s=time.monotonic() - started)
     fp64_reference = None

@@ -48,6 +48,8 @@ import itertools
 import json
 import logging
 import os
+import re
+import resource
 import selectors
 import shutil
 import signal
@@ -79,10 +81,32 @@ CALL_PREFIX = "minify_worker."
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _LOG_TAIL = 4000
+MEMORY_CHECK_INTERVAL_S = 0.2
+CHILD_OPEN_FILES = 4096
+# A torch child maps about 1 GB of address space it never touches (libraries, arenas, stacks): the
+# address-space bound is the memory bound plus this.
+ADDRESS_SPACE_SLACK_MB = 4096
+# The address-space bound (MiB) children of CPU jobs get, set by the pool in the server's environment.
+_ADDRESS_SPACE_ENV = "MINIFY_SANDBOX_ADDRESS_SPACE_MB"
 
 
 class SandboxError(Exception):
     """The sandbox itself failed (the fork server died or could not start)."""
+
+
+class SandboxFault(SandboxError):
+    """A child could not run its request because of the sandbox, not the request: CUDA unusable in
+    a forked child, torch not importable, a device this machine lacks. Never a candidate outcome:
+    the job restarts its sandbox (spawned, when the fork origin is to blame) or fails with it."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+    @property
+    def fork_related(self) -> bool:
+        """Whether a fork server started afresh (spawned, never touched CUDA) may not see it again."""
+        return "forked subprocess" in str(self) or "died before it ran" in str(self)
 
 
 class PrepareStopped(Exception):
@@ -164,11 +188,14 @@ class _ServerOptions:
     parent_pid: int
     values: Path | None
     warm: bool
+    memory_mb: int | None = None
 
     def argv(self) -> list[str]:
         argv = ["--root", str(self.root), "--workdir", str(self.workdir), "--spec", self.spec_json,
                 "--parallelism", str(self.parallelism), "--threads", str(self.threads),
                 "--parent-pid", str(self.parent_pid)]
+        if self.memory_mb:
+            argv += ["--memory-mb", str(self.memory_mb)]
         if self.values is not None:
             argv += ["--values", str(self.values)]
         if not self.warm:
@@ -385,11 +412,13 @@ class SandboxPool:
 
     def __init__(self, workdir: Path, values: Path | PreparedProgram | None, spec: JobSpec, parallelism: int = 1, *,
                  threads_per_child: int | None = None, warm: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, start: str | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "sandbox"
         self.spec = spec
         self.parallelism = max(1, parallelism)
+        # Each candidate's process group is killed past this resident memory (an `oom` outcome).
+        self.memory_bound_mb = spec.limits.memory_mb or default_memory_bound_mb(self.parallelism)
         self.threads_per_child = threads_per_child or max(1, usable_cores() // self.parallelism)
         for sub in ("results", "logs", "tmp", "cache", "triton"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -410,8 +439,9 @@ class SandboxPool:
             root=self.root, workdir=self.workdir, spec_json=spec.model_dump_json(), parallelism=self.parallelism,
             threads=self.threads_per_child, parent_pid=os.getpid(),
             values=None if values_path is None else Path(values_path).resolve(), warm=warm,
+            memory_mb=self.memory_bound_mb,
         )
-        refusal = fork_refusal()
+        refusal = "asked to spawn" if start == "spawn" else fork_refusal()
         self.start_method = "spawn" if refusal else "fork"
         if refusal:
             log.debug("sandbox: spawning the fork server (%s)", refusal)
@@ -427,12 +457,14 @@ class SandboxPool:
             raise SandboxError(f"cannot start the fork server: {self._spawn_error}") from self._spawn_error
 
     def _server_environment(self, extra: dict[str, str] | None) -> dict[str, str]:
-        environment = dict(os.environ)
+        environment = scrubbed_environment(dict(os.environ))
         environment.update({
             "TMPDIR": str(self.root / "tmp"),
             **_compile_cache_variables(self.root),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1"),
+            _ADDRESS_SPACE_ENV: str(self.memory_bound_mb + ADDRESS_SPACE_SLACK_MB),
         })
         environment.update(extra or {})
         return environment
@@ -637,6 +669,10 @@ def _finish(pending: _Pending, event: dict[str, Any]) -> None:
     if pending.future.cancelled():
         return
     result = event.get("result")
+    fault = sandbox_fault_of(event)
+    if fault is not None:
+        _resolve(pending.future, error=fault)
+        return
     if pending.kind == "candidate":
         _resolve(pending.future, result=outcome_of_child(event, pending.timeout_s))
         return
@@ -661,12 +697,29 @@ def _describe(outcome: Outcome) -> str:
     return getattr(outcome, "message", "")
 
 
+def sandbox_fault_of(event: dict[str, Any]) -> SandboxFault | None:
+    """The sandbox's own failure a child's report shows, if any (never a candidate's outcome)."""
+    result = event.get("result")
+    if isinstance(result, dict) and "sandbox_error" in result:
+        return SandboxFault(str(result["sandbox_error"]), detail=event.get("log_tail", ""))
+    if event.get("setup_failed"):
+        how = (f"killed by {oracle.signal_name(event['signal'])}" if event.get("signal")
+               else f"exit status {event.get('exit_code')}")
+        tail = (event.get("log_tail") or "").strip().splitlines()
+        return SandboxFault(f"a sandbox child died before it ran its request ({how})"
+                            + (f": {tail[-1]}" if tail else ""), detail=event.get("log_tail", ""))
+    return None
+
+
 def outcome_of_child(event: dict[str, Any], timeout_s: float | None) -> Outcome:
     """The outcome of one candidate child from the server's report of how it ended."""
     wall = float(event.get("wall_s") or 0.0)
     result = event.get("result")
     if isinstance(result, dict) and "outcome" in result:
         return outcome_from_dict(result["outcome"])
+    if event.get("over_memory"):
+        return OutOfMemory(message=f"exceeded the memory bound of {event.get('memory_bound_mb')} MiB "
+                                   "(resident, the child and what it started)", duration_s=wall)
     if event.get("timed_out"):
         return TimedOut(after_s=wall)
     if isinstance(result, dict) and "error" in result:
@@ -696,6 +749,7 @@ class _Child:
     log_path: Path
     timed_out: bool = False
     killed: bool = False
+    over_memory: bool = False
 
 
 @dataclass
@@ -715,6 +769,8 @@ class _Server:
     wake_w: int = -1
     selector: selectors.BaseSelector | None = None
     deferred_warm_up: Callable[[], dict[str, Any]] | None = None
+    memory_bound_mb: int | None = None
+    _memory_checked: float = 0.0
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -808,13 +864,21 @@ class _Server:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        import torch
-
-        torch.set_num_threads(self.threads)
         try:
-            result = self.run_request(request)
-        except BaseException as error:
-            result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            _confine_child(self.root / "tmp" / str(request["id"]), self.spec)
+            import torch
+
+            torch.set_num_threads(self.threads)
+        except BaseException as error:  # the sandbox cannot run anything here: not a candidate's doing
+            result: dict[str, Any] = {"sandbox_error": f"the sandbox child could not start: "
+                                                       f"{type(error).__name__}: {error}",
+                                      "traceback": traceback.format_exc()}
+        else:
+            result_path.with_suffix(".started").touch()
+            try:
+                result = self.run_request(request)
+            except BaseException as error:
+                result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
         temporary = result_path.with_suffix(".tmp")
         temporary.write_text(json.dumps(result))
         os.replace(temporary, result_path)
@@ -822,10 +886,15 @@ class _Server:
         sys.stderr.flush()
 
     def run_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        from .runner import EnvironmentFault, environment_fault
+
         if request["kind"] == "candidate":
             from .runner import run_wire_candidate
 
-            outcome = run_wire_candidate(request["graph"], self.values, self.spec, self.root / "tmp")
+            try:
+                outcome = run_wire_candidate(request["graph"], self.values, self.spec, self.root / "tmp")
+            except EnvironmentFault as fault:
+                return {"sandbox_error": str(fault)}
             return {"outcome": outcome_to_dict(outcome)}
         module_name, _, name = request["target"].partition(":")
         try:
@@ -835,6 +904,9 @@ class _Server:
             value = function(ChildContext(self.workdir, self.spec, self.values), **request["kwargs"])
             json.dumps(value)
         except Exception as error:
+            fault = environment_fault(error)
+            if fault is not None:
+                return {"sandbox_error": fault}
             return {"ok": False, "error_type": type(error).__name__, "error": f"{type(error).__name__}: {error}",
                     "traceback": traceback.format_exc()}
         return {"ok": True, "value": value}
@@ -872,17 +944,23 @@ class _Server:
                 result = json.loads(child.result_path.read_text())
             except ValueError:
                 result = None
+        started = child.result_path.with_suffix(".started")
         event: dict[str, Any] = {
             "event": "done", "id": child.request["id"], "pid": child.pid, "result": result,
-            "timed_out": child.timed_out, "killed": child.killed or child.timed_out,
+            "timed_out": child.timed_out, "killed": child.killed or child.timed_out or child.over_memory,
+            "over_memory": child.over_memory, "memory_bound_mb": self.memory_bound_mb,
             "wall_s": round(time.monotonic() - child.started, 4),
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            # A child that ended before it reached its request, unasked, died in the sandbox's set-up.
+            "setup_failed": result is None and not started.exists()
+            and not (child.killed or child.timed_out or child.over_memory),
         }
-        if result is None or "error" in result:
+        if result is None or "error" in result or "sandbox_error" in result:
             event["log_tail"] = _tail(child.log_path)
-        for path in (child.result_path, child.result_path.with_suffix(".tmp"), child.log_path):
+        for path in (child.result_path, child.result_path.with_suffix(".tmp"), started, child.log_path):
             path.unlink(missing_ok=True)
+        shutil.rmtree(self.root / "tmp" / str(child.request["id"]), ignore_errors=True)
         self.emit(event)
 
     def enforce_deadlines(self) -> None:
@@ -891,9 +969,18 @@ class _Server:
             if child.deadline is not None and now >= child.deadline and not child.timed_out:
                 child.timed_out = True
                 _kill_group(child.pid)
+        if self.memory_bound_mb and self.running and now - self._memory_checked >= MEMORY_CHECK_INTERVAL_S:
+            self._memory_checked = now
+            resident = _resident_mb_by_group(set(self.running))
+            for child in self.running.values():
+                if not child.over_memory and resident.get(child.pid, 0.0) > self.memory_bound_mb:
+                    child.over_memory = True
+                    _kill_group(child.pid)
 
     def next_wakeup(self) -> float | None:
         deadlines = [c.deadline for c in self.running.values() if c.deadline is not None and not c.timed_out]
+        if self.memory_bound_mb and self.running:
+            deadlines.append(time.monotonic() + MEMORY_CHECK_INTERVAL_S)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -975,6 +1062,72 @@ def _start_guardian() -> int:
     return write_fd
 
 
+def _resident_mb_by_group(groups: set[int]) -> dict[int, float]:
+    """Resident memory (MiB) of each process group in `groups`: a child and all it started."""
+    page_mb = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    totals: dict[int, float] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        group = int(fields[2])
+        if group in groups:
+            totals[group] = totals.get(group, 0.0) + int(fields[21]) * page_mb
+    return totals
+
+
+def machine_memory_mb() -> int:
+    """The machine's memory (MiB), or its cgroup's limit when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit) // (1 << 20)) if limit.isdigit() else total
+
+
+def default_memory_bound_mb(parallelism: int) -> int:
+    """Each candidate's share of the machine: 80 % of its memory over the children at once."""
+    return max(512, int(machine_memory_mb() * 0.8 / max(1, parallelism)))
+
+
+# What a child inherits of the worker's environment is scrubbed of these: the sandbox runs code the
+# program brings (a custom backend, pickles the operator allowed), and it has no use for secrets.
+_SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH)|"
+    r"^(AWS_|AZURE_|GOOGLE_|GCP_|GCLOUD_|CLOUDSDK_|REDIS|RQ_|MINIFY_REDIS|DATABASE_URL|SENTRY_DSN)"
+)
+
+
+def scrubbed_environment(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` without what a sandbox child must not see: tokens, passwords, cloud credentials,
+    the Redis URL (it may carry a password)."""
+    return {name: value for name, value in environment.items() if not _SECRET_NAME.search(name.upper())}
+
+
+def _confine_child(tmp: Path, spec: JobSpec) -> None:
+    """A child's own temp dir and resource limits: no core dumps, a bounded number of open files,
+    and on CPU jobs a bound on address space (CUDA maps far more address space than it uses, so
+    cuda jobs rely on the server's resident-memory watch alone)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = CHILD_OPEN_FILES if hard == resource.RLIM_INFINITY else min(CHILD_OPEN_FILES, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    bound = os.environ.get(_ADDRESS_SPACE_ENV)
+    if bound and spec.device_class == "cpu":
+        limit = int(bound) << 20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or limit < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit if hard == resource.RLIM_INFINITY else hard))
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -1040,9 +1193,28 @@ def warm_up(spec: JobSpec) -> dict[str, Any]:
             "cuda_initialized": bool(torch.cuda.is_initialized())}
 
 
+def gpu_present() -> bool:
+    """Whether this machine has a CUDA device, asked without initializing CUDA in this process.
+
+    With `PYTORCH_NVML_BASED_CUDA_CHECK=1` (set by importing `minify_worker`) torch asks NVML;
+    without it, `torch.cuda.is_available()` would initialize CUDA and poison every later fork, so
+    the driver's files are looked at instead.
+    """
+    import torch
+
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
+        return bool(torch.cuda.is_available())
+    return Path("/proc/driver/nvidia").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def _warm_inductor_cpu() -> None:
     """Inductor's vector-ISA probe (a few small C++ builds, each checked by a `python -c` dlopen
-    subprocess; cached in this process) and a compile-only warm-up (`_compile_warm_up_graph`)."""
+    subprocess; cached in this process) and a compile-only warm-up (`_compile_warm_up_graph`).
+
+    On a machine with a GPU the compile is skipped: aot_autograd saves the CUDA RNG state around
+    every compile (`preserve_rng_state` -> `torch.cuda.get_rng_state`), which initializes CUDA in
+    this process and makes CUDA unusable in every child forked from it, CPU jobs' included.
+    """
     import torch._inductor.codecache
     import torch._inductor.config as inductor_config
     import torch._inductor.cpu_vec_isa as cpu_vec_isa
@@ -1053,6 +1225,9 @@ def _warm_inductor_cpu() -> None:
         torch._inductor.codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
                                                              "precompiled_headers")
     cpu_vec_isa.pick_vec_isa()
+    if gpu_present():
+        log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
+        return
     _compile_warm_up_graph()
 
 
@@ -1098,12 +1273,13 @@ def _server_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--values", type=Path)
     parser.add_argument("--no-warm", action="store_true")
+    parser.add_argument("--memory-mb", type=int)
     parser.add_argument("--request-fd", type=int, required=True)
     parser.add_argument("--event-fd", type=int, required=True)
     args = parser.parse_args(argv)
     options = _ServerOptions(root=args.root, workdir=args.workdir, spec_json=args.spec, parallelism=args.parallelism,
                              threads=args.threads, parent_pid=args.parent_pid, values=args.values,
-                             warm=not args.no_warm)
+                             warm=not args.no_warm, memory_mb=args.memory_mb)
     return _run_server(options, args.request_fd, args.event_fd)
 
 
@@ -1116,7 +1292,8 @@ def _run_server(options: _ServerOptions, request_fd: int, event_fd: int) -> int:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = _Server(options.root, options.workdir, JobSpec.model_validate_json(options.spec_json),
-                     options.parallelism, options.threads, request_fd, event_fd, guardian_fd=guardian_fd)
+                     options.parallelism, options.threads, request_fd, event_fd, guardian_fd=guardian_fd,
+                     memory_bound_mb=options.memory_mb)
     try:
         started = time.monotonic()
         import torch  # every child needs it
