@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
 from minify_client.specflags import describe_validation_error
 from minify_server import queue
-from minify_server.archive import NotAnExportArchive, check_export_archive, check_torch_save_file
+from minify_server.archive import CodeInArchive, NotAnExportArchive, check_export_archive, check_torch_save_file
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
@@ -110,7 +110,9 @@ def _check_files(upload: JobUpload, allow_pickle: bool) -> None:
         raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
     name = upload.filenames.get("program") or ""
     try:
-        check_export_archive(upload.files["program"].path)
+        check_export_archive(upload.files["program"].path, allow_pickle=allow_pickle)
+    except CodeInArchive as error:
+        raise ApiError(415, f"program {name!r}: {error}") from error
     except NotAnExportArchive as error:
         if not _is_pickled_module(upload, allow_pickle):
             hint = ("" if allow_pickle else "; a GraphModule saved with torch.save is a pickle, accepted only where "
