@@ -1,6 +1,7 @@
 """Child process: run our engine on one .pt2, as `minify-worker minify` does offline.
 
     python bench/ours_side.py PROGRAM.pt2 --out DIR --result FILE [--config JSON] [--parallelism N]
+                              [--backend NAME] [--kind KIND]
 
 The engine isolates every candidate by design (a fork server, one child per candidate), so there
 is no in-process variant to compare. The result file is rewritten on every progress event, so a
@@ -26,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
+    parser.add_argument("--backend", default="inductor", help="the job spec's backend")
+    parser.add_argument("--kind", default="compile_error", help="the job spec's failure kind")
     parser.add_argument("--parallelism", type=int, default=None)
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="spawn the fork server (a fresh interpreter) instead of forking it from this process")
@@ -45,9 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         preload_s = round(time.perf_counter() - started, 2)
 
     spec = JobSpec(
-        backend="inductor",
+        backend=options.backend,
         config=json.loads(options.config),
-        failure={"kind": "compile_error"},
+        failure={"kind": options.kind},
         limits={"parallelism": options.parallelism},
     )
     result = RunResult(case=options.case, minifier="ours" if options.preload else "ours-spawn", preload_s=preload_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -38,6 +39,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 CASE_NAMES = ("relu_cos", "transformer_layer", "transformer_stack4", "transformer_layer_core")
 DEFAULT_CASES = CASE_NAMES[:3]  # the last shows torch's drift; it is not a speed comparison
+ZOO_MODELS = ("resnet", "bert", "gpt2")  # bench/zoo.py's MODELS and FAILURES (it imports torch)
+ZOO_FAILURES = ("relu_compile", "two_ops", "softmax_accuracy")
 
 
 def child_environment(scratch: Path, minifier: str, options: argparse.Namespace) -> dict[str, str]:
@@ -52,6 +55,7 @@ def child_environment(scratch: Path, minifier: str, options: argparse.Namespace)
     ours_source = [str(options.ours_source)] if minifier.startswith("ours") and options.ours_source else []
     paths = [str(BENCH_DIR), *ours_source]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    env.setdefault("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends")  # the zoo's backends
     if options.shared_caches:
         return env
     if minifier.startswith("ours"):
@@ -148,12 +152,13 @@ def run_child(
     return result
 
 
-def run_once(case: str, program: Path, minifier: str, scratch: Path, options: argparse.Namespace) -> RunResult:
+def run_once(case: str, program: Path, minifier: str, scratch: Path, options: argparse.Namespace,
+             spec_args: Sequence[str] = ("--config", json.dumps(DEFAULT_CONFIG))) -> RunResult:
+    """`spec_args`: the failure, the same for both sides (`--config JSON`, `--backend`, `--kind`)."""
     # A scratch folder left by an earlier benchmark holds warm caches: start from nothing.
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     result_path = scratch / "result.json"
-    config = json.dumps(DEFAULT_CONFIG)
     if minifier.startswith("ours"):
         command = [
             sys.executable,
@@ -161,8 +166,7 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
             str(program),
             "--out",
             str(scratch / "artifacts"),
-            "--config",
-            config,
+            *spec_args,
         ]
         if options.parallelism:
             command += ["--parallelism", str(options.parallelism)]
@@ -170,7 +174,7 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
             command.append("--no-preload")
     else:
         mode = "inprocess" if minifier == "torch" else "isolate"
-        command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, "--config", config]
+        command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, *spec_args]
     command += ["--case", case, "--result", str(result_path)]
     env = child_environment(scratch, minifier, options)
     if options.toolchain is not None:
@@ -339,6 +343,10 @@ def git_commit() -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=CASE_NAMES, default=list(DEFAULT_CASES))
+    parser.add_argument("--zoo", action="store_true",
+                        help="the model zoo instead (bench/zoo.py): every model and failure, ours vs torch in-process")
+    parser.add_argument("--models", nargs="+", choices=ZOO_MODELS, default=list(ZOO_MODELS), help="with --zoo")
+    parser.add_argument("--failures", nargs="+", choices=ZOO_FAILURES, default=list(ZOO_FAILURES), help="with --zoo")
     parser.add_argument("--minifiers", nargs="+", choices=MINIFIERS, default=["torch", "torch-isolate", "ours"])
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and minifier (median shown)")
     parser.add_argument("--limit", type=float, default=600.0, help="wall-clock limit of one run, seconds")
@@ -371,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.toolchain = None
     if options.warm_toolchain and not options.shared_caches:
         options.toolchain = build_toolchain(options.work)
+
+    if options.zoo:
+        return run_zoo(options)
 
     from cases import save_case  # imports torch: only after the arguments are known good
 
@@ -418,6 +429,101 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.json:
         write_record(options.json, table, ops, options, load_before, load_after)
     return 0
+
+
+def run_zoo(options: argparse.Namespace) -> int:
+    """Every model of the zoo with every failure it can show: ours and torch in-process, one table."""
+    import zoo
+
+    started = time.perf_counter()
+    rows: list[tuple[str, int, RunResult, RunResult]] = []
+    for model in options.models:
+        for failure_name in options.failures:
+            failure = zoo.FAILURES[failure_name]
+            saved = zoo.save_zoo_case(model, failure, options.work / "zoo")
+            if saved is None:
+                print(f"{model} / {failure_name}: skipped (the model has no {failure.needs})", flush=True)
+                continue
+            program, ops = saved
+            case = f"{model}-{failure_name}"
+            spec_args = ["--config", json.dumps(failure.config), "--backend", zoo.backend_for(model, failure),
+                         "--kind", failure.kind]
+            runs = {}
+            for minifier in ("ours", "torch"):
+                scratch = options.work / "runs" / "zoo" / case / minifier
+                runs[minifier] = run = run_once(case, program, minifier, scratch, options, spec_args)
+                print(f"  {case} / {minifier}: {run.status}, {format_seconds(run, options.limit)} s, "
+                      f"{distinct_checks(run)} distinct checks, {run.ops_initial} -> {run.ops_final} ops"
+                      + (f" ({run.error})" if run.error else ""), flush=True)
+            rows.append((case, ops, runs["ours"], runs["torch"]))
+            if options.json:
+                options.json.parent.mkdir(parents=True, exist_ok=True)
+                options.json.write_text(json.dumps(
+                    {"commit": options.commit, "cpus": os.cpu_count(), "limit_s": options.limit,
+                     "runs": [result_to_json(run) for _, _, *pair in rows for run in pair]}, indent=2))
+    print()
+    print(render_zoo_table(rows, options.limit))
+    print()
+    for line in zoo_verdicts(rows):
+        print(line)
+    print(f"\nload average (1 min) {os.getloadavg()[0]:.2f}; {os.cpu_count()} cpus; "
+          f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def distinct_checks(run: RunResult) -> int:
+    """Candidates actually compiled: torch's distinct ones; ours without memo hits (not counting
+    the original's runs, which `original_runs` has)."""
+    if run.minifier == "torch":
+        return run.checks_distinct or 0
+    return run.checks - (run.checks_cached or 0)
+
+
+def aten_ops(code: str | None) -> list[str]:
+    """The ops of a final graph's code, getitems left out."""
+    return [line.split("torch.ops.")[1].split("(")[0] for line in (code or "").splitlines() if "torch.ops." in line]
+
+
+def render_zoo_table(rows: list[tuple[str, int, RunResult, RunResult]], limit_s: float) -> str:
+    header = ("case", "ops", "ops left ours", "ops left torch", "checks ours", "checks torch", "checks torch/ours",
+              "wall s ours", "wall s torch", "wall torch/ours")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for case, ops, ours, torch_run in rows:
+        checks = (distinct_checks(ours), distinct_checks(torch_run))
+        walls = (ours.wall_s, torch_run.wall_s)
+        cells = (
+            case, str(ops),
+            *("error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final)
+              for run in (ours, torch_run)),
+            *(str(count) for count in checks),
+            f"{checks[1] / checks[0]:.1f}x" if checks[0] else "-",
+            *(format_seconds(run, limit_s) for run in (ours, torch_run)),
+            f"{walls[1] / walls[0]:.1f}x" if walls[0] and walls[1] else "-",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def zoo_verdicts(rows: list[tuple[str, int, RunResult, RunResult]]) -> list[str]:
+    """Issue 14's targets: ops left <= torch's; two-op bugs end with their two ops (getitems aside);
+    single-op bugs in at most log2(ops) + 10 distinct checks."""
+    lines = []
+    for case, ops, ours, torch_run in rows:
+        if ours.status != "ok":
+            lines.append(f"{case}: ours did not finish ({ours.status}: {ours.error})")
+            continue
+        checks = []
+        if torch_run.ops_final is not None and ours.ops_final is not None:
+            checks.append(f"ops left <= torch: {'yes' if ours.ops_final <= torch_run.ops_final else 'NO'}")
+        left = aten_ops(ours.final_code)
+        if case.endswith("two_ops"):
+            checks.append(f"two ops: {'yes' if len(left) == 2 else 'NO'} ({', '.join(left)})")
+        else:
+            bound = math.log2(ops) + 10
+            checks.append(f"one op ({', '.join(left)}) in <= log2(N)+10 = {bound:.0f} checks: "
+                          f"{'yes' if len(left) == 1 and distinct_checks(ours) <= bound else 'NO'}")
+        lines.append(f"{case}: " + "; ".join(checks))
+    return lines
 
 
 def write_record(

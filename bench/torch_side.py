@@ -1,6 +1,7 @@
 """Child process: run torch's own minifier on one .pt2, the way `after_aot`'s `minify` command does.
 
     python bench/torch_side.py PROGRAM.pt2 --mode inprocess|isolate --result FILE [--config JSON]
+                               [--backend inductor|MODULE:CALLABLE] [--kind compile_error|accuracy]
 
 `repro_minify` (torch/_dynamo/repro/after_aot.py) calls
 `minifier(mod, args, module_fails=..., dump_state=dump_compiler_graph_state(compiler_name="inductor"))`
@@ -88,6 +89,43 @@ def flat_inputs(program: Any) -> list[Any]:
     return [value.detach() if isinstance(value, torch.Tensor) else value for value in values]
 
 
+def backend_fails(backend_name: str, kind: str) -> Callable[..., bool]:
+    """Torch's check for a custom backend, as after_aot makes it for its own compilers: any
+    exception while compiling or running counts as failing (`inductor_fails`); for accuracy,
+    `backend_accuracy_fails` (the comparison after_aot's accuracy minifier uses)."""
+    import importlib
+
+    import torch
+    from torch._dynamo.debug_utils import backend_accuracy_fails
+
+    module_name, _, attribute = backend_name.partition(":")
+    backend = getattr(importlib.import_module(module_name), attribute)
+
+    class Compiled(torch.nn.Module):
+        """What the comparison expects a compiler to return: a module (it lists its parameters)."""
+
+        def __init__(self, run: Callable[..., Any]) -> None:
+            super().__init__()
+            self.run = run
+
+        def forward(self, *args: Any) -> Any:
+            return self.run(*args)
+
+    def compile_to_module(candidate: Any, candidate_inputs: list[Any]) -> Any:
+        return Compiled(backend(candidate, candidate_inputs))
+
+    def fails(candidate: Any, candidate_inputs: Sequence[Any], check_str: str | None = None) -> bool:
+        if kind == "accuracy":
+            return backend_accuracy_fails(candidate, candidate_inputs, compile_to_module)
+        try:
+            backend(candidate, list(candidate_inputs))(*candidate_inputs)
+        except Exception:
+            return True
+        return False
+
+    return fails
+
+
 def count_ops(graph: Any) -> int:
     return sum(1 for node in graph.nodes if node.op == "call_function")
 
@@ -99,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--case", default="")
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
+    parser.add_argument("--backend", default="inductor", help='"inductor" or a "module:callable" torch.compile backend')
+    parser.add_argument("--kind", default="compile_error", help="compile_error, or accuracy (not inductor)")
     options = parser.parse_args(argv)
 
     process_start = time.perf_counter()
@@ -122,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seen_codes: set[str] = set()
 
     module_fails: Callable[..., bool]
-    if options.mode == "inprocess":
+    if options.backend != "inductor":
+        module_fails = backend_fails(options.backend, options.kind)
+    elif options.mode == "inprocess":
         module_fails = inductor_fails
     else:
         module_fails = functools.partial(

@@ -161,6 +161,10 @@ exit_on_relu = exit_on("relu")
 wrong_on_relu = wrong_on("relu")
 oom_on_relu = oom_on("relu")
 fail_on_sin_and_relu = raise_on_all("sin", "relu")
+# The bench's zoo (bench/zoo.py): two ops far apart in a model, and a wrong softmax.
+fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")
+fail_on_gelu_and_layer_norm = raise_on_all("gelu", "native_layer_norm")
+wrong_on_softmax = wrong_on("_softmax")
 
 # One backend that misbehaves a different way per op, so one warm pool can show every outcome.
 misbehave_by_op = by_op({

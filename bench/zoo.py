@@ -1,0 +1,245 @@
+"""The model zoo: real architectures with random weights, built here (nothing is downloaded).
+
+Neither torchvision nor transformers installs beside this project's torch, so the models are
+written by hand, small but complete: a ResNet (convolutions, batch norm, relu, pooling, a softmax
+head), a BERT encoder (word, position and type embeddings, self-attention, layer norms, gelu, a
+tanh pooler) and a GPT-2 decoder (causal self-attention, pre-norm blocks, gelu, a tied LM head
+with a softmax). Each is exported with `torch.export.export` in eval mode.
+
+A zoo case is a model and a failure (`FAILURES`): the relu compile bug of inductor's C++ backend
+(models with a relu), a backend that fails only when two ops of different kinds are in one graph
+(`minify_worker.testing_backends`), and a backend that computes softmax wrong (an accuracy bug).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# --- models ------------------------------------------------------------------------------------
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18's layout at a quarter of its width, one block per stage: 4 stages, 10 convolutions."""
+
+    def __init__(self, width: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        stages, channels = [], width
+        for index in range(4):
+            outputs = width * 2**index
+            stages.append(BasicBlock(channels, outputs, 1 if index == 0 else 2))
+            channels = outputs
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.stages(self.stem(x)).mean((2, 3))
+        return self.fc(features).softmax(-1)
+
+
+@dataclass
+class TransformerConfig:
+    vocab: int = 128
+    positions: int = 32
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    intermediate: int = 64
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: TransformerConfig, causal: bool) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.query = nn.Linear(config.hidden, config.hidden)
+        self.key = nn.Linear(config.hidden, config.hidden)
+        self.value = nn.Linear(config.hidden, config.hidden)
+        self.out = nn.Linear(config.hidden, config.hidden)
+        self.causal = causal
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, self.heads, hidden // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hidden // self.heads) + mask
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+        context = scores.softmax(-1) @ v
+        return self.out(context.transpose(1, 2).reshape(batch, length, hidden))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.attention = SelfAttention(config, causal=False)
+        self.attention_norm = nn.LayerNorm(config.hidden)
+        self.intermediate = nn.Linear(config.hidden, config.intermediate)
+        self.output = nn.Linear(config.intermediate, config.hidden)
+        self.output_norm = nn.LayerNorm(config.hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention_norm(x + self.attention(x, mask))
+        return self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
+
+
+class Bert(nn.Module):
+    """BERT-base's layout, small: embeddings + layer norm, post-norm encoder layers, tanh pooler."""
+
+    def __init__(self, config: TransformerConfig | None = None) -> None:
+        super().__init__()
+        config = config or TransformerConfig()
+        self.words = nn.Embedding(config.vocab, config.hidden)
+        self.positions = nn.Embedding(config.positions, config.hidden)
+        self.types = nn.Embedding(2, config.hidden)
+        self.norm = nn.LayerNorm(config.hidden)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.layers))
+        self.pooler = nn.Linear(config.hidden, config.hidden)
+
+    def forward(self, ids: torch.Tensor, types: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        positions = torch.arange(ids.shape[1]).unsqueeze(0)
+        x = self.norm(self.words(ids) + self.positions(positions) + self.types(types))
+        mask = (1.0 - attention[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+
+class Gpt2Block(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.hidden)
+        self.attention = SelfAttention(config, causal=True)
+        self.norm2 = nn.LayerNorm(config.hidden)
+        self.up = nn.Linear(config.hidden, config.intermediate)
+        self.down = nn.Linear(config.intermediate, config.hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), mask)
+        return x + self.down(F.gelu(self.up(self.norm2(x)), approximate="tanh"))
+
+
+class Gpt2(nn.Module):
+    """GPT-2's layout, small: token + position embeddings, pre-norm causal blocks, final norm,
+    LM head tied to the token embedding, next-token probabilities."""
+
+    def __init__(self, config: TransformerConfig | None = None) -> None:
+        super().__init__()
+        config = config or TransformerConfig()
+        self.tokens = nn.Embedding(config.vocab, config.hidden)
+        self.positions = nn.Embedding(config.positions, config.hidden)
+        self.blocks = nn.ModuleList(Gpt2Block(config) for _ in range(config.layers))
+        self.norm = nn.LayerNorm(config.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]).unsqueeze(0))
+        mask = torch.zeros(1, 1, ids.shape[1], ids.shape[1])
+        for block in self.blocks:
+            x = block(x, mask)
+        return (self.norm(x) @ self.tokens.weight.t()).softmax(-1)
+
+
+def _token_inputs(length: int = 16) -> tuple[torch.Tensor, ...]:
+    return (torch.randint(0, 128, (2, length)),)
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]]]] = {
+    "resnet": (ResNet, lambda: (torch.randn(2, 3, 32, 32),)),
+    "bert": (Bert, lambda: (*_token_inputs(), torch.zeros(2, 16, dtype=torch.long),
+                            torch.ones(2, 16, dtype=torch.long))),
+    "gpt2": (Gpt2, _token_inputs),
+}
+
+
+def export_model(name: str, table: str) -> torch.export.ExportedProgram:
+    """The model with random weights (seeded), in eval mode, exported and decomposed (`cases.decomposed`)."""
+    from cases import decomposed
+
+    torch.manual_seed(0)
+    build, inputs = MODELS[name]
+    with torch.no_grad():
+        program = torch.export.export(build().eval(), inputs())
+    return decomposed(program, table)
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+TESTING = "minify_worker.testing_backends"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a zoo case fails: the backend both minifiers use and what counts as still failing."""
+
+    name: str
+    backend: str  # "inductor" or a testing backend's name
+    kind: str  # the job spec's failure kind
+    table: str  # decomposition table of the program (cases.decomposed)
+    config: dict[str, Any] = field(default_factory=dict)
+    expected_ops: int | None = None  # the smallest answer there is, when known
+    needs: str = ""  # an op every model of the case must have
+
+
+FAILURES: dict[str, Failure] = {
+    "relu_compile": Failure("relu_compile", "inductor", "compile_error", "inductor",
+                            {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, expected_ops=1, needs="relu"),
+    "two_ops": Failure("two_ops", "", "compile_error", "core", expected_ops=2),  # backend: TWO_OPS
+    "softmax_accuracy": Failure("softmax_accuracy", f"{TESTING}:wrong_on_softmax", "accuracy", "core",
+                                expected_ops=1),
+}
+
+
+# The two ops of different kinds each model's "two_ops" backend needs together, far apart in it.
+TWO_OPS = {
+    "resnet": f"{TESTING}:fail_on_max_pool_and_mean",
+    "bert": f"{TESTING}:fail_on_gelu_and_layer_norm",
+    "gpt2": f"{TESTING}:fail_on_gelu_and_layer_norm",
+}
+
+
+def backend_for(model: str, failure: Failure) -> str:
+    return failure.backend or TWO_OPS[model]
+
+
+def has_op(program: torch.export.ExportedProgram, op: str) -> bool:
+    return any(node.op == "call_function" and getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+               == op for node in program.graph_module.graph.nodes)
+
+
+def save_zoo_case(model: str, failure: Failure, directory: Path) -> tuple[Path, int] | None:
+    """Write MODEL-FAILURE.pt2; None when the model cannot show the failure (no relu for the relu bug)."""
+    program = export_model(model, failure.table)
+    if failure.needs and not has_op(program, failure.needs):
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{model}-{failure.name}.pt2"
+    torch.export.save(program, path)
+    graph = torch.export.load(path).graph_module.graph
+    return path, sum(1 for node in graph.nodes if node.op == "call_function")
