@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 # As every worker entry point does (minify_worker/__init__.py), before anything asks about CUDA:
 # otherwise one `torch.cuda.is_available()` here makes CUDA unusable in every forked sandbox child.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-
-import pytest
+# Spawned sandbox servers import test backends by path (tests.support.backends): from the repo root.
+REPO = Path(__file__).resolve().parent.parent
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ lose the failure that way).
 from __future__ import annotations
 
 import gzip
+import inspect
 import io
 import json
 import re
@@ -26,8 +27,9 @@ import torch.fx as fx
 
 from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
+from . import signatures
 from .graph import META_VALUE, graph_from_wire, placeholders, to_graph_module
-from .outcomes import Signature
+from .outcomes import Signature, signature_from_dict
 
 MINIMIZED = "minimized.pt2"
 INPUTS = "inputs.pt"
@@ -66,7 +68,7 @@ def write_program_artifacts(
         return {"files": [], "errors": {name: reason for name in (INPUTS, REPRO, MINIMIZED)}}
     graph = graph_from_wire(wire_graph)
     spec = JobSpec.model_validate_json(spec_json)
-    target = Signature(**signature) if signature is not None else None
+    target = signature_from_dict(signature) if signature is not None else None
     return write_program_files(graph, context.values, Path(out_dir), spec, target)
 
 
@@ -150,6 +152,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     definitions = [
         _REPRO_CLASS.format(forward=textwrap.indent(forward, "    ")),
         _compile_function(spec.backend),
+        _signature_rules(),
         _RUN_FUNCTIONS,
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
@@ -312,11 +315,16 @@ def main():
 
 
 def explain_failure(exc_type, error, traceback):
-    """After the usual traceback, one line to hold against the signature minify recorded."""
+    """After the usual traceback, the exception chain down to its root cause, and the signature in
+    the form minify recorded it (same rules, above), to hold against the expected one."""
     sys.__excepthook__(exc_type, error, traceback)
-    lines = str(error).strip().splitlines()
     print(file=sys.stderr)
-    print(f"repro failed with: {exc_type.__name__}: {lines[0] if lines else ''}", file=sys.stderr)
+    chain = exception_chain(error)
+    if len(chain) > 1:
+        print("exception chain:   " + "\\n                   <- ".join(describe_chain(chain)), file=sys.stderr)
+    # An accuracy failure's signature is its type alone, as minify records it.
+    observed = exc_type.__name__ if isinstance(error, AccuracyError) else signature_line(error)
+    print(f"repro failed with: {observed}", file=sys.stderr)
     print(f"minify expected:   {EXPECTED_SIGNATURE}", file=sys.stderr)
 
 
@@ -324,6 +332,13 @@ if __name__ == "__main__":
     sys.excepthook = explain_failure
     main()
 '''
+
+
+def _signature_rules() -> str:
+    """minify_worker/signatures.py, verbatim: how the repro names its failure, as minify does."""
+    source = inspect.getsource(signatures).replace("from __future__ import annotations\n", "")
+    return "# " + "-" * 20 + " minify's signature rules (minify_worker/signatures.py, verbatim) " + "-" * 7 + \
+        "\n" + source.strip("\n") + "\n\n# " + "-" * 93
 
 
 def _compile_function(backend: str) -> str:

@@ -94,7 +94,10 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
     fields = dict(data)
     cls = _OUTCOME_TYPES[fields.pop("kind")]
     if "signature" in fields and isinstance(fields["signature"], dict):
-        signature = dict(fields["signature"])
-        signature["chain"] = tuple(signature.get("chain") or ())
-        fields["signature"] = Signature(**signature)
+        fields["signature"] = signature_from_dict(fields["signature"])
     return cls(**fields)
+
+
+def signature_from_dict(data: dict[str, Any]) -> Signature:
+    """A `Signature` from its `asdict` form (JSON turns its chain into a list)."""
+    return Signature(**{**data, "chain": tuple(data.get("chain") or ())})

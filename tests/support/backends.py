@@ -1,0 +1,62 @@
+"""Test backends for the sandbox's own faults and the engine's guards (tests import them by path:
+`"tests.support.backends:fail_always"`, allowed by the prefix `tests.support.backends`).
+
+Each is a torch.compile-style backend `fn(gm, example_inputs) -> callable`, cheap (no compiler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+
+from minify_worker.testing_backends import _eager, has_op
+
+PREFIX = "tests.support.backends"
+CUDA_FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+                   "you must use the 'spawn' start method")
+
+# Set in a process that then forks its sandbox: its forked children see it, spawned ones do not,
+# the way a process that initialized CUDA poisons its forks and only its forks.
+POISONED = False
+
+
+def fail_always(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails on every graph, the empty one included: the failure does not depend on the program."""
+    raise RuntimeError("injected failure on every graph")
+
+
+def cuda_fork_error_when_poisoned(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """What CUDA says in a child forked from a process that initialized it; else fails on relu."""
+    if POISONED:
+        raise RuntimeError(CUDA_FORK_ERROR)
+    if has_op(gm, "relu"):
+        raise RuntimeError("injected failure on relu")
+    return _eager(gm)
+
+
+def cuda_fork_error_always(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A device this sandbox can never use: every candidate, every sandbox."""
+    raise RuntimeError(CUDA_FORK_ERROR)
+
+
+def failed_import_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Inductor's way of failing on broken generated code: InductorError around the code cache's
+    RuntimeError("Failed to import <path>\\nSyntaxError: ..."), whose cause was dropped."""
+    if not has_op(gm, "relu"):
+        return _eager(gm)
+    from torch._inductor.exc import InductorError
+
+    inner = RuntimeError("Failed to import /tmp/torchinductor_x/ab/cabq2z3kqw7wf4xq7qg3u5ohp4o.py\n"
+                         "SyntaxError: invalid syntax (cabq2z3kqw7wf4xq7qg3u5ohp4o.py, line 12)")
+    raise InductorError(inner, None)
+
+
+def allocate_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A compiler that eats all memory on relu: allocates (and touches) 64 MiB chunks without bound."""
+    if has_op(gm, "relu"):
+        hoard = []
+        while True:
+            hoard.append(bytearray(b"\x01") * (64 << 20))
+    return _eager(gm)
