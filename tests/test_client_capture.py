@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -115,7 +119,8 @@ def test_a_capture_submitted_to_a_server_leaves_no_files(tmp_path: Path, monkeyp
     assert os.listdir(tmp_path) == []
 
 
-def test_a_capture_that_fails_never_hides_the_original_error(tmp_path: Path):
+def test_a_capture_that_fails_never_hides_the_original_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MINIFY_RETRY_FOR", "0")
     url = closed_port_url()
     with pytest.raises(CompilerBug, match="boom") as raised, capture_failures(
         ReluCos(), (torch.randn(2),), submit_to=url
@@ -132,3 +137,83 @@ def test_without_destinations_the_environment_decides(tmp_path: Path, monkeypatc
     captured = capture(ReluCos(), (torch.randn(2),), name="relu_case")
     assert captured.program == tmp_path / "captures" / "relu_case" / "relu_case.pt2"
     assert captured.program.is_file()
+
+
+# ---- the torch config in effect is recorded in the spec ----------------------------------------
+
+
+def saved_config(directory: Path) -> dict:
+    return json.loads((directory / "spec.json").read_text())["config"]
+
+
+def test_config_set_around_the_block_is_recorded_as_spec_config(tmp_path: Path):
+    model, x = ReluCos(), torch.randn(3)
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}), \
+            torch._dynamo.config.patch(assume_static_by_default=False), \
+            torch._functorch.config.patch(donated_buffer=False), \
+            pytest.raises(Exception, match="crashed on relu"), capture_failures(model, (x,), save_to=tmp_path):
+        failing_compile(model, x)
+    assert saved_config(tmp_path) == {
+        "cpp.inject_relu_bug_TESTING_ONLY": "compile_error",
+        "torch._dynamo.config.assume_static_by_default": False,
+        "torch._functorch.config.donated_buffer": False,
+    }
+
+
+def test_config_patched_inside_the_block_is_read_when_the_compile_starts(tmp_path: Path):
+    model, x = ReluCos(), torch.randn(3)
+    torch._dynamo.reset()  # outside the block: a reset inside it drops the compile-start hook
+    with pytest.raises(Exception, match="crashed on relu"), capture_failures(model, (x,), save_to=tmp_path):
+        with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+            torch.compile(model, backend=broken_backend)(x)
+    assert saved_config(tmp_path) == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+
+
+def test_the_specs_own_config_keys_win_over_the_recorded_ones(tmp_path: Path):
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "freezing": True}):
+        captured = capture(ReluCos(), (torch.randn(2),), save_to=tmp_path,
+                           spec={"config": {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}})
+    assert captured.spec.config == {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error", "freezing": True}
+
+
+def test_settings_from_torchinductor_variables_are_recorded(tmp_path: Path):
+    script = "from minify_client.capture import changed_config; print(changed_config())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCHINDUCTOR_FREEZING": "1"})
+    assert done.stdout.strip().splitlines()[-1] == "{'freezing': True}", done.stderr[-2000:]
+
+
+@pytest.mark.inductor
+def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_path: Path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_model.py").write_text(textwrap.dedent(f"""
+        import torch
+        from minify_client.capture import capture_failures
+
+
+        class ReluCos(torch.nn.Module):
+            def forward(self, x):
+                return torch.cos(torch.relu(x))
+
+
+        def test_compiled_model_runs():
+            model, x = ReluCos(), torch.randn(8)
+            with capture_failures(model, (x,), spec={{"backend": "inductor"}}, save_to={str(tmp_path / "capture")!r}):
+                with torch._inductor.config.patch({{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}}):
+                    torch.compile(model)(x)
+    """))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_model.py"],
+                         cwd=suite, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1, ran.stdout[-3000:]
+    capture_dir = tmp_path / "capture"
+    assert saved_config(capture_dir) == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+
+    out = tmp_path / "out"
+    minified = subprocess.run(
+        [sys.executable, "-m", "minify_worker.cli", "minify", str(capture_dir / "ReluCos.pt2"), "--spec",
+         str(capture_dir / "spec.json"), "--inputs", str(capture_dir / "inputs.pt"), "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=590)
+    assert minified.returncode == 0, minified.stdout[-2000:] + minified.stderr[-3000:]
+    report = json.loads(minified.stdout)
+    assert report["nodes_final"] == 1 and "relu" in report["graph_code"]
