@@ -213,6 +213,24 @@ def test_submit_prints_the_job_id_then_the_dashboard_url(server: ScriptedServer,
     assert b"cpp.inject_relu_bug_TESTING_ONLY" in server.requests_to("POST", "/v1/jobs")[0].body
 
 
+def test_submit_prints_each_warning_of_the_server_on_stderr(server: ScriptedServer, program: Path):
+    warning = "no worker is serving the cuda queue; the job waits until one starts"
+    server.route("POST", "/v1/jobs", lambda e: e.send_json(201, {
+        "id": "j1", "status": "queued", "warnings": [warning],
+        "links": {"self": "/v1/jobs/j1", "events": "/v1/jobs/j1/events"}}))
+    result = run_cli("submit", program, "--device", "cuda", "--server", server.url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"minify-client: warning: {warning}\n"
+    assert result.stdout.splitlines()[0] == "j1"
+
+
+def test_status_shows_the_jobs_warnings(server: ScriptedServer):
+    status = job_status("j1", JobState.queued).model_copy(update={"warnings": ["no worker has served cuda"]})
+    server.route("GET", "/v1/jobs/j1", lambda e: e.send_json(200, status.model_dump(mode="json")))
+    result = run_cli("status", "j1", "--server", server.url)
+    assert "warning:   no worker has served cuda" in result.stdout.splitlines()
+
+
 def test_submit_json_prints_the_created_job(server: ScriptedServer, program: Path):
     serve_job(server, job_status("j1", JobState.queued), [])
     result = run_cli("submit", program, "--server", server.url, "--json")

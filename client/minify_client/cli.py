@@ -139,6 +139,8 @@ def _submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     with _client(args) as client:
         created = client.submit(args.program, spec, inputs=args.inputs)
+        for warning in created.warnings:
+            print(f"minify-client: warning: {warning}", file=sys.stderr)
         dashboard = client.dashboard_url(created)
         if not args.wait:
             if args.json:
@@ -176,6 +178,7 @@ def _status(args: argparse.Namespace) -> int:
              if progress.checks_total else None),
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("reason", status.reason),
+            *[("warning", warning) for warning in status.warnings],
             ("dashboard", client.dashboard_url(status)),
         ]
         for label, value in rows:
