@@ -45,8 +45,6 @@ def test_every_artifact_listed_is_where_the_command_says(relative_run):
     assert listed <= {path.name for path in folder.iterdir()}
 
 
-@pytest.mark.xfail(strict=True, reason="worker/minify_worker/cli.py (another owner) must pass --out resolved "
-                   "to engine.minify: the sandbox child works in a folder of its own")
 def test_a_relative_out_gets_all_five_artifacts(relative_run):
     cwd, done = relative_run
     folder, listed = listed_artifacts(cwd, done.stdout)

@@ -165,3 +165,19 @@ def test_a_kernel_left_half_written_in_the_compile_cache_is_rebuilt_not_reported
 
     assert isinstance(outcome, Passes), outcome
     assert all(path.stat().st_size == size for path, size in sizes.items())
+
+
+def test_config_keys_of_dynamo_and_functorch_are_set_in_their_modules() -> None:
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    from minify_worker.backends import apply_inductor_config
+
+    saved = dynamo_config.cache_size_limit, functorch_config.donated_buffer
+    try:
+        apply_inductor_config({"torch._dynamo.config.cache_size_limit": 17,
+                               "torch._functorch.config.donated_buffer": False})
+        assert dynamo_config.cache_size_limit == 17
+        assert functorch_config.donated_buffer is False
+    finally:
+        dynamo_config.cache_size_limit, functorch_config.donated_buffer = saved

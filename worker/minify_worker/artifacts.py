@@ -167,6 +167,7 @@ _EXPECTATIONS = {
     "accuracy": "the compiled program's outputs differ from eager (fp64 RMSE): AccuracyError",
     "crash": "the process dies by the signal (or exits with the status) below",
     "timeout": "compiling or running hangs",
+    "oom": "compiling or running runs out of memory",
     "any": "fails",
 }
 

@@ -128,23 +128,28 @@ def run_compiled(compiled: Compiled, inputs: list[Any]) -> Any:
     return _call(compiled, inputs)
 
 
-def apply_inductor_config(overrides: dict[str, Any]) -> None:
-    """Set each dotted `torch._inductor.config` key (e.g. `cpp.inject_relu_bug_TESTING_ONLY`)."""
-    import torch._inductor.config as inductor_config
+# Config keys with these prefixes are set in those modules; any other key is torch._inductor.config's.
+CONFIG_MODULES = ("torch._dynamo.config.", "torch._functorch.config.", "torch._inductor.config.")
 
+
+def apply_inductor_config(overrides: dict[str, Any]) -> None:
+    """Set each dotted config key: `cpp.inject_relu_bug_TESTING_ONLY` in `torch._inductor.config`,
+    `torch._dynamo.config.X` and `torch._functorch.config.X` in theirs (as captures record them)."""
     for key, value in overrides.items():
-        owner: Any = inductor_config
-        *path, leaf = key.split(".")
+        prefix = next((prefix for prefix in CONFIG_MODULES if key.startswith(prefix)), "torch._inductor.config.")
+        module_name = prefix.rstrip(".")
+        owner: Any = importlib.import_module(module_name)
+        *path, leaf = key.removeprefix(prefix).split(".")
         try:
             for part in path:
                 owner = getattr(owner, part)
             getattr(owner, leaf)
         except AttributeError:
-            raise BackendError(f"unknown torch._inductor.config key {key!r}") from None
+            raise BackendError(f"unknown {module_name} key {key!r}") from None
         try:
             setattr(owner, leaf, value)
         except Exception as error:
-            raise BackendError(f"cannot set torch._inductor.config.{key} = {value!r}: {error}") from error
+            raise BackendError(f"cannot set {module_name}.{key.removeprefix(prefix)} = {value!r}: {error}") from error
 
 
 def configure_child(compile_threads: int = 1) -> None:

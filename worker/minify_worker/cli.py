@@ -73,7 +73,8 @@ def minify_command(argv: list[str]) -> int:
     display = _ProgressDisplay(enabled=not args.quiet and not args.json)
     try:
         with display:
-            result = minify(args.program, spec, args.out, inputs=args.inputs, on_event=display.update, cancel=cancel)
+            result = minify(args.program, spec, args.out.resolve(), inputs=args.inputs, on_event=display.update,
+                            cancel=cancel)
     except KeyboardInterrupt:
         cancel.set()
         print("interrupted", file=sys.stderr)
@@ -84,7 +85,7 @@ def minify_command(argv: list[str]) -> int:
     if args.json:
         print(result.report.model_dump_json(indent=2))
     else:
-        _print_summary(result, args.out)
+        _print_summary(result, args.out.resolve())
     return EXIT_CODES[result.status]
 
 

@@ -78,7 +78,7 @@ def minify(
     cancel: threading.Event | None = None,
 ) -> MinifyResult:
     """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised."""
-    run = _Run(spec, Path(out_dir), on_event, cancel or threading.Event())
+    run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event())
     return run.execute(Path(program), None if inputs is None else Path(inputs))
 
 
@@ -504,7 +504,7 @@ class _Run:
             phase_s=self.phase_s,
             sandbox_start=self.sandbox_start,
         )
-        files = dict(written or {})
+        files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
         files["report.json"] = artifacts.write_report(report, self.out_dir)
         if len(files) > 1:

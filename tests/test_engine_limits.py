@@ -1,0 +1,81 @@
+"""Defaults that work on hangs and memory blow-ups (issue 12, points 6 and 7): cheap test backends,
+real sandbox children, the engine end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples import programs
+from minify_client.models import JobSpec, JobState
+from minify_worker.engine import minify
+
+TESTING = "minify_worker.testing_backends"
+SUPPORT = "tests.support.backends"
+
+
+@pytest.fixture(autouse=True)
+def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", f"{TESTING},{SUPPORT}")
+
+
+@pytest.fixture(scope="module")
+def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ep, _ = programs.chain(("sin", "cos", "relu", "tanh", "exp", "neg"))
+    path = tmp_path_factory.mktemp("programs") / "chain.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+def ops_of(code: str | None) -> list[str]:
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in (code or "").splitlines()
+            if "torch.ops.aten." in line]
+
+
+def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2: Path, tmp_path: Path) -> None:
+    # The default spec but for a short bound on the original's runs (the default is minutes).
+    job = JobSpec.model_validate({"backend": f"{TESTING}:hang_on_relu",
+                                  "limits": {"original_timeout_s": 6, "parallelism": 2}})
+
+    result = minify(chain_pt2, job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
+    assert result.report.signature == "TimedOut"
+    # Passing candidates calibrated the timeout down to the floor: each hang costs seconds.
+    assert result.report.candidate_timeout_s is not None and result.report.candidate_timeout_s <= 6
+
+
+def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(
+        chain_pt2: Path, tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"backend": f"{TESTING}:hang_on_relu", "failure": {"kind": "timeout"},
+                                  "limits": {"candidate_timeout_s": 10, "parallelism": 2}})
+
+    result = minify(chain_pt2, job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
+    assert result.report.candidate_timeout_s == 5.0  # the floor: passing candidates take milliseconds
+
+
+def test_a_compiler_that_eats_all_memory_is_minimized_as_an_oom(chain_pt2: Path, tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:allocate_on_relu", "failure": {"kind": "oom"},
+                                  "limits": {"memory_mb": 700, "candidate_timeout_s": 60, "parallelism": 2}})
+
+    result = minify(chain_pt2, job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
+    assert result.report.signature == "OutOfMemory"
+
+
+def test_any_failure_includes_running_out_of_memory(chain_pt2: Path, tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:allocate_on_relu",
+                                  "limits": {"memory_mb": 700, "candidate_timeout_s": 60, "parallelism": 2}})
+
+    result = minify(chain_pt2, job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
