@@ -60,3 +60,19 @@ def allocate_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[
         while True:
             hoard.append(bytearray(b"\x01") * (64 << 20))
     return _eager(gm)
+
+
+# Set in a child once it compiled a graph with sigmoid: state one candidate leaves behind for the
+# next one in the same process.
+_SAW_SIGMOID = False
+
+
+def relu_fails_after_sigmoid(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails on relu once this process has compiled a sigmoid: in a fresh process, only a graph with
+    both fails; in a reused one, relu alone fails after any sigmoid candidate."""
+    global _SAW_SIGMOID
+    if has_op(gm, "sigmoid"):
+        _SAW_SIGMOID = True
+    if has_op(gm, "relu") and _SAW_SIGMOID:
+        raise RuntimeError("injected failure on relu after a sigmoid")
+    return _eager(gm)

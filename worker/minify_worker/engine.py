@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
-from minify_worker import artifacts, oracle, strategies
+from minify_worker import artifacts, environment, oracle, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
@@ -224,6 +224,8 @@ class _Run:
         self.original_runs = 0
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
+        self.environment: dict[str, str] = {}
+        self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._originals: list[Future[Outcome]] = []  # runs of the original, the first one first
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
         self._passing_durations: list[float] = []
@@ -275,6 +277,8 @@ class _Run:
             return self._finish(JobState.failed, str(error))
         except PrepareStopped as stopped:
             return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, str(stopped))
+        self._environment_call = pool.submit_call(environment.CALL_TARGET, timeout_s=environment.CALL_TIMEOUT_S,
+                                                  purpose="environment")
         graph = graph_from_wire(prepared.wire_graph)
         self.nodes_original = count_ops(graph)
         self.best = graph
@@ -317,6 +321,7 @@ class _Run:
             self._cancel_originals()
             return self._finish(status, reason)
         self._confirm_original()
+        reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
         self._emit(force=True, message="writing artifacts")
         written = self._write_program_artifacts(evaluator.live_pool())
@@ -428,6 +433,21 @@ class _Run:
         if self.flaky:
             self._emit(force=True, message=f"flaky: the original failed {len(failing)} of {len(outcomes)} runs")
 
+    def _verify_in_a_fresh_child(self) -> str | None:
+        """Where children are reused, run the result once more in a child that ran nothing else: it
+        must fail the same way there. Returns why the result is in doubt, if it is."""
+        pool = self._evaluator.live_pool()
+        if not pool.reuse or self.best is None or self.best is self._original or self.signature is None:
+            return None
+        future = pool.submit(graph_to_wire(self.best), timeout_s=self.candidate_timeout_s, fresh=True)
+        if wait_unless_stopped(pool, [future], self._stop_reason):
+            return None
+        outcome = future.result()
+        if oracle.still_fails(outcome, self.signature, self.spec.failure):
+            return None
+        return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
+                "depend on what an earlier candidate left in a reused child")
+
     def _cancel_originals(self) -> None:
         for future in [*self._originals, *([self._empty] if self._empty is not None else [])]:
             if not future.done():
@@ -455,6 +475,7 @@ class _Run:
                 "out_dir": str(self.out_dir),
                 "spec_json": self.spec.model_dump_json(),
                 "signature": asdict(self.signature) if self.signature else None,
+                "environment": self._environment(),
             },
             timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
         )
@@ -464,6 +485,12 @@ class _Run:
         return {name: self.out_dir / name for name in result.get("files", [])}
 
     # -- ending ----------------------------------------------------------------------------
+
+    def _environment(self) -> dict[str, str]:
+        """The worker's environment (report.json, repro.py): the sandbox call's result, once."""
+        if not self.environment:
+            self.environment = environment.collected(self._environment_call)
+        return self.environment
 
     def _enter_phase(self, phase: str) -> None:
         """Close the current phase's clock (`Report.phase_s`) and start `phase`'s."""
@@ -497,6 +524,7 @@ class _Run:
             device=self.spec.device,
             config=self.spec.config,
             torch_version=torch.__version__,
+            environment=self._environment(),
             outcomes=dict(stats.outcomes) if stats else {},
             timeline=self.timeline,
             graph_code=graph_code(best) if best is not None and status is JobState.succeeded else None,

@@ -83,6 +83,12 @@ _PR_SET_CHILD_SUBREAPER = 36
 _LOG_TAIL = 4000
 MEMORY_CHECK_INTERVAL_S = 0.2
 CHILD_OPEN_FILES = 4096
+# Long-lived children (reuse): how many candidates one runs before it is replaced, on CUDA by
+# default; how much its resident memory may grow over its start before it is; how many of them may
+# fail to start in a row before candidates fail with the reason.
+DEFAULT_REUSE_CUDA = 50
+REUSE_MEMORY_GROWTH_MB = 2048
+MAX_WORKER_START_FAILURES = 2
 # A torch child maps about 1 GB of address space it never touches (libraries, arenas, stacks): the
 # address-space bound is the memory bound plus this.
 ADDRESS_SPACE_SLACK_MB = 4096
@@ -189,6 +195,7 @@ class _ServerOptions:
     values: Path | None
     warm: bool
     memory_mb: int | None = None
+    reuse: int = 0
 
     def argv(self) -> list[str]:
         argv = ["--root", str(self.root), "--workdir", str(self.workdir), "--spec", self.spec_json,
@@ -196,6 +203,8 @@ class _ServerOptions:
                 "--parent-pid", str(self.parent_pid)]
         if self.memory_mb:
             argv += ["--memory-mb", str(self.memory_mb)]
+        if self.reuse:
+            argv += ["--reuse", str(self.reuse)]
         if self.values is not None:
             argv += ["--values", str(self.values)]
         if not self.warm:
@@ -412,13 +421,16 @@ class SandboxPool:
 
     def __init__(self, workdir: Path, values: Path | PreparedProgram | None, spec: JobSpec, parallelism: int = 1, *,
                  threads_per_child: int | None = None, warm: bool = True,
-                 env: dict[str, str] | None = None, start: str | None = None) -> None:
+                 env: dict[str, str] | None = None, start: str | None = None,
+                 reuse: int | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.root = self.workdir / "sandbox"
         self.spec = spec
         self.parallelism = max(1, parallelism)
         # Each candidate's process group is killed past this resident memory (an `oom` outcome).
         self.memory_bound_mb = spec.limits.memory_mb or default_memory_bound_mb(self.parallelism)
+        # Candidates run in long-lived children, this many each (0: a fresh child per candidate).
+        self.reuse = default_reuse(spec) if reuse is None else reuse
         self.threads_per_child = threads_per_child or max(1, usable_cores() // self.parallelism)
         for sub in ("results", "logs", "tmp", "cache", "triton"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -439,7 +451,7 @@ class SandboxPool:
             root=self.root, workdir=self.workdir, spec_json=spec.model_dump_json(), parallelism=self.parallelism,
             threads=self.threads_per_child, parent_pid=os.getpid(),
             values=None if values_path is None else Path(values_path).resolve(), warm=warm,
-            memory_mb=self.memory_bound_mb,
+            memory_mb=self.memory_bound_mb, reuse=self.reuse,
         )
         refusal = "asked to spawn" if start == "spawn" else fork_refusal()
         self.start_method = "spawn" if refusal else "fork"
@@ -472,9 +484,10 @@ class SandboxPool:
     # -- public API ---------------------------------------------------------------------------
 
     def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
-               purpose: str = "candidate") -> Future[Outcome]:
-        """Run one candidate in a fresh child; the future resolves with its `Outcome`."""
-        return self._request("candidate", {"graph": wire_graph}, timeout_s, purpose)
+               purpose: str = "candidate", fresh: bool = False) -> Future[Outcome]:
+        """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
+        child that ran no other candidate before (every child is fresh unless the pool reuses them)."""
+        return self._request("candidate", {"graph": wire_graph, "fresh": fresh}, timeout_s, purpose)
 
     def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,
                     purpose: str = "call") -> Future[dict[str, Any]]:
@@ -753,6 +766,19 @@ class _Child:
 
 
 @dataclass
+class _Worker:
+    """A long-lived child (reuse): runs candidates one at a time, requests on a pipe, acks back."""
+
+    pid: int
+    request_w: int
+    ack_r: int
+    ran: int = 0
+    ready: bool = False
+    retiring: bool = False
+    buffer: bytes = b""
+
+
+@dataclass
 class _Server:
     root: Path
     workdir: Path
@@ -770,6 +796,11 @@ class _Server:
     selector: selectors.BaseSelector | None = None
     deferred_warm_up: Callable[[], dict[str, Any]] | None = None
     memory_bound_mb: int | None = None
+    reuse: int = 0  # candidates per long-lived child; 0: a fresh child per candidate
+    workers: dict[int, _Worker] = field(default_factory=dict)  # pid -> long-lived child
+    values_loaded: bool = False
+    worker_error: str | None = None
+    worker_failures: int = 0
     _memory_checked: float = 0.0
 
     # -- messages -------------------------------------------------------------------------------
@@ -797,6 +828,9 @@ class _Server:
             self.values = torch.load(path, mmap=True, weights_only=True)
         except Exception as error:
             return {"ok": False, "error": f"cannot load the value store {path}: {type(error).__name__}: {error}"}
+        self.values_loaded = True
+        for worker in list(self.workers.values()):  # they hold the old values: replaced as they go
+            self.retire(worker)
         return {"ok": True, "value": {"names": len(self.values)}}
 
     def set_timeout(self, request_id: int, timeout_s: float | None) -> None:
@@ -824,8 +858,24 @@ class _Server:
     # -- children -------------------------------------------------------------------------------
 
     def start_queued(self) -> None:
-        while self.queue and len(self.running) < self.parallelism:
-            self.fork(self.queue.popleft())
+        if self.reuse and self.values_loaded:
+            self.keep_workers()
+        for request in list(self.queue):
+            if len(self.running) >= self.parallelism:
+                return
+            if request["kind"] == "candidate" and self.reuse and self.values_loaded:
+                worker = self.idle_worker(fresh=bool(request.get("fresh")))
+                if worker is None:
+                    if self.worker_failures >= MAX_WORKER_START_FAILURES:
+                        self.queue.remove(request)
+                        self.emit({"event": "done", "id": request["id"], "result": {
+                            "sandbox_error": f"sandbox children cannot start: {self.worker_error}"}})
+                    continue
+                self.queue.remove(request)
+                self.dispatch(worker, request)
+            else:
+                self.queue.remove(request)
+                self.fork(request)
 
     def fork(self, request: dict[str, Any]) -> None:
         request_id = request["id"]
@@ -840,14 +890,21 @@ class _Server:
                 code = 0
             finally:
                 os._exit(code)
+        self.track(request, pid, result_path, log_path)
+
+    def track(self, request: dict[str, Any], pid: int, result_path: Path, log_path: Path) -> None:
+        """`pid` runs `request` from now on: its deadline starts, the pool hears of it."""
         now = time.monotonic()
         timeout = request.get("timeout_s")
         deadline = now + float(timeout) if timeout else None
         self.running[pid] = _Child(request, pid, now, deadline, result_path, log_path)
-        self.tell_guardian(f"+{pid}")
-        self.emit({"event": "started", "id": request_id, "pid": pid})
+        if pid not in self.workers:
+            self.tell_guardian(f"+{pid}")
+        self.emit({"event": "started", "id": request["id"], "pid": pid})
 
-    def child_main(self, request: dict[str, Any], server_pid: int, result_path: Path, log_path: Path) -> None:
+    def enter_child(self, server_pid: int, log_path: Path) -> None:
+        """What every child does first: its own session and process group, death with the server,
+        default signal handlers, none of the server's descriptors, output to its log."""
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != server_pid:
@@ -857,33 +914,184 @@ class _Server:
             signal.signal(number, signal.SIG_DFL)
         if self.selector is not None:
             self.selector.close()
-        for fd in (self.request_fd, self.event_fd, self.wake_r, self.wake_w, self.guardian_fd):
+        for fd in (self.request_fd, self.event_fd, self.wake_r, self.wake_w, self.guardian_fd,
+                   *(fd for worker in self.workers.values() for fd in (worker.request_w, worker.ack_r))):
             if fd >= 0:
                 os.close(fd)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
+        _redirect_output(log_path)
+
+    def child_main(self, request: dict[str, Any], server_pid: int, result_path: Path, log_path: Path) -> None:
+        self.enter_child(server_pid, log_path)
         try:
             _confine_child(self.root / "tmp" / str(request["id"]), self.spec)
             import torch
 
             torch.set_num_threads(self.threads)
         except BaseException as error:  # the sandbox cannot run anything here: not a candidate's doing
-            result: dict[str, Any] = {"sandbox_error": f"the sandbox child could not start: "
-                                                       f"{type(error).__name__}: {error}",
-                                      "traceback": traceback.format_exc()}
-        else:
-            result_path.with_suffix(".started").touch()
-            try:
-                result = self.run_request(request)
-            except BaseException as error:
-                result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-        temporary = result_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(result))
-        os.replace(temporary, result_path)
+            _write_result(result_path, {"sandbox_error": f"the sandbox child could not start: "
+                                                         f"{type(error).__name__}: {error}",
+                                        "traceback": traceback.format_exc()})
+            return
+        self.run_to_file(request, result_path)
+
+    def run_to_file(self, request: dict[str, Any], result_path: Path) -> dict[str, Any]:
+        result_path.with_suffix(".started").touch()
+        try:
+            result = self.run_request(request)
+        except BaseException as error:
+            result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        _write_result(result_path, result)
         sys.stdout.flush()
         sys.stderr.flush()
+        return result
+
+    # -- long-lived children (reuse) ------------------------------------------------------------
+
+    def keep_workers(self) -> None:
+        """`parallelism` long-lived children, started ahead of need; one more, fresh, while a
+        request waits for a fresh child (a failure seen in a child that ran candidates before is
+        confirmed in one that ran none)."""
+        wanted = self.parallelism
+        fresh_wanted = any(request.get("fresh") for request in self.queue if request["kind"] == "candidate")
+        if fresh_wanted and not any(worker.ran == 0 for worker in self.workers.values()):
+            if len(self.workers) > self.parallelism:
+                idle = next((w for w in self.workers.values() if w.ready and w.pid not in self.running), None)
+                if idle is not None:
+                    self.retire(idle)
+            wanted = len(self.workers) + 1
+        if self.worker_failures >= MAX_WORKER_START_FAILURES:
+            return
+        while len(self.workers) < min(wanted, self.parallelism + 1):
+            self.start_worker()
+
+    def idle_worker(self, fresh: bool) -> _Worker | None:
+        for worker in self.workers.values():
+            if worker.ready and not worker.retiring and worker.pid not in self.running and \
+                    (not fresh or worker.ran == 0):
+                return worker
+        return None
+
+    def start_worker(self) -> None:
+        request_r, request_w = os.pipe()
+        ack_r, ack_w = os.pipe()
+        server_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the long-lived child: never returns
+            code = 70
+            try:
+                os.close(request_w)
+                os.close(ack_r)
+                self.worker_main(request_r, ack_w, server_pid)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(request_r)
+        os.close(ack_w)
+        os.set_blocking(ack_r, False)
+        worker = _Worker(pid, request_w, ack_r)
+        self.workers[pid] = worker
+        assert self.selector is not None
+        self.selector.register(ack_r, selectors.EVENT_READ, worker)
+        self.tell_guardian(f"+{pid}")
+
+    def worker_main(self, request_r: int, ack_w: int, server_pid: int) -> None:
+        """A long-lived child: set up the device once, then run candidates one at a time until it
+        is told to stop, or retires itself (`_should_retire`)."""
+        pid = os.getpid()
+        self.enter_child(server_pid, self.root / "logs" / f"worker-{pid}.log")
+        try:
+            _confine_child(self.root / "tmp" / f"worker-{pid}", self.spec)
+            import torch
+
+            torch.set_num_threads(self.threads)
+            warm_up_device(self.spec)
+        except BaseException as error:
+            _write_line(ack_w, {"event": "failed", "error": f"{type(error).__name__}: {error}"})
+            return
+        _write_line(ack_w, {"event": "ready"})
+        baseline_mb = _own_resident_mb()
+        ran = 0
+        with os.fdopen(request_r, "rb") as requests:
+            for line in requests:
+                request = json.loads(line)
+                _redirect_output(self.root / "logs" / f"{request['id']}.log")
+                result = self.run_to_file(request, self.root / "results" / f"{request['id']}.json")
+                ran += 1
+                retire = ran >= self.reuse or _should_retire(result, _own_resident_mb() - baseline_mb)
+                if not retire:
+                    _drop_compile_state(self.spec)
+                _write_line(ack_w, {"event": "done", "id": request["id"], "retire": retire})
+                if retire:
+                    return
+
+    def dispatch(self, worker: _Worker, request: dict[str, Any]) -> None:
+        data = (json.dumps(request) + "\n").encode()
+        try:
+            _write_all(worker.request_w, data)
+        except OSError:  # it died a moment ago: reap() replaces it
+            self.queue.appendleft(request)
+            return
+        self.track(request, worker.pid, self.root / "results" / f"{request['id']}.json",
+                   self.root / "logs" / f"{request['id']}.log")
+
+    def worker_events(self, worker: _Worker) -> None:
+        try:
+            chunk = os.read(worker.ack_r, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.forget_worker(worker)
+            return
+        worker.buffer += chunk
+        *lines, worker.buffer = worker.buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.worker_event(worker, json.loads(line))
+
+    def worker_event(self, worker: _Worker, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        if name == "ready":
+            worker.ready = True
+            self.worker_failures = 0
+        elif name == "failed":
+            self.worker_error = event.get("error")
+            self.worker_failures += 1
+        elif name == "done":
+            child = self.running.pop(worker.pid, None)
+            worker.ran += 1
+            if event.get("retire"):
+                self.retire(worker)
+            if child is not None:
+                self.finish_on_worker(worker, child)
+
+    def finish_on_worker(self, worker: _Worker, child: _Child) -> None:
+        """Report a request a long-lived child ran; a failure seen in a child that ran candidates
+        before runs again in a fresh one first, so no candidate's leftover state decides another's
+        outcome."""
+        request = child.request
+        if worker.ran > 1 and not request.get("fresh") and _is_failure(child.result_path):
+            for path in (child.result_path, child.result_path.with_suffix(".started"), child.log_path):
+                path.unlink(missing_ok=True)
+            self.queue.appendleft({**request, "fresh": True})
+            return
+        self.report(child, 0)
+
+    def retire(self, worker: _Worker) -> None:
+        """Let `worker` finish: EOF on its requests; reap() forgets it when it exits."""
+        if not worker.retiring:
+            worker.retiring = True
+            os.close(worker.request_w)
+            worker.request_w = -1
+
+    def forget_worker(self, worker: _Worker) -> None:
+        if worker.ack_r >= 0:
+            assert self.selector is not None
+            self.selector.unregister(worker.ack_r)
+            os.close(worker.ack_r)
+            worker.ack_r = -1
+        if worker.request_w >= 0:
+            os.close(worker.request_w)
+            worker.request_w = -1
 
     def run_request(self, request: dict[str, Any]) -> dict[str, Any]:
         from .runner import EnvironmentFault, environment_fault
@@ -921,6 +1129,11 @@ class _Server:
                 return
             pid = info.si_pid
             child = self.running.pop(pid, None)
+            worker = self.workers.pop(pid, None)
+            if worker is not None:
+                self.forget_worker(worker)
+                if child is None:
+                    self.tell_guardian(f"-{pid}")
             if child is not None:
                 # The zombie still holds its pid: the group id cannot have been reused yet.
                 _kill_group(pid)
@@ -1010,6 +1223,9 @@ class _Server:
                 if key.data == "wake":
                     _drain(self.wake_r)
                     continue
+                if isinstance(key.data, _Worker):
+                    self.worker_events(key.data)
+                    continue
                 chunk = os.read(self.request_fd, 1 << 20)
                 if not chunk:
                     return
@@ -1023,9 +1239,10 @@ class _Server:
 
     def shutdown(self) -> None:
         self.queue.clear()
-        for pid in list(self.running):
+        pids = set(self.running) | set(self.workers)
+        for pid in pids:
             _kill_group(pid)
-        for pid in list(self.running):
+        for pid in pids:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
@@ -1126,6 +1343,104 @@ def _confine_child(tmp: Path, spec: JobSpec) -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         if hard == resource.RLIM_INFINITY or limit < hard:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit if hard == resource.RLIM_INFINITY else hard))
+
+
+def _redirect_output(log_path: Path) -> None:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+
+
+def _write_result(result_path: Path, result: dict[str, Any]) -> None:
+    temporary = result_path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(result))
+    os.replace(temporary, result_path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_line(fd: int, message: dict[str, Any]) -> None:
+    _write_all(fd, (json.dumps(message) + "\n").encode())
+
+
+def _own_resident_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+# Signs that a process cannot be trusted with another candidate: CUDA's context is unusable after
+# an error (illegal memory access, device-side assert, ...), and a sandbox error is the process's own.
+_UNUSABLE_AFTER = re.compile(r"CUDA error|device-side assert|illegal memory access|CUBLAS_STATUS|"
+                             r"CUDNN_STATUS|an illegal instruction|unspecified launch failure")
+
+
+def _should_retire(result: dict[str, Any], growth_mb: float) -> bool:
+    """Whether a long-lived child retires after this result: its process may not be fit to run another."""
+    if "sandbox_error" in result or "error" in result or growth_mb > REUSE_MEMORY_GROWTH_MB:
+        return True
+    outcome = result.get("outcome") or {}
+    if outcome.get("kind") in ("crashed", "oom", "timed_out"):
+        return True
+    text = json.dumps(outcome.get("signature") or {})
+    return _UNUSABLE_AFTER.search(text) is not None
+
+
+def _is_failure(result_path: Path) -> bool:
+    """Whether the candidate result written at `result_path` counts as some failure."""
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        return False
+    return (result.get("outcome") or {}).get("kind") in ("fails", "crashed", "oom", "timed_out")
+
+
+def _drop_compile_state(spec: JobSpec) -> None:
+    """Between two candidates in one process: forget what dynamo and inductor keep in memory (their
+    on-disk caches stay, shared by all children) and give cached device memory back."""
+    import gc
+
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        from torch._inductor.codecache import PyCodeCache
+
+        PyCodeCache.cache_clear(purge=False)
+    except (ImportError, AttributeError, TypeError):
+        pass
+    gc.collect()
+    if spec.device_class == "cuda":
+        torch.cuda.empty_cache()
+
+
+def warm_up_device(spec: JobSpec) -> None:
+    """A long-lived child's set-up, once: the CUDA context and a first compile on the job's device,
+    so its first candidate does not pay for them. On the CPU a forked child inherits the server's."""
+    if spec.device_class != "cuda":
+        return
+    import torch
+
+    device = torch.device(spec.device)
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+    if spec.backend in ("inductor", "aot_inductor"):
+        _compile_warm_up_graph(device)
+
+
+def default_reuse(spec: JobSpec) -> int:
+    """Candidates per long-lived child: `MINIFY_SANDBOX_REUSE` if set (0: a fresh child per
+    candidate), else per device: on CUDA a fresh child pays its context and a cold first compile
+    (seconds) every time, so children are reused; on the CPU, children forked from the warm server
+    start warm anyway (docs/bench.md)."""
+    configured = os.environ.get("MINIFY_SANDBOX_REUSE", "").strip()
+    if configured:
+        return max(0, int(configured))
+    return DEFAULT_REUSE_CUDA if spec.device_class == "cuda" else 0
 
 
 def _kill_group(pid: int) -> None:
@@ -1243,7 +1558,7 @@ def _import_compiler_modules() -> None:
     from . import backends, runner  # noqa: F401
 
 
-def _compile_warm_up_graph() -> None:
+def _compile_warm_up_graph(device: Any = "cpu") -> None:
     """Compile (never run) a tiny graph, so children inherit inductor's lazily built state.
 
     Measured here: a candidate's first compile in a fresh child goes from about 2.1 s to 1.2 s.
@@ -1258,7 +1573,7 @@ def _compile_warm_up_graph() -> None:
 
     try:
         with torch.no_grad():
-            compile_fx(torch.fx.symbolic_trace(warm_up_graph), [torch.empty(4, 4)])
+            compile_fx(torch.fx.symbolic_trace(warm_up_graph), [torch.empty(4, 4, device=device)])
     except Exception:  # a warm-up is an optimization: a broken one must not stop the job
         log.warning("inductor warm-up compile failed", exc_info=True)
 
@@ -1274,12 +1589,13 @@ def _server_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--values", type=Path)
     parser.add_argument("--no-warm", action="store_true")
     parser.add_argument("--memory-mb", type=int)
+    parser.add_argument("--reuse", type=int, default=0)
     parser.add_argument("--request-fd", type=int, required=True)
     parser.add_argument("--event-fd", type=int, required=True)
     args = parser.parse_args(argv)
     options = _ServerOptions(root=args.root, workdir=args.workdir, spec_json=args.spec, parallelism=args.parallelism,
                              threads=args.threads, parent_pid=args.parent_pid, values=args.values,
-                             warm=not args.no_warm, memory_mb=args.memory_mb)
+                             warm=not args.no_warm, memory_mb=args.memory_mb, reuse=args.reuse)
     return _run_server(options, args.request_fd, args.event_fd)
 
 
@@ -1293,7 +1609,7 @@ def _run_server(options: _ServerOptions, request_fd: int, event_fd: int) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = _Server(options.root, options.workdir, JobSpec.model_validate_json(options.spec_json),
                      options.parallelism, options.threads, request_fd, event_fd, guardian_fd=guardian_fd,
-                     memory_bound_mb=options.memory_mb)
+                     memory_bound_mb=options.memory_mb, reuse=options.reuse)
     try:
         started = time.monotonic()
         import torch  # every child needs it

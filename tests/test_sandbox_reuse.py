@@ -1,0 +1,120 @@
+"""Long-lived sandbox children (reuse): many candidates per child, and still no candidate's crash or
+leftover state decides another candidate's outcome (issue 13; ARCHITECTURE.md, "Isolation model")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples import programs
+from minify_client.models import JobSpec, JobState
+from minify_worker.engine import minify
+from minify_worker.graph import graph_to_wire
+from minify_worker.outcomes import Crashed, Fails, Passes, TimedOut
+from minify_worker.sandbox import SandboxPool
+from tests.support.graphs import chain_graph
+
+TESTING = "minify_worker.testing_backends"
+SUPPORT = "tests.support.backends"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def chain(*ops: str) -> dict:
+    return graph_to_wire(chain_graph(*ops))
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
+    workdir = tmp_path_factory.mktemp("reuse")
+    torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
+    spec = JobSpec(backend=f"{TESTING}:misbehave_by_op")
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=1, reuse=10,
+                     env={"MINIFY_ALLOWED_BACKENDS": TESTING}) as sandbox:
+        yield sandbox
+
+
+def run(pool: SandboxPool, *ops: str, timeout_s: float = 60) -> tuple[object, int | None]:
+    future = pool.submit(chain(*ops), timeout_s=timeout_s)
+    outcome = future.result()
+    return outcome, pool.child_pid(future)
+
+
+def test_a_long_lived_child_runs_one_candidate_after_another(pool: SandboxPool) -> None:
+    pids = {run(pool, op)[1] for op in ("abs", "floor", "abs", "ceil", "abs")}
+    assert len(pids) == 1
+
+
+def test_a_crash_costs_its_child_and_the_next_candidate_runs_in_a_new_one(pool: SandboxPool) -> None:
+    _, before = run(pool, "abs")
+    crashed, crashed_in = run(pool, "sin")
+    passed, after = run(pool, "abs")
+
+    assert isinstance(crashed, Crashed) and crashed.signal == signal.SIGSEGV
+    assert isinstance(passed, Passes)
+    assert crashed_in == before and after != crashed_in
+
+
+def test_a_hang_costs_its_child_only(pool: SandboxPool) -> None:
+    hung, hung_in = run(pool, "tanh", timeout_s=2)
+    passed, after = run(pool, "abs")
+
+    assert isinstance(hung, TimedOut) and isinstance(passed, Passes)
+    assert after != hung_in
+
+
+def test_a_failure_in_a_child_that_ran_candidates_before_is_confirmed_in_a_fresh_one(pool: SandboxPool) -> None:
+    _, warm = run(pool, "abs")
+    failed, confirmed_in = run(pool, "relu")
+
+    assert isinstance(failed, Fails) and failed.signature.key == "injected failure on relu"
+    assert confirmed_in != warm
+
+
+@pytest.fixture
+def chain_pt2(tmp_path: Path) -> Path:
+    ep, _ = programs.chain(("sin", "sigmoid", "cos", "relu", "tanh"))
+    path = tmp_path / "chain.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+def test_state_one_candidate_leaves_in_a_reused_child_never_decides_another(
+        chain_pt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a fresh process only relu and sigmoid together fail; in a reused child relu alone fails
+    # after any candidate with a sigmoid. The job must end with both, and so must its repro.
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    monkeypatch.setenv("MINIFY_SANDBOX_REUSE", "50")
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:relu_fails_after_sigmoid",
+                                  "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
+
+    result = minify(chain_pt2, job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert result.reason is None
+    code = result.report.graph_code or ""
+    assert "aten.sigmoid" in code and "aten.relu" in code
+    repro = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "out", capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert repro.returncode == 1
+    assert "repro failed with: RuntimeError: injected failure on relu after a sigmoid" in repro.stderr
+
+
+def test_a_job_with_reused_children_ends_on_the_failing_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
+    monkeypatch.setenv("MINIFY_SANDBOX_REUSE", "50")
+    ep, _ = programs.chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    torch.export.save(ep, tmp_path / "chain.pt2")
+    job = JobSpec.model_validate({"backend": f"{TESTING}:fail_on_relu",
+                                  "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
+
+    result = minify(tmp_path / "chain.pt2", job, tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert result.report.nodes_final == 1 and "aten.relu" in (result.report.graph_code or "")
