@@ -76,3 +76,20 @@ def relu_fails_after_sigmoid(gm: fx.GraphModule, example_inputs: list[Any]) -> C
     if has_op(gm, "relu") and _SAW_SIGMOID:
         raise RuntimeError("injected failure on relu after a sigmoid")
     return _eager(gm)
+
+
+def device_assert_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A kernel that trips a CUDA device-side assert when the graph has relu (an out-of-range
+    index, raised at the next synchronization): the context is unusable afterwards."""
+    if not has_op(gm, "relu"):
+        return _eager(gm)
+
+    def run(*args: Any) -> Any:
+        import torch
+
+        values = torch.ones(4, device=args[0].device)
+        values[torch.tensor([1 << 20], device=args[0].device)] += 1
+        torch.cuda.synchronize(args[0].device)
+        return gm(*args)
+
+    return run
