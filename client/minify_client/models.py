@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
-FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "any")
+FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -172,6 +172,11 @@ class Report(BaseModel):
     device: str
     config: dict[str, Any] = Field(default_factory=dict)
     torch_version: str | None = None
+    environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="the worker's environment as torch.utils.collect_env reports it (Python, torch and its git "
+                    "version, CUDA, cuDNN, GPU and driver, triton, the C++ compiler, the OS); 'Collection error' "
+                    "says why it is partial")
     outcomes: dict[str, int] = Field(default_factory=dict)
     timeline: list[TimelinePoint] = Field(default_factory=list)
     graph_code: str | None = None

@@ -29,6 +29,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tolerance", type=float, help="accuracy tolerance (default 1e-3)")
     group.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
                        help="upper bound on one candidate's run (default: calibrated from the original)")
+    group.add_argument("--original-timeout", type=float, metavar="SECONDS",
+                       help="upper bound on one run of the original (default: 10 minutes)")
+    group.add_argument("--memory-limit", type=int, metavar="MIB",
+                       help="memory bound of one candidate (default: the machine's memory over the parallelism)")
     group.add_argument("--job-timeout", type=float, metavar="SECONDS")
     group.add_argument("--parallelism", type=int, help="candidates in flight at once")
 
@@ -66,6 +70,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     limits = dict(data.get("limits") or {})
     if args.candidate_timeout is not None:
         limits["candidate_timeout_s"] = args.candidate_timeout
+    if args.original_timeout is not None:
+        limits["original_timeout_s"] = args.original_timeout
+    if args.memory_limit is not None:
+        limits["memory_mb"] = args.memory_limit
     if args.job_timeout is not None:
         limits["job_timeout_s"] = args.job_timeout
     if args.parallelism is not None:

@@ -4,7 +4,7 @@ import { api } from "./api.js";
 import { h } from "./dom.js";
 
 const BACKENDS = ["inductor", "aot_inductor", "aot_eager", "eager"];
-const FAILURE_KINDS = ["any", "compile_error", "runtime_error", "crash", "accuracy", "timeout"];
+const FAILURE_KINDS = ["any", "compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom"];
 
 /** `KEY=VALUE` lines → config dict; values are JSON when they parse, else strings (as the CLI does). */
 export function parseConfigLines(text) {
