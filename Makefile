@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: serve test demo lint setup browser
+.PHONY: serve test demo lint setup browser test-torch-2.14
 
 setup: $(STAMP)
 
@@ -32,3 +32,37 @@ test: setup browser
 
 lint: setup
 	.venv/bin/ruff check .
+
+# The engine's torch-facing tests (real inductor compiles) on the newest supported torch, in a
+# second venv. torch 2.14.1 is a CUDA build (about 5.5 GB) that these machines have on disk, but
+# not its cuda-bindings requirement (used only by CUDA green contexts and the CUPTI profiler), so
+# torch goes in with --no-deps and everything else from a list without it: nothing is downloaded
+# for torch. CI stays on .venv's 2.13 CPU; see docs/internals.md, "Supported torch versions".
+TORCH_NEXT_VENV := .venv-torch-2.14
+TORCH_NEXT_PY := $(TORCH_NEXT_VENV)/bin/python
+TORCH_NEXT_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
+	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py
+
+# torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
+define TORCH_NEXT_REQUIREMENTS
+import tomllib
+from importlib.metadata import requires
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+wanted = [*project["dependencies"], *(r for extra in ("server", "worker", "dev") for r in project["optional-dependencies"][extra])]
+wanted += [r for r in requires("torch") if "extra ==" not in r]
+print("\n".join(r for r in wanted if not r.startswith(("minify[", "torch", "cuda-bindings"))))
+endef
+export TORCH_NEXT_REQUIREMENTS
+
+$(TORCH_NEXT_VENV)/.installed: pyproject.toml
+	test -x $(TORCH_NEXT_PY) || python3 -m venv $(TORCH_NEXT_VENV)
+	$(TORCH_NEXT_PY) -m pip install -q --upgrade pip
+	$(TORCH_NEXT_PY) -m pip install -q --no-deps "torch==2.14.1"
+	$(TORCH_NEXT_PY) -c "$$TORCH_NEXT_REQUIREMENTS" > $(TORCH_NEXT_VENV)/requirements.txt
+	$(TORCH_NEXT_PY) -m pip install -q -r $(TORCH_NEXT_VENV)/requirements.txt
+	$(TORCH_NEXT_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+test-torch-2.14: $(TORCH_NEXT_VENV)/.installed
+	$(TORCH_NEXT_PY) -c "import torch; assert torch.__version__.startswith('2.14.'), torch.__version__"
+	$(TORCH_NEXT_PY) -m pytest -q -ra -p no:cacheprovider $(TORCH_NEXT_TESTS)
