@@ -56,6 +56,7 @@ def decomposed(program: torch.export.ExportedProgram, table: str) -> torch.expor
     """`table`: "inductor" (core aten plus inductor's decompositions) or "core"."""
     if table == "core":
         return program.run_decompositions()
+    import torch._inductor.lowering  # its max-pool decomposition asks the lowering module
     from torch._inductor.decomposition import select_decomp_table
 
     decompositions = torch.export.default_decompositions()
