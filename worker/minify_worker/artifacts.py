@@ -52,11 +52,13 @@ def write_program_artifacts(
     out_dir: str,
     spec_json: str,
     signature: dict[str, Any] | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write minimized.pt2, inputs.pt and repro.py for the minimized graph: a `SandboxPool.call` target.
 
     `context.values` is the value store the sandbox child holds; `wire_graph` is `graph_to_wire`'s
-    form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict).
+    form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict),
+    `environment` the worker's (`environment.collect`), for repro.py's header.
     Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
     refuses still gets its inputs.pt and repro.py. `out_dir` must be absolute (nothing is
     written otherwise, and every file is an error).
@@ -69,7 +71,7 @@ def write_program_artifacts(
     graph = graph_from_wire(wire_graph)
     spec = JobSpec.model_validate_json(spec_json)
     target = signature_from_dict(signature) if signature is not None else None
-    return write_program_files(graph, context.values, Path(out_dir), spec, target)
+    return write_program_files(graph, context.values, Path(out_dir), spec, target, environment)
 
 
 def write_program_files(
@@ -78,6 +80,7 @@ def write_program_files(
     out_dir: Path,
     spec: JobSpec,
     signature: Signature | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`write_program_artifacts` over an in-memory graph and value store."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +90,7 @@ def write_program_files(
 
     torch.save(inputs, out_dir / INPUTS)
     files.append(INPUTS)
-    (out_dir / REPRO).write_text(render_repro(graph, spec, signature, torch.__version__))
+    (out_dir / REPRO).write_text(render_repro(graph, spec, signature, torch.__version__, environment))
     files.append(REPRO)
     try:
         program = export_minimized(graph, inputs, spec.device)
@@ -133,17 +136,19 @@ def _to_device(value: InputValue, device: str) -> InputValue:
 # repro.py
 
 
-def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str) -> str:
+def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
+                 environment: Mapping[str, str] | None = None) -> str:
     """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
 
     `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
     crash's signal) while the bug is there, and 0 once it is fixed. The failure kind is the
-    signature's (what was observed) when there is one, else the spec's.
+    signature's (what was observed) when there is one, else the spec's. The header lists
+    `environment` (the worker's, as `torch.utils.collect_env` reports it), ready for a bug report.
     """
     kind = signature.kind if signature is not None else spec.failure.kind
     forward, imports = _forward_source(graph)
     preamble = [
-        _header(spec, kind, signature, torch_version),
+        _header(spec, kind, signature, torch_version, environment or {}),
         _IMPORTS,
         *([imports] if imports else []),
         _config_lines(spec.config),
@@ -172,7 +177,8 @@ _EXPECTATIONS = {
 }
 
 
-def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str) -> str:
+def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
+            environment: Mapping[str, str]) -> str:
     failure = spec.failure
     lines = [
         "Minimized repro written by minify (plain torch; no minify import).",
@@ -193,6 +199,9 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if spec.backend not in BUILTIN_BACKENDS:
         module = spec.backend.split(":")[0]
         lines.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
+    if environment:
+        lines += ["", "Environment it failed in (torch.utils.collect_env, on the worker):"]
+        lines += [f"  {key}: {'; '.join(value.splitlines())[:_MAX_HEADER_TEXT]}" for key, value in environment.items()]
     lines += [
         "",
         "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)",
