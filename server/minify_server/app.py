@@ -14,7 +14,7 @@ from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
-from minify_server.routes import jobs, system
+from minify_server.routes import docs, jobs, system
 from minify_server.store import ArtifactStore
 
 # Routes that answer only after talking to Redis: a success there means Redis is back.
@@ -58,7 +58,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             await app.state.stream_redis.aclose()
             app.state.sync_redis.close()
 
-    app = FastAPI(title="minify", version="1", lifespan=lifespan,
+    # /docs and /redoc come from routes.docs: FastAPI's own pages load their scripts from a CDN.
+    app = FastAPI(title="minify", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Turn a failing PyTorch program into the smallest program that fails the same way.")
     app.state.settings = settings
     app.state.store = ArtifactStore(settings.data_dir)
@@ -67,5 +68,6 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)
     app.include_router(system.router)
+    app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")
     return app
