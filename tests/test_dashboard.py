@@ -251,3 +251,34 @@ def test_a_refused_upload_shows_the_servers_reason_on_the_form(
     assert 400 <= refusal.status_code < 500
     assert error.inner_text() == f"The server refused the job: {refusal.json()['error']}"
     assert "#/submit" in page.url
+
+
+def test_the_job_page_shows_the_workers_environment_and_copies_a_bug_report(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    with service.client() as client:
+        job_id = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
+        wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+        report = client.get(f"/v1/jobs/{job_id}").json()["result"]
+        repro = client.get(f"/v1/jobs/{job_id}/artifacts/repro.py").text
+    environment = report["environment"]
+    context = browser.new_context(viewport=LAPTOP, permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    errors = watch_for_errors(page)
+    page.goto(f"{service.url}/#/jobs/{job_id}")
+
+    page.wait_for_selector("#environment-card:not([hidden])")
+    shown = page.inner_text("#environment")
+    for name in ("PyTorch version", "PyTorch git version", "OS", "Python version", "C++ compiler (inductor)"):
+        assert name in shown and environment[name] in shown
+    page.click("#copy-bug-report")
+    page.wait_for_selector("#copy-bug-report:text('Copied')")
+    markdown = page.evaluate("navigator.clipboard.readText()")
+
+    assert markdown.startswith("### 🐛 Describe the bug")
+    assert f"```\n{report['signature']}\n```" in markdown
+    assert f"```python\n{repro.rstrip()}\n```" in markdown
+    versions = markdown.split("### Versions", 1)[1]
+    assert all(f"{name}: {value}" in versions for name, value in environment.items())
+    screenshot(page, "job-environment-laptop")
+    assert errors == []
+    context.close()

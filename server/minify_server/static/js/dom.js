@@ -106,12 +106,12 @@ export async function copyText(text) {
   area.remove();
 }
 
-/** A button that copies `text()` and says so for a moment. */
+/** A button that copies `text` (a string, or a function that returns one or a promise of one) and says so for a moment. */
 export function copyButton(text, label = "Copy") {
   const button = h("button", { type: "button", class: "copy" }, label);
   button.addEventListener("click", async () => {
     try {
-      await copyText(typeof text === "function" ? text() : text);
+      await copyText(typeof text === "function" ? await text() : text);
       button.textContent = "Copied";
     } catch {
       button.textContent = "Copy failed";

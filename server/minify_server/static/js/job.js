@@ -2,6 +2,7 @@
 // first one), then its result: the minimized graph, repro.py, the artifacts, how to rerun.
 
 import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
+import { bugReportMarkdown } from "./bugreport.js";
 import { NodeChart } from "./chart.js";
 import {
   FINISHED, copyButton, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge,
@@ -101,6 +102,11 @@ export function renderJob(root, id) {
   const specList = h("dl", { class: "spec" });
 
   const resultSection = h("section", { class: "card", id: "result", hidden: true });
+  const environmentList = h("dl", { class: "spec", id: "environment" });
+  const environmentCard = h("section", { class: "card", id: "environment-card", hidden: true },
+    h("div", { class: "card-head" }, h("h2", {}, "Environment"),
+      h("span", { class: "muted small" }, "the worker's, as torch.utils.collect_env reports it")),
+    environmentList);
   const graphHeading = h("h2", {}, "Current best graph");
   const graphNote = h("span", { class: "muted small" });
   const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
@@ -129,6 +135,7 @@ export function renderJob(root, id) {
       outcomesCard,
       h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
     resultSection,
+    environmentCard,
     graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
@@ -169,6 +176,12 @@ export function renderJob(root, id) {
       rows.push(["Sandbox", result.sandbox_start === "fork" ? "forked from the warm worker" : "started a fresh Python"]);
     }
     specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
+  }
+
+  function renderEnvironment() {
+    const rows = Object.entries(job.result?.environment || {});
+    environmentCard.hidden = !rows.length;
+    environmentList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
   }
 
   function renderProgress() {
@@ -315,6 +328,7 @@ export function renderJob(root, id) {
     }
     renderHeader();
     renderSpec();
+    renderEnvironment();
     renderProgress();
     renderElapsed();
   }
@@ -382,7 +396,13 @@ export function renderJob(root, id) {
   async function renderResult() {
     const result = job.result || {};
     const names = artifactNames();
-    const parts = [h("h2", {}, "Result")];
+    const repro = names.includes("repro.py")
+      ? api(`${base}/artifacts/repro.py`, { raw: true }).then((response) => response.text()) : Promise.resolve(null);
+    repro.catch(() => {}); // not unhandled: the repro.py slot below shows the error
+    const bugReport = copyButton(async () => bugReportMarkdown(job, await repro.catch(() => null)), "Copy as bug report");
+    bugReport.id = "copy-bug-report";
+    bugReport.title = "the signature, repro.py and the environment as one Markdown block, for a PyTorch issue";
+    const parts = [h("div", { class: "card-head" }, h("h2", {}, "Result"), result.signature ? bugReport : null)];
     if (job.status === "succeeded") {
       parts.push(h("p", { class: "summary", id: "result-summary" },
         `Minimized from ${formatCount(result.nodes_original ?? progress.nodes_original)} to `,
@@ -406,8 +426,7 @@ export function renderJob(root, id) {
     if (!names.includes("repro.py")) return;
     reproSlot.append(h("p", { class: "muted" }, "loading repro.py…"));
     try {
-      const response = await api(`${base}/artifacts/repro.py`, { raw: true });
-      const source = await response.text();
+      const source = await repro;
       reproSlot.replaceChildren(h("div", { class: "code-tools" }, copyButton(source, "Copy repro.py")),
         pythonBlock(source, { id: "repro-code" }));
     } catch (failure) {

@@ -1,0 +1,41 @@
+// "Copy as bug report": one Markdown block, shaped like PyTorch's issue template ("Describe the
+// bug", "Versions"), with the failure's signature and exception chain, repro.py and the worker's
+// environment (torch.utils.collect_env's labels), ready to paste into an issue.
+
+/** A fenced block whose fence is longer than any backtick run in `text`, so the text cannot close it. */
+export function fenced(text, language = "") {
+  const longest = Math.max(0, ...(text.match(/`+/g) || []).map((run) => run.length));
+  const fence = "`".repeat(Math.max(3, longest + 1));
+  return `${fence}${language}\n${text.replace(/\n+$/, "")}\n${fence}`;
+}
+
+/** The Markdown for `job` (the API's job status, with its `result` report) and `repro` (repro.py's text, or null). */
+export function bugReportMarkdown(job, repro) {
+  const result = job.result || {};
+  const spec = job.spec || {};
+  const backend = result.backend || spec.backend || "?";
+  const device = result.device || spec.device || "?";
+  const signature = result.signature || "(no signature recorded)";
+  const lines = ["### 🐛 Describe the bug", ""];
+  lines.push(`\`torch.compile\` with backend \`${backend}\` on \`${device}\` fails with:`, "", fenced(signature), "");
+  const chain = result.signature_chain || [];
+  if (chain.length > 1) lines.push("Exception chain (outermost first, root cause last):", "", fenced(chain.join("\n")), "");
+  const config = Object.entries(result.config || spec.config || {});
+  if (config.length) {
+    lines.push("Config overrides (set by the repro):", "",
+      fenced(config.map(([key, value]) => `${key}=${JSON.stringify(value)}`).join("\n")), "");
+  }
+  if (result.nodes_original != null && result.nodes_final != null) {
+    lines.push(`Minimized by minify from ${result.nodes_original} to ${result.nodes_final} ops ` +
+      `(${result.checks_total ?? 0} checks, every candidate in its own process).`, "");
+  }
+  if (repro) {
+    lines.push("Repro (`python repro.py`; it reads its inputs from `inputs.pt`, attached):", "", fenced(repro, "python"), "");
+  }
+  const environment = Object.entries(result.environment || {});
+  lines.push("### Versions", "");
+  lines.push(environment.length
+    ? fenced(environment.map(([key, value]) => `${key}: ${value}`).join("\n"))
+    : `torch ${result.torch_version || "?"} (the worker recorded no environment)`);
+  return `${lines.join("\n")}\n`;
+}
