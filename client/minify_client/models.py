@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
 FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
+DYNAMIC_MODES = ("as_exported", "auto", "static")
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -74,6 +75,12 @@ class JobSpec(_Strict):
         default_factory=dict, description="torch._inductor.config overrides, applied in each child"
     )
     limits: Limits = Field(default_factory=Limits)
+    dynamic: Literal["as_exported", "auto", "static"] = Field(
+        default="as_exported",
+        description="how the dims the program marks dynamic are compiled: as_exported (symbolic, with the "
+                    "program's ranges), auto (as torch.compile's automatic dynamic treats a dim it saw change: "
+                    "symbolic unless the graph specializes it), static (every size concrete)",
+    )
 
     @field_validator("backend")
     @classmethod

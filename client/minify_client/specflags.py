@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from minify_client.models import BUILTIN_BACKENDS, FAILURE_KINDS, JobSpec, parse_config_value
+from minify_client.models import BUILTIN_BACKENDS, DYNAMIC_MODES, FAILURE_KINDS, JobSpec, parse_config_value
 
 
 class SpecError(ValueError):
@@ -35,6 +35,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                        help="memory bound of one candidate (default: the machine's memory over the parallelism)")
     group.add_argument("--job-timeout", type=float, metavar="SECONDS")
     group.add_argument("--parallelism", type=int, help="candidates in flight at once")
+    group.add_argument("--dynamic", choices=DYNAMIC_MODES,
+                       help="dims the program marks dynamic: as_exported (default: symbolic, with their "
+                            "ranges) | auto (torch.compile's automatic dynamic) | static")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -47,7 +50,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise SpecError(f"cannot read spec file {args.spec}: {error}") from error
         if not isinstance(data, dict):
             raise SpecError(f"spec file {args.spec} must hold a JSON object")
-    for field in ("backend", "device"):
+    for field in ("backend", "device", "dynamic"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     failure = dict(data.get("failure") or {})
