@@ -6,6 +6,11 @@ Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_te
 additions: `minify_role` on placeholders, `minify_scalar` = "int" | "float" | "bool" on scalar
 nodes), never FakeTensors, so graphs are cheap to copy and to send to sandbox children.
 
+A higher-order op (`torch.cond`, `while_loop`, `map`, flex attention, ...) is one call_function
+node; each subgraph it calls is a `get_attr` node (target = its own name) whose
+`meta["minify_subgraph"]` holds the subgraph as a graph of the same form, recursively. Subgraphs
+are shared between copies, never mutated: an operation on one builds a new one.
+
 Every operation here is pure: it copies its argument and returns a new graph.
 """
 
@@ -29,7 +34,11 @@ META_KIND = "minify_kind"
 META_TENSOR = "minify_tensor"
 META_ROLE = "minify_role"
 META_SCALAR = "minify_scalar"
-_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR)
+META_TAKEN = "minify_taken"
+META_SUBGRAPH = "minify_subgraph"
+_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR, META_TAKEN)
+
+_BODY_OPS = ("call_function", "get_attr")
 
 PROMOTABLE_KINDS = frozenset({"tensor", "scalar"})
 
@@ -48,24 +57,48 @@ def flat_graph_from_exported_program(ep: torch.export.ExportedProgram) -> fx.Gra
     Placeholders get `minify_role` from the graph signature: "parameter", "buffer",
     "constant", "custom_obj", "token" or "input".
     """
-    roles = _input_roles(ep)
+    return _flat_copy(ep.graph_module, _input_roles(ep), ep.range_constraints)
+
+
+def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Mapping[Any, Any]) -> fx.Graph:
+    """`module`'s graph with minify meta, its subgraphs (get_attr) flattened the same way.
+
+    `roles` is None for a subgraph: its nodes get no `minify_value` (the loader adds the keys of
+    the values it recorded inside a taken branch).
+    """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for node in ep.graph_module.graph.nodes:
-        if node.op not in ("placeholder", "call_function", "output"):
+    for node in module.graph.nodes:
+        if node.op not in ("placeholder", "call_function", "get_attr", "output"):
             raise GraphFormatError(
-                f"node {node.name!r} is a {node.op}: only placeholder, call_function and output "
-                "nodes are supported (no control-flow subgraphs or modules)"
+                f"node {node.name!r} is a {node.op}: only placeholder, call_function, get_attr "
+                "(of a subgraph) and output nodes are supported"
             )
         if node.op == "call_function":
             target_name(node.target)  # refuse what the wire form could not carry
         new_node = graph.node_copy(node, lambda n: env[n])
-        new_node.meta = _minify_meta(node)
-        if node.op == "placeholder":
+        new_node.meta = _minify_meta(node, ranges)
+        if roles is None:
+            new_node.meta.pop(META_VALUE, None)
+        if node.op == "placeholder" and roles is not None:
             new_node.meta[META_ROLE] = roles.get(node.name, "input")
+        elif node.op == "get_attr":
+            new_node.target = new_node.name
+            new_node.meta[META_SUBGRAPH] = _flat_copy(_subgraph_module(module, node), None, ranges)
         env[node] = new_node
     graph.lint()
     return graph
+
+
+def _subgraph_module(module: fx.GraphModule, node: fx.Node) -> fx.GraphModule:
+    try:
+        value = module.get_submodule(str(node.target))
+    except AttributeError:
+        value = None
+    if not isinstance(value, fx.GraphModule):
+        raise GraphFormatError(f"node {node.name!r} reads attribute {node.target!r}, which is not a "
+                               "subgraph (only get_attr nodes of higher-order ops' subgraphs are supported)")
+    return value
 
 
 def _input_roles(ep: torch.export.ExportedProgram) -> dict[str, str]:
@@ -87,7 +120,7 @@ def _input_roles(ep: torch.export.ExportedProgram) -> dict[str, str]:
     return roles
 
 
-def _minify_meta(node: fx.Node) -> dict[str, Any]:
+def _minify_meta(node: fx.Node, ranges: Mapping[Any, Any]) -> dict[str, Any]:
     if node.op == "output":
         return {META_KIND: "other"}
     if "val" not in node.meta:
@@ -97,6 +130,9 @@ def _minify_meta(node: fx.Node) -> dict[str, Any]:
     if isinstance(val, torch.Tensor):
         meta[META_KIND] = "tensor"
         meta[META_TENSOR] = tensor_meta(val)
+        dynamic = dynamic_dims(val, ranges, node.name)
+        if dynamic:
+            meta[META_TENSOR]["dynamic"] = dynamic
     elif isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
         meta[META_KIND] = "scalar"
         meta[META_SCALAR] = _scalar_type(val)
@@ -130,6 +166,58 @@ def tensor_meta(value: torch.Tensor) -> dict[str, Any]:
         "device": str(value.device),
         "stride": [_concrete_int(stride) for stride in value.stride()],
     }
+
+
+def dynamic_dims(value: torch.Tensor, ranges: Mapping[Any, Any], owner: str) -> dict[str, dict[str, Any]]:
+    """The symbolic dims of a fake tensor, by dim (a string: JSON keys), for the compile to keep.
+
+    A size `scale * s + offset` of one symbol `s` is `{"name": "s", "min", "max"}` with `s`'s range
+    from the program's `range_constraints` (None when unbounded), and `"scale"`, `"offset"` when not
+    1 and 0: dims of the same symbol stay one dim (export's `Dim` and derived `Dim`). Any other
+    expression is a dim of its own, `{"name": "<owner>_<dim>", "min", "max", "expr"}`, bounded by
+    the expression's range.
+    """
+    import sympy
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    known = {symbol: bound for symbol, bound in ranges.items() if isinstance(symbol, sympy.Symbol)}
+    dims: dict[str, dict[str, Any]] = {}
+    for axis, size in enumerate(value.shape):
+        if not isinstance(size, torch.SymInt) or not isinstance(size.node.expr, sympy.Expr):
+            continue
+        expr = size.node.expr
+        if expr.is_number:
+            continue
+        symbols = list(expr.free_symbols)
+        linear = _linear_in(expr, symbols[0]) if len(symbols) == 1 else None
+        if linear is not None:
+            (scale, offset), symbol = linear, symbols[0]
+            dim = {"name": str(symbol), **_bounds(bound_sympy(symbol, known))}
+            dim.update({"scale": scale} if scale != 1 else {})
+            dim.update({"offset": offset} if offset != 0 else {})
+        else:
+            dim = {"name": f"{owner}_{axis}", **_bounds(bound_sympy(expr, known)), "expr": str(expr)}
+        dims[str(axis)] = dim
+    return dims
+
+
+def _linear_in(expr: Any, symbol: Any) -> tuple[int, int] | None:
+    """(scale, offset) when `expr` is `scale * symbol + offset` with integers, scale > 0."""
+    import sympy
+
+    scale, offset = sympy.expand(expr).coeff(symbol), sympy.expand(expr).subs(symbol, 0)
+    if not (isinstance(scale, sympy.Integer) and isinstance(offset, sympy.Integer)) or scale <= 0:
+        return None
+    return (int(scale), int(offset)) if sympy.expand(expr - scale * symbol - offset) == 0 else None
+
+
+def _bounds(bound: Any) -> dict[str, int | None]:
+    from torch.utils._sympy.numbers import int_oo
+
+    def finite(value: Any) -> int | None:
+        return None if value in (int_oo, -int_oo) or not value.is_number or not value.is_finite else int(value)
+
+    return {"min": finite(bound.lower), "max": finite(bound.upper)}
 
 
 def _concrete_int(value: int | torch.SymInt) -> int | str:
@@ -185,6 +273,8 @@ def target_name(target: Any) -> str:
         return name
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return _operator_name(target)
+    if isinstance(target, torch._ops.HigherOrderOperator) and target.namespace == "higher_order":
+        return f"higher_order.{target.name()}"
     raise GraphFormatError(f"unsupported call_function target {target!r}")
 
 
@@ -207,8 +297,9 @@ def resolve_target(name: str) -> Callable[..., Any]:
             resolved = getattr(resolved, part)
     except (AttributeError, RuntimeError) as error:
         raise GraphFormatError(f"unknown target {name!r}: {error}") from None
-    if not isinstance(resolved, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        raise GraphFormatError(f"target {name!r} is not an operator overload")
+    if not isinstance(resolved, (torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                                 torch._ops.HigherOrderOperator)):
+        raise GraphFormatError(f"target {name!r} is not an operator overload or higher-order op")
     return resolved
 
 
@@ -225,6 +316,9 @@ def graph_to_wire(graph: fx.Graph) -> dict[str, Any]:
             entry["target"] = target_name(node.target)
         elif node.op == "placeholder":
             entry["target"] = node.target
+        elif node.op == "get_attr":
+            entry["target"] = node.target
+            entry["subgraph"] = graph_to_wire(subgraph_of(node))
         elif node.op != "output":
             raise GraphFormatError(f"node {node.name!r}: unsupported op {node.op!r}")
         entry["args"] = [_encode(arg) for arg in node.args]
@@ -252,12 +346,16 @@ def graph_from_wire(data: dict[str, Any]) -> fx.Graph:
             target = resolve_target(entry["target"])
         elif op == "output":
             target = "output"
+        elif op == "get_attr" and entry.get("target") == entry["name"] and "subgraph" in entry:
+            target = entry["name"]
         else:
             raise GraphFormatError(f"unsupported op {op!r}")
         node = graph.create_node(op, target, args, kwargs, name=entry["name"])
         if node.name != entry["name"]:
             raise GraphFormatError(f"node name {entry['name']!r} is not usable in a graph")
         node.meta.update(entry.get("meta", {}))
+        if op == "get_attr":
+            node.meta[META_SUBGRAPH] = graph_from_wire(entry["subgraph"])
         env[node.name] = node
     graph.lint()
     return graph
@@ -346,6 +444,8 @@ def structural_hash(graph: fx.Graph) -> str:
         elif node.op == "call_function":
             lines.append(f"call {target_name(node.target)} {_hash_text(node.args, index)} "
                          f"{_hash_text(node.kwargs, index)}")
+        elif node.op == "get_attr":
+            lines.append(f"subgraph {structural_hash(subgraph_of(node))}")
         else:
             lines.append(f"{node.op} {_hash_text(node.args, index)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
@@ -365,8 +465,22 @@ def _hash_text(value: Any, index: dict[fx.Node, int]) -> str:
 
 
 def count_ops(graph: fx.Graph) -> int:
-    """The node count users see: call_function nodes."""
-    return sum(1 for node in graph.nodes if node.op == "call_function")
+    """The node count users see: call_function nodes, those of subgraphs included."""
+    return sum(1 if node.op == "call_function" else count_ops(subgraph_of(node))
+               for node in graph.nodes if node.op in _BODY_OPS)
+
+
+def subgraph_of(node: fx.Node) -> fx.Graph:
+    """The subgraph a get_attr node stands for."""
+    subgraph = node.meta.get(META_SUBGRAPH)
+    if node.op != "get_attr" or not isinstance(subgraph, fx.Graph):
+        raise GraphFormatError(f"node {node.name!r} is not a subgraph")
+    return subgraph
+
+
+def subgraphs(graph: fx.Graph) -> list[fx.Node]:
+    """The get_attr nodes of `graph` (each a subgraph of a higher-order op)."""
+    return [node for node in graph.nodes if node.op == "get_attr"]
 
 
 def placeholders(graph: fx.Graph) -> list[fx.Node]:
@@ -420,13 +534,19 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
 
 
 def to_graph_module(graph: fx.Graph) -> fx.GraphModule:
-    """A runnable GraphModule over a copy of `graph` (flat graphs need no attributes)."""
-    return fx.GraphModule(torch.nn.Module(), copy_graph(graph))
+    """A runnable GraphModule over a copy of `graph`, its subgraphs installed as submodules."""
+    root = torch.nn.Module()
+    for node in subgraphs(graph):
+        root.add_module(str(node.target), to_graph_module(subgraph_of(node)))
+    return fx.GraphModule(root, copy_graph(graph))
 
 
 def graph_code(graph: fx.Graph) -> str:
-    """Readable Python for `graph`, as FX's `gm.code`."""
-    return to_graph_module(graph).code.strip()
+    """Readable Python for `graph`, as FX's `gm.code`, then each subgraph's (`# name:` above it)."""
+    parts = [to_graph_module(graph).code.strip()]
+    for node in subgraphs(graph):
+        parts.append(f"# {node.target}:\n" + graph_code(subgraph_of(node)))
+    return "\n\n".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,7 +618,7 @@ def eliminate_dead_code(graph: fx.Graph) -> fx.Graph:
     too: a minimized program needs none of them. Ops that mutate an argument stay.
     """
     live = _live_nodes(graph)
-    return _rebuild(graph, lambda node: node.op != "call_function" or node in live)
+    return _rebuild(graph, lambda node: node.op not in _BODY_OPS or node in live)
 
 
 def remove_unused_inputs(graph: fx.Graph) -> fx.Graph:
@@ -567,7 +687,7 @@ def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[in
                 stack.extend(resolve(arg) for arg in node.all_input_nodes)
 
     inputs = [n for n in nodes if n in live and (n.op == "placeholder" or n in promoted)]
-    body = [n for n in nodes if n in live and n.op == "call_function" and n not in promoted]
+    body = [n for n in nodes if n in live and n.op in _BODY_OPS and n not in promoted]
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs + body:
@@ -727,3 +847,101 @@ def cut_chain(graph: fx.Graph, node_name: str) -> fx.Graph | None:
         return None
     ordered = [node.name for node in graph.nodes if node.name in producers]
     return derive(graph, promote=targets, also_output=ordered)
+
+
+# ---------------------------------------------------------------------------------------------
+# Higher-order ops: inlining a subgraph, editing one
+
+
+def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:
+    """The subgraphs (get_attr names) that `inline_subgraph` can put in place of a higher-order op.
+
+    cond: the branch the original run took first (`minify_taken`), then the other; while_loop:
+    its body (one iteration); invoke_subgraph: its subgraph. Others (map, scan, flex attention)
+    call their subgraphs on slices or scalars: none.
+    """
+    node = _node(graph, node_name)
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return []
+    positions = {
+        "higher_order.cond": [1, 2] if node.meta.get(META_TAKEN) != 2 else [2, 1],
+        "higher_order.while_loop": [1],
+        "higher_order.invoke_subgraph": [0],
+    }.get(target_name(node.target), [])
+    return [node.args[position].name for position in positions
+            if position < len(node.args) and isinstance(node.args[position], fx.Node)
+            and node.args[position].op == "get_attr"]
+
+
+def _subgraph_operands(node: fx.Node) -> list[Any]:
+    """What a subgraph's placeholders read, in order, for the ops `inlinable_subgraphs` knows."""
+    name = target_name(node.target)
+    if name == "higher_order.cond":
+        return list(node.args[3])
+    if name == "higher_order.while_loop":
+        return list(node.args[2]) + list(node.args[3])
+    return list(node.args[2:])  # invoke_subgraph(subgraph, identifier, *operands)
+
+
+def inline_subgraph(graph: fx.Graph, node_name: str, subgraph_name: str) -> fx.Graph | None:
+    """The higher-order op `node_name` replaced by the body of its subgraph `subgraph_name`, called
+    once on the op's operands (see `inlinable_subgraphs`), as a canonical candidate.
+
+    The op's `getitem` users read the subgraph's outputs instead. Inlined nodes keep their meta
+    (a taken cond branch's ops have values, so they can be promoted); names are made unique. None
+    when the op's result is used other than through `getitem` or the arity does not fit.
+    """
+    by_name = {node.name: node for node in graph.nodes}
+    hop = by_name[node_name]
+    subgraph = subgraph_of(by_name[subgraph_name])
+    operands = _subgraph_operands(hop)
+    parameters = placeholders(subgraph)
+    results = outputs(subgraph)
+    users = list(hop.users)
+    if len(operands) != len(parameters) or not all(
+            user.target is operator.getitem and isinstance(user.args[1], int)
+            and 0 <= user.args[1] < len(results) for user in users):
+        return None
+    new_graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    inner: dict[fx.Node, Any] = {}
+    for node in graph.nodes:
+        if node in users:
+            continue
+        if node is not hop:
+            env[node] = new_graph.node_copy(node, lambda n: env[n])
+            env[node].meta = dict(node.meta)
+            continue
+        inner.update((parameter, env[operand] if isinstance(operand, fx.Node) else operand)
+                     for parameter, operand in zip(parameters, operands, strict=True))
+        for sub_node in subgraph.nodes:
+            if sub_node.op in _BODY_OPS:
+                inner[sub_node] = new_graph.node_copy(sub_node, lambda n: inner[n])
+                inner[sub_node].meta = dict(sub_node.meta)
+                if sub_node.op == "get_attr":
+                    inner[sub_node].target = inner[sub_node].name
+        for user in users:
+            result = results[user.args[1]]
+            env[user] = inner[result] if isinstance(result, fx.Node) else result
+    return derive(new_graph)
+
+
+def with_subgraph(graph: fx.Graph, subgraph_name: str, subgraph: fx.Graph) -> fx.Graph:
+    """A copy of `graph` whose get_attr node `subgraph_name` stands for `subgraph` instead."""
+    new_graph = copy_graph(graph)
+    _node(new_graph, subgraph_name).meta[META_SUBGRAPH] = subgraph
+    return new_graph
+
+
+def drop_in_subgraph(subgraph: fx.Graph, node_name: str) -> fx.Graph | None:
+    """`subgraph` without the op `node_name` (its users read a same-typed input, `stand_in_for`),
+    dead code removed, its placeholders and output arity kept (the op calling it needs them).
+    None when the op has no stand-in."""
+    stand_in = stand_in_for(subgraph, node_name)
+    if stand_in is None:
+        return None
+    new_graph = copy_graph(subgraph)
+    node = _node(new_graph, node_name)
+    node.replace_all_uses_with(_node(new_graph, stand_in))
+    new_graph.erase_node(node)
+    return eliminate_dead_code(new_graph)
