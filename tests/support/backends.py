@@ -93,3 +93,26 @@ def device_assert_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Call
         return gm(*args)
 
     return run
+
+
+def _has_symbolic_sizes(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
+    """Whether a placeholder's example value (dynamo's `example_value`, or `val`) or an example input
+    has a SymInt size, or is a SymInt: what a dynamic compile gives a backend."""
+    import torch
+
+    values = [node.meta.get(key) for node in gm.graph.nodes if node.op == "placeholder"
+              for key in ("example_value", "val")]
+    for value in [*values, *example_inputs]:
+        if isinstance(value, torch.SymInt):
+            return True
+        if isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in value.shape):
+            return True
+    return False
+
+
+def fail_on_symbolic_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails on relu only when compiled with symbolic sizes (torch.compile(dynamic=True) fails, the
+    default passes); else eager."""
+    if has_op(gm, "relu") and _has_symbolic_sizes(gm, example_inputs):
+        raise RuntimeError("injected failure on relu with symbolic sizes")
+    return _eager(gm)

@@ -10,6 +10,16 @@ callable raising means a runtime error. Runs in sandbox children only.
 - `"pkg.module:callable"`: a torch.compile backend `fn(gm, example_inputs) -> callable`, imported
   only when its module path starts with one of the comma-separated prefixes in
   `MINIFY_ALLOWED_BACKENDS`.
+
+Dynamic shapes (`DynamicShapes`, from the placeholders' `minify_tensor["dynamic"]` and the spec's
+`dynamic`): a candidate with dims to keep symbolic goes through `torch.compile(gm, backend=...,
+fullgraph=True)` with those dims marked (`torch._dynamo.mark_dynamic` with the program's range, or
+`maybe_mark_dynamic` for `auto`), so the backend receives what dynamo gives it for a user's
+dynamic compile: placeholders whose example values have SymInt sizes, the size symbols lifted to
+SymInt inputs, and a tracing context whose ShapeEnv knows the ranges (inductor and aot_autograd
+read it from there). Re-tracing with make_fx over hand-made symbolic fake inputs would give the
+sizes but not the rest without torch's private plumbing, and repro.py can say the same two
+public calls. `aot_inductor` exports with `dynamic_shapes` instead (`export_dynamic_shapes`).
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +92,13 @@ def _inductor(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
     return run
 
 
-def _aot_inductor(workdir: Path) -> Backend:
+def _aot_inductor(workdir: Path, shapes: DynamicShapes | None) -> Backend:
     def compile_aoti(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
         import torch._inductor
 
         package_dir = Path(tempfile.mkdtemp(prefix="aoti-", dir=workdir))
         with torch.no_grad():
-            exported = torch.export.export(gm, tuple(inputs))
+            exported = torch.export.export(gm, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes))
             package = torch._inductor.aoti_compile_and_package(
                 exported, package_path=str(package_dir / "candidate.pt2")
             )
@@ -111,17 +122,128 @@ def _registered(name: str) -> Backend:
     return compile_registered
 
 
-def resolve_backend(name: str, workdir: Path) -> Backend:
-    """The compile function for the spec's `backend` (raises `BackendError` if it cannot be used)."""
-    if name == "inductor":
-        return _inductor
+def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = None) -> Backend:
+    """The compile function for the spec's `backend` (raises `BackendError` if it cannot be used),
+    compiling the dims in `shapes` symbolically (see the module's docstring)."""
     if name == "aot_inductor":
-        return _aot_inductor(workdir)
-    if name in ("aot_eager", "eager"):
-        return _registered(name)
-    if ":" in name:
-        return load_custom_backend(name)
-    raise BackendError(f"unknown backend {name!r}")
+        return _aot_inductor(workdir, shapes)
+    if name == "inductor":
+        backend = _inductor
+    elif name in ("aot_eager", "eager"):
+        backend = _registered(name)
+    elif ":" in name:
+        backend = load_custom_backend(name)
+    else:
+        raise BackendError(f"unknown backend {name!r}")
+    return backend if shapes is None else _through_dynamo(backend, shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic shapes
+
+
+@dataclass(frozen=True)
+class DynamicShapes:
+    """The dims a candidate compiles symbolically: per input, in placeholder order, `{dim: spec}`
+    with the spec of `graph.dynamic_dims`; `mode` is the JobSpec's `dynamic` ("as_exported" or
+    "auto")."""
+
+    mode: str
+    dims: tuple[dict[int, dict[str, Any]], ...]
+
+
+def dynamic_shapes_of(gm: fx.GraphModule, mode: str) -> DynamicShapes | None:
+    """What `gm`'s placeholders record as dynamic, or None when nothing is (or `mode` is "static")."""
+    if mode == "static":
+        return None
+    dims = tuple({int(axis): dim for axis, dim in (node.meta.get("minify_tensor") or {}).get("dynamic", {}).items()}
+                 for node in gm.graph.nodes if node.op == "placeholder")
+    return DynamicShapes(mode, dims) if any(dims) else None
+
+
+def size_range(dim: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The range of one dynamic dim's size (`scale * [min, max] + offset`; None: unbounded)."""
+    scale, offset = dim.get("scale", 1), dim.get("offset", 0)
+    low, high = dim.get("min"), dim.get("max")
+    return (None if low is None else scale * low + offset, None if high is None else scale * high + offset)
+
+
+def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> None:
+    """Mark the dynamic dims of `inputs` for dynamo: with their range (`as_exported`), or as
+    automatic dynamic marks a dim it saw change, which the graph may still specialize (`auto`)."""
+    for value, dims in zip(inputs, shapes.dims, strict=True):
+        for axis, dim in dims.items():
+            if shapes.mode == "auto":
+                torch._dynamo.maybe_mark_dynamic(value, axis)
+            else:
+                low, high = size_range(dim)
+                torch._dynamo.mark_dynamic(value, axis, min=low, max=high)
+
+
+def export_dynamic_shapes(shapes: DynamicShapes | None) -> list[dict[int, Any] | None] | None:
+    """`torch.export.export`'s `dynamic_shapes` for positional inputs: one `Dim` per symbol (dims
+    of one symbol share it, `scale * Dim + offset` for derived ones), or `Dim.AUTO` for `auto`."""
+    from torch.export import Dim
+
+    if shapes is None:
+        return None
+    roots: dict[str, Any] = {}
+    result: list[dict[int, Any] | None] = []
+    for dims in shapes.dims:
+        entry: dict[int, Any] = {}
+        for axis, dim in dims.items():
+            if shapes.mode == "auto":
+                entry[axis] = Dim.AUTO
+                continue
+            bounds = {key: dim[key] for key in ("min", "max") if dim.get(key) is not None}
+            root = roots.setdefault(dim["name"], Dim(dim["name"], **bounds))
+            scale, offset = dim.get("scale", 1), dim.get("offset", 0)
+            entry[axis] = root if (scale, offset) == (1, 0) else root * scale + offset
+        result.append(entry or None)
+    return result
+
+
+def _through_dynamo(backend: Backend, shapes: DynamicShapes) -> Backend:
+    """`backend` as dynamo calls it for a dynamic compile. Dynamo compiles at the first call, so
+    compiling means one call on the (cloned) example inputs: an error the backend raised, or one
+    dynamo raised before the backend returned, is a compile error; an error of the compiled program
+    in that call is raised again when the result is run (a runtime error)."""
+
+    def compile_symbolic(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
+        attempt: dict[str, Any] = {}
+
+        def traced(graph: fx.GraphModule, example_inputs: list[Any]) -> Compiled:
+            try:
+                compiled = backend(graph, list(example_inputs))
+            except Exception as error:
+                attempt["error"] = error
+                raise
+            attempt["compiled"] = True
+            return compiled
+
+        optimized = torch.compile(gm, backend=traced, fullgraph=True)
+
+        def run(*args: Any) -> Any:
+            mark_dynamic(args, shapes)
+            return optimized(*args)
+
+        try:
+            run(*inputs)
+        except Exception as error:
+            failure: Exception | None = error
+        else:
+            return run
+        if "error" in attempt:
+            raise attempt["error"]  # the backend's own error (not dynamo's wrapper), as a static compile raises it
+        if "compiled" not in attempt:
+            raise failure
+
+        def fail(*args: Any) -> Any:
+            raise failure
+
+        return fail
+
+    return compile_symbolic
 
 
 def run_compiled(compiled: Compiled, inputs: list[Any]) -> Any:

@@ -97,6 +97,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     values = placeholder_values(ep, graph, flat_inputs)
     values.update(concrete_values(graph, values, device))
     _drop_missing_value_keys(graph, values)
+    mark_taken_branches(graph, values)
     workdir.mkdir(parents=True, exist_ok=True)
     torch.save(values, workdir / VALUES)
     signature = ep.graph_signature
@@ -384,32 +385,74 @@ def _names(nodes: list[Any]) -> list[str]:
 
 
 def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str, Any]:
-    """The value of every tensor- or number-valued node, from one eager run (torch's ConcreteProp)."""
+    """The value of every tensor- or number-valued node, from one eager run (torch's ConcreteProp).
+
+    A `torch.cond` runs the branch its predicate picks, recorded the same way: the values of that
+    branch's nodes are keyed `"<cond node>/<node>"` (nested conds extend the path), and
+    `mark_taken_branches` points the graph at them.
+    """
     import torch
-    from torch import fx
 
     from .graph import to_graph_module
 
     gm = to_graph_module(graph)
     args = [_to_device(inputs[node.name], device) for node in gm.graph.nodes if node.op == "placeholder"]
     recorded: dict[str, Any] = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, node: fx.Node) -> Any:
-            result = super().run_node(node)
-            if node.op == "call_function":
-                if isinstance(result, torch.Tensor):
-                    recorded[node.name] = result.detach().to("cpu").clone()
-                elif isinstance(result, bool | int | float):
-                    recorded[node.name] = result
-            return result
-
     try:
         with torch.no_grad():
-            Recorder(gm).run(*args)
+            _recorder(gm, "", recorded).run(*args)
     except Exception as error:
         raise ProgramError(f"the program fails when run eagerly on its inputs: {_short(error)}") from error
     return recorded
+
+
+def _recorder(module: Any, prefix: str, recorded: dict[str, Any]) -> Any:
+    """An fx.Interpreter over `module` that records values under `prefix + node name`."""
+    import torch
+    from torch import fx
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
+                predicate, true_branch, false_branch, operands = self.fetch_args_kwargs_from_env(node)[0]
+                branch = true_branch if bool(predicate) else false_branch
+                result = _recorder(branch, f"{prefix}{node.name}/", recorded).run(*operands)
+            else:
+                result = super().run_node(node)
+            if node.op == "call_function":
+                if isinstance(result, torch.Tensor):
+                    recorded[prefix + node.name] = result.detach().to("cpu").clone()
+                elif isinstance(result, bool | int | float):
+                    recorded[prefix + node.name] = result
+            return result
+
+    return Recorder(module)
+
+
+def mark_taken_branches(graph: Any, values: dict[str, Any], prefix: str = "") -> None:
+    """Record on each `torch.cond` which branch the original run took (`minify_taken`: the position
+    of its subgraph among the cond's arguments, 1 or 2), and give that branch's nodes the keys of
+    their recorded values (`minify_value`), so that inlining the branch keeps them promotable."""
+    import torch
+    from torch import fx
+
+    from .graph import META_KIND, META_TAKEN, META_VALUE, PROMOTABLE_KINDS, subgraph_of
+
+    for node in graph.nodes:
+        if prefix and node.op == "call_function" and node.meta.get(META_KIND) in PROMOTABLE_KINDS \
+                and prefix + node.name in values:
+            node.meta[META_VALUE] = prefix + node.name
+        if node.op != "call_function" or node.target is not torch.ops.higher_order.cond:
+            continue
+        predicate = node.args[0]
+        if isinstance(predicate, fx.Node):
+            predicate = values.get(prefix + predicate.name if prefix else predicate.meta.get(META_VALUE, ""))
+        if predicate is None:
+            continue
+        taken = 1 if bool(predicate) else 2
+        node.meta[META_TAKEN] = taken
+        if len(node.args[taken].users) == 1:  # a subgraph shared by several ops has no single run
+            mark_taken_branches(subgraph_of(node.args[taken]), values, f"{prefix}{node.name}/")
 
 
 def _drop_missing_value_keys(graph: Any, values: dict[str, Any]) -> None:

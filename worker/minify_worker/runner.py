@@ -32,7 +32,7 @@ from torch import fx
 from minify_client.models import JobSpec
 
 from . import oracle, signatures
-from .backends import Backend, BackendError, apply_inductor_config, resolve_backend, run_compiled
+from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
 from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 
 ACCURACY_EXC_TYPE = "AccuracyError"
@@ -170,7 +170,7 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
     started = time.monotonic()
     try:
         apply_inductor_config(spec.config)
-        backend = resolve_backend(spec.backend, workdir)
+        backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm, spec.dynamic))
         inputs = _to_device(inputs, spec.device)
     except Exception as error:
         fault = environment_fault(error)
