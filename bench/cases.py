@@ -27,23 +27,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import programs  # examples/ is a folder of scripts, not a package
 
 
-def relu_cos() -> torch.export.ExportedProgram:
+def relu_cos(device: str = "cpu") -> torch.export.ExportedProgram:
     """The seed graph (relu then cos): two ops."""
-    return programs.relu_cos()[0]
+    return programs.relu_cos(device)[0]
 
 
-def transformer_layer() -> torch.export.ExportedProgram:
+def transformer_layer(device: str = "cpu") -> torch.export.ExportedProgram:
     """nn.TransformerEncoderLayer, fast path off, relu feed-forward."""
-    return programs.transformer_layer(layers=1)[0]
+    return programs.transformer_layer(layers=1, device=device)[0]
 
 
-def transformer_stack4() -> torch.export.ExportedProgram:
+def transformer_stack4(device: str = "cpu") -> torch.export.ExportedProgram:
     """Four of those layers stacked (nn.TransformerEncoder)."""
-    return programs.transformer_layer(layers=4)[0]
+    return programs.transformer_layer(layers=4, device=device)[0]
 
 
-# name -> (builder, decomposition table)
-CASES: dict[str, tuple[Callable[[], torch.export.ExportedProgram], str]] = {
+# name -> (builder on a device, decomposition table)
+CASES: dict[str, tuple[Callable[[str], torch.export.ExportedProgram], str]] = {
     "relu_cos": (relu_cos, "inductor"),
     "transformer_layer": (transformer_layer, "inductor"),
     "transformer_stack4": (transformer_stack4, "inductor"),
@@ -69,13 +69,13 @@ def count_ops(graph: torch.fx.Graph) -> int:
     return sum(1 for node in graph.nodes if node.op == "call_function")
 
 
-def save_case(name: str, directory: Path) -> tuple[Path, int]:
-    """Write case `name` as DIR/NAME.pt2, decomposed; return the path and its op count.
+def save_case(name: str, directory: Path, device: str = "cpu") -> tuple[Path, int]:
+    """Write case `name`, built on `device`, as DIR/NAME.pt2, decomposed; return the path and its op count.
 
     The count is taken from the program as it loads back, since that is what both sides see.
     """
     builder, table = CASES[name]
-    program = decomposed(builder(), table)
+    program = decomposed(builder(device), table)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.pt2"
     torch.export.save(program, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,11 +31,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="inductor", help="the job spec's backend")
     parser.add_argument("--kind", default="compile_error", help="the job spec's failure kind")
     parser.add_argument("--parallelism", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--reuse", type=int, default=None, help="candidates per long-lived sandbox child")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="spawn the fork server (a fresh interpreter) instead of forking it from this process")
     options = parser.parse_args(argv)
 
     process_start = time.perf_counter()
+    if options.reuse is not None:
+        os.environ["MINIFY_SANDBOX_REUSE"] = str(options.reuse)
     from minify_client.models import JobSpec, ProgressEvent
     from minify_worker.engine import minify
     from minify_worker.sandbox import preload
@@ -49,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spec = JobSpec(
         backend=options.backend,
+        device=options.device,
         config=json.loads(options.config),
         failure={"kind": options.kind},
         limits={"parallelism": options.parallelism},

@@ -152,6 +152,13 @@ def run_child(
     return result
 
 
+def device_spec_args(device: str) -> list[str]:
+    """The failure every case carries, on `device`: inductor's injected relu compile error (C++ on
+    the CPU, Triton on CUDA), the same for both sides."""
+    config = DEFAULT_CONFIG if device == "cpu" else {"triton.inject_relu_bug_TESTING_ONLY": "compile_error"}
+    return ["--config", json.dumps(config), "--device", device]
+
+
 def run_once(case: str, program: Path, minifier: str, scratch: Path, options: argparse.Namespace,
              spec_args: Sequence[str] = ("--config", json.dumps(DEFAULT_CONFIG))) -> RunResult:
     """`spec_args`: the failure, the same for both sides (`--config JSON`, `--backend`, `--kind`)."""
@@ -170,6 +177,8 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
         ]
         if options.parallelism:
             command += ["--parallelism", str(options.parallelism)]
+        if options.reuse is not None:
+            command += ["--reuse", str(options.reuse)]
         if minifier == "ours-spawn":
             command.append("--no-preload")
     else:
@@ -351,6 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and minifier (median shown)")
     parser.add_argument("--limit", type=float, default=600.0, help="wall-clock limit of one run, seconds")
     parser.add_argument("--parallelism", type=int, default=None, help="ours: candidates at once")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda[:N]: cases are built there; on cuda the bug is triton's injected relu bug")
+    parser.add_argument("--reuse", type=int, default=None,
+                        help="ours: candidates per long-lived sandbox child (MINIFY_SANDBOX_REUSE; 0: a fresh child"
+                             " per candidate; default: the worker's choice for the device)")
     parser.add_argument("--json", type=Path, default=None, help="write every run's record here")
     parser.add_argument(
         "--work",
@@ -390,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     programs: dict[str, Path] = {}
     ops: dict[str, int] = {}
     for case in options.cases:
-        programs[case], ops[case] = save_case(case, options.work / "programs")
+        programs[case], ops[case] = save_case(case, options.work / "programs", options.device)
         print(f"{case}: {ops[case]} ops -> {programs[case]}", flush=True)
 
     table: dict[str, dict[str, list[RunResult]]] = {
@@ -401,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in options.cases:
             for minifier in options.minifiers:
                 scratch = options.work / "runs" / case / f"{minifier}-{repeat}"
-                run = run_once(case, programs[case], minifier, scratch, options)
+                run = run_once(case, programs[case], minifier, scratch, options, device_spec_args(options.device))
                 table[case][minifier].append(run)
                 if options.json:
                     write_record(options.json, table, ops, options, load_before, os.getloadavg())

@@ -139,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
     parser.add_argument("--backend", default="inductor", help='"inductor" or a "module:callable" torch.compile backend')
     parser.add_argument("--kind", default="compile_error", help="compile_error, or accuracy (not inductor)")
+    parser.add_argument("--device", default="cpu", help="where the program lives (it was exported there)")
     options = parser.parse_args(argv)
 
     process_start = time.perf_counter()
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     program = torch.export.load(options.program)
     graph_module = program.graph_module
-    inputs = flat_inputs(program)
+    inputs = [value.to(options.device) if isinstance(value, torch.Tensor) else value for value in flat_inputs(program)]
     result.ops_initial = count_ops(graph_module.graph)
 
     tracker = StrategyTracker(sys.stderr)

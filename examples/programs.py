@@ -70,8 +70,8 @@ class Chain(torch.nn.Module):
         return x
 
 
-def relu_cos() -> tuple[torch.export.ExportedProgram, Inputs]:
-    args = (torch.randn(20, 20),)
+def relu_cos(device: str = "cpu") -> tuple[torch.export.ExportedProgram, Inputs]:
+    args = (torch.randn(20, 20, device=device),)
     return torch.export.export(ReluCos(), args), (args, {})
 
 
@@ -102,8 +102,9 @@ def chain(ops: tuple[str, ...] | None = None) -> tuple[torch.export.ExportedProg
     return torch.export.export(module, args), (args, {})
 
 
-def transformer_layer(layers: int = 1) -> tuple[torch.export.ExportedProgram, Inputs]:
-    """nn.TransformerEncoderLayer (fast path off), `layers` of them stacked; relu activation."""
+def transformer_layer(layers: int = 1, device: str = "cpu") -> tuple[torch.export.ExportedProgram, Inputs]:
+    """nn.TransformerEncoderLayer (fast path off), `layers` of them stacked; relu activation; built
+    and exported on `device` (the graph then creates what it creates there)."""
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
                                              batch_first=True)
@@ -111,8 +112,8 @@ def transformer_layer(layers: int = 1) -> tuple[torch.export.ExportedProgram, In
         torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
         if layers > 1 else layer
     )
-    module.eval()
-    args = (torch.randn(2, 8, 32),)
+    module.eval().to(device)
+    args = (torch.randn(2, 8, 32, device=device),)
     prior = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
