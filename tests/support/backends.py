@@ -116,3 +116,22 @@ def fail_on_symbolic_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Call
     if has_op(gm, "relu") and _has_symbolic_sizes(gm, example_inputs):
         raise RuntimeError("injected failure on relu with symbolic sizes")
     return _eager(gm)
+
+
+def _subgraph_modules(gm: fx.GraphModule) -> list[fx.GraphModule]:
+    """The GraphModules a higher-order op of `gm` calls (cond's branches, a loop's body ...), nested too."""
+    return [module for module in gm.modules() if isinstance(module, fx.GraphModule) and module is not gm]
+
+
+def fail_on_relu_anywhere(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails when relu is in the graph or in any of its subgraphs; else eager."""
+    if any(has_op(module, "relu") for module in [gm, *_subgraph_modules(gm)]):
+        raise RuntimeError("injected failure on relu")
+    return _eager(gm)
+
+
+def fail_on_relu_in_subgraph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails only when relu is inside a subgraph: a failure that needs the control flow."""
+    if any(has_op(module, "relu") for module in _subgraph_modules(gm)):
+        raise RuntimeError("injected failure on relu in a subgraph")
+    return _eager(gm)
