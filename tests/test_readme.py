@@ -1,0 +1,115 @@
+"""The README's shell blocks run as written, from the repository's root, on this checkout.
+
+Each ```bash block of README.md is split into its commands (a trailing backslash continues one);
+a command runs with bash in a workspace that looks like the repository's root (`.venv` linked,
+`examples/` copied, outputs written there), and does what its comment says: exits 0, or, where the
+comment says "non-zero exit", exits non-zero naming the error the comment names. `make` commands
+are what CI itself runs (`make test` sets up and runs everything); `minify-client` commands run
+against a real service (tests/support/service.py) named by MINIFY_SERVER.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.service import start_service
+
+REPO = Path(__file__).resolve().parents[1]
+COMMAND_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Command:
+    text: str  # as written, continuation lines and comment included
+    comment: str
+
+    @property
+    def kind(self) -> str:
+        if self.text.startswith("make "):
+            return "make"
+        return "service" if "minify-client" in self.text else "offline"
+
+
+def readme_blocks() -> list[list[Command]]:
+    blocks = re.findall(r"^```bash\n(.*?)^```", (REPO / "README.md").read_text(), re.M | re.S)
+    return [commands(block) for block in blocks]
+
+
+def commands(block: str) -> list[Command]:
+    found, pending = [], ""
+    for line in block.splitlines():
+        if not line.strip() and not pending:
+            continue
+        pending += line + "\n"
+        if line.rstrip().endswith("\\"):
+            continue
+        found.append(Command(pending.rstrip("\n"), line.partition("#")[2].strip()))
+        pending = ""
+    return found
+
+
+def workspace(tmp_path: Path) -> Path:
+    """A folder that looks like the repository's root to the README's commands."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / ".venv").symlink_to(REPO / ".venv")
+    shutil.copytree(REPO / "examples", root / "examples", ignore=shutil.ignore_patterns("*.pt2", "__pycache__"))
+    return root
+
+
+def run_as_written(command: Command, cwd: Path, env: dict[str, str] | None = None) -> None:
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("MINIFY_")}
+    result = subprocess.run(["bash", "-c", command.text], cwd=cwd, env={**environment, **(env or {})},
+                            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    if "non-zero exit" in command.comment:
+        assert result.returncode != 0, f"{command.text}\nexited 0:\n{output[-3000:]}"
+        error = command.comment.split(":", 1)[1].split(",")[0].strip()
+        assert error in output, f"{command.text}\ndid not name {error}:\n{output[-3000:]}"
+    else:
+        assert result.returncode == 0, f"{command.text}\nexited {result.returncode}:\n{output[-3000:]}"
+
+
+def test_every_readme_command_is_make_offline_or_against_a_service() -> None:
+    kinds = [command.kind for block in readme_blocks() for command in block]
+    assert "offline" in kinds and "service" in kinds
+    assert set(kinds) == {"make", "offline", "service"}
+
+
+def test_no_readme_command_needs_python_on_the_path() -> None:
+    bare = [command.text for block in readme_blocks() for command in block
+            if re.match(r"(python3?|pip3?|minify-\w+)\b", command.text)]
+    assert bare == [], "the system Python has no torch: say .venv/bin/..."
+
+
+@pytest.mark.inductor
+def test_the_offline_example_minifies_and_its_repro_fails_as_promised(tmp_path: Path) -> None:
+    root = workspace(tmp_path)
+    offline = [command for block in readme_blocks() for command in block
+               if command.kind == "offline" and not any(c.kind == "service" for c in block)]
+    assert any("repro.py" in command.text for command in offline)
+
+    for command in offline:
+        run_as_written(command, root)
+
+
+@pytest.mark.inductor
+def test_the_service_example_submits_waits_and_downloads(tmp_path: Path) -> None:
+    root = workspace(tmp_path)
+    examples = next(c for block in readme_blocks() for c in block if "examples/programs.py" in c.text)
+    run_as_written(examples, root)
+    service_commands = [command for block in readme_blocks() for command in block if command.kind == "service"]
+
+    with start_service(tmp_path / "data", workers=1) as service:
+        for command in service_commands:
+            run_as_written(command, root, env={"MINIFY_SERVER": service.url})
+
+    out = re.search(r"--out (\S+)", service_commands[-1].text)
+    assert out is not None and (root / out.group(1) / "repro.py").is_file()
