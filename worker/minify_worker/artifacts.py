@@ -28,6 +28,7 @@ import torch.fx as fx
 from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
 from . import signatures
+from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
 from .graph import META_VALUE, graph_from_wire, placeholders, to_graph_module
 from .outcomes import Signature, signature_from_dict
 
@@ -93,7 +94,7 @@ def write_program_files(
     (out_dir / REPRO).write_text(render_repro(graph, spec, signature, torch.__version__, environment))
     files.append(REPRO)
     try:
-        program = export_minimized(graph, inputs, spec.device)
+        program = export_minimized(graph, inputs, spec.device, dynamic=spec.dynamic)
         torch.export.save(program, out_dir / MINIMIZED)
         files.append(MINIMIZED)
     except Exception as error:  # a user program can fail to export in any way; report, don't die
@@ -115,17 +116,20 @@ def graph_inputs(graph: fx.Graph, values: Mapping[str, InputValue]) -> tuple[Inp
 
 
 def export_minimized(
-    graph: fx.Graph, inputs: Sequence[InputValue], device: str = "cpu"
+    graph: fx.Graph, inputs: Sequence[InputValue], device: str = "cpu", *, dynamic: str = "as_exported"
 ) -> torch.export.ExportedProgram:
     """Export the graph with every placeholder as a user input named after its node.
 
     This is the shape torch's AOTI minifier saves: `export_load(path).module()` has
-    `forward(self, linear)` when `linear` was promoted to an input.
+    `forward(self, linear)` when `linear` was promoted to an input. The inputs' dynamic dims stay
+    dynamic (`dynamic`, the JobSpec's: their `Dim`s with the program's ranges, so the program's
+    `range_constraints` keep them; `Dim.AUTO` for "auto"; none for "static").
     """
     module = to_graph_module(graph)
     args = tuple(_to_device(value, device) for value in inputs)
+    shapes = export_dynamic_shapes(dynamic_shapes_of(graph, dynamic))
     with torch.no_grad():
-        return torch.export.export(module, args)
+        return torch.export.export(module, args, dynamic_shapes=shapes)
 
 
 def _to_device(value: InputValue, device: str) -> InputValue:
@@ -146,6 +150,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     `environment` (the worker's, as `torch.utils.collect_env` reports it), ready for a bug report.
     """
     kind = signature.kind if signature is not None else spec.failure.kind
+    shapes = dynamic_shapes_of(graph, spec.dynamic)
     forward, imports = _forward_source(graph)
     preamble = [
         _header(spec, kind, signature, torch_version, environment or {}),
@@ -153,10 +158,11 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *([imports] if imports else []),
         _config_lines(spec.config),
         _constants(spec, kind, signature),
+        *_dynamic_constants(shapes),
     ]
     definitions = [
         _REPRO_CLASS.format(forward=textwrap.indent(forward, "    ")),
-        _compile_function(spec.backend),
+        *_compile_functions(spec.backend, shapes),
         _signature_rules(),
         _RUN_FUNCTIONS,
     ]
@@ -233,7 +239,7 @@ class Repro(torch.nn.Module):
 """
 
 _COMPILE_HEAD = '''
-def compile_repro(gm, inputs):
+def {name}(gm, inputs):
     """Compile `gm` as the minify worker does ({how}).
 
     Returns a function of *inputs: what a torch.compile backend returns, called as dynamo calls it.
@@ -262,7 +268,7 @@ _COMPILE_BODIES = {
 """,
     "aot_inductor": """
     with torch.no_grad():
-        program = torch.export.export(gm, tuple(inputs))
+        program = torch.export.export(gm, tuple(inputs){dynamic_shapes})
         package_path = torch._inductor.aoti_compile_and_package(program)
         compiled = torch._inductor.aoti_load_package(package_path)
 
@@ -351,16 +357,91 @@ def _signature_rules() -> str:
         "\n" + source.strip("\n") + "\n\n# " + "-" * 93
 
 
-def _compile_function(backend: str) -> str:
-    if backend in ("inductor", "aot_inductor"):
+def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
+    """`compile_repro`; with dynamic dims, what keeps them symbolic as the worker does: aot_inductor
+    exports with them, any other backend (then `backend_repro`) runs under torch.compile with them
+    marked (`minify_worker.backends`)."""
+    symbolic = shapes is not None and backend != "aot_inductor"
+    if backend == "inductor":
         body = _COMPILE_BODIES[backend]
+    elif backend == "aot_inductor":
+        body = _COMPILE_BODIES[backend].replace(
+            "{dynamic_shapes}", ", dynamic_shapes=export_dynamic_shapes()" if shapes is not None else "")
     elif backend in BUILTIN_BACKENDS:
         body = _COMPILE_BODIES["registered"].format(backend=backend)
     else:
         module, attribute = backend.split(":")
         body = _COMPILE_BODIES["custom"].format(module=module, attribute=attribute)
     how = _COMPILE_HOW.get(backend, f"the torch.compile backend {backend}")
-    return _COMPILE_HEAD.format(how=how).strip("\n") + "\n" + body.strip("\n")
+    head = _COMPILE_HEAD.format(name="backend_repro" if symbolic else "compile_repro", how=how)
+    functions = [head.strip("\n") + "\n" + body.strip("\n")]
+    if shapes is not None:
+        functions.append(_DYNAMIC_FUNCTIONS["mark" if symbolic else "export"])
+    return functions
+
+
+def _dynamic_constants(shapes: DynamicShapes | None) -> list[str]:
+    if shapes is None:
+        return []
+    dims = ",\n".join(f"    {dims!r}" for dims in shapes.dims)
+    return ["\n".join([
+        "# The dims the program keeps dynamic, per input: {dim: {name, min, max[, scale, offset]}}; a",
+        "# dim's size is scale * name + offset, name in [min, max] (None: unbounded). DYNAMIC says how:",
+        "# as_exported (with these ranges) or auto (as torch.compile's automatic dynamic).",
+        f"DYNAMIC = {shapes.mode!r}",
+        f"DYNAMIC_DIMS = [\n{dims},\n]",
+    ])]
+
+
+_DYNAMIC_FUNCTIONS = {
+    "mark": '''
+def mark_dynamic(inputs):
+    """Mark DYNAMIC_DIMS on the inputs for dynamo: with their range, or (auto) as automatic dynamic
+    marks a dim it saw change."""
+    for value, dims in zip(inputs, DYNAMIC_DIMS):
+        for dim, spec in dims.items():
+            if DYNAMIC == "auto":
+                torch._dynamo.maybe_mark_dynamic(value, dim)
+                continue
+            scale, offset = spec.get("scale", 1), spec.get("offset", 0)
+            low = None if spec["min"] is None else scale * spec["min"] + offset
+            high = None if spec["max"] is None else scale * spec["max"] + offset
+            torch._dynamo.mark_dynamic(value, dim, min=low, max=high)
+
+
+def compile_repro(gm, inputs):
+    """Compile `gm` with its dynamic dims symbolic, as the minify worker does: torch.compile with
+    DYNAMIC_DIMS marked, so backend_repro receives them as SymInts, as dynamo gives them.
+
+    Returns a function of *inputs; dynamo compiles at its first call.
+    """
+    compiled = torch.compile(gm, backend=backend_repro, fullgraph=True)
+
+    def run(*args):
+        mark_dynamic(args)
+        return compiled(*args)
+
+    return run
+''',
+    "export": '''
+def export_dynamic_shapes():
+    """torch.export's dynamic_shapes for the inputs: a Dim per name (derived: scale * Dim + offset),
+    or Dim.AUTO (auto)."""
+    roots, shapes = {}, []
+    for dims in DYNAMIC_DIMS:
+        entry = {}
+        for dim, spec in dims.items():
+            if DYNAMIC == "auto":
+                entry[dim] = torch.export.Dim.AUTO
+                continue
+            bounds = {key: spec[key] for key in ("min", "max") if spec.get(key) is not None}
+            root = roots.setdefault(spec["name"], torch.export.Dim(spec["name"], **bounds))
+            scale, offset = spec.get("scale", 1), spec.get("offset", 0)
+            entry[dim] = root if (scale, offset) == (1, 0) else root * scale + offset
+        shapes.append(entry or None)
+    return shapes
+''',
+}
 
 
 def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:

@@ -152,12 +152,12 @@ class DynamicShapes:
     dims: tuple[dict[int, dict[str, Any]], ...]
 
 
-def dynamic_shapes_of(gm: fx.GraphModule, mode: str) -> DynamicShapes | None:
-    """What `gm`'s placeholders record as dynamic, or None when nothing is (or `mode` is "static")."""
+def dynamic_shapes_of(graph: fx.Graph, mode: str) -> DynamicShapes | None:
+    """What `graph`'s placeholders record as dynamic, or None when nothing is (or `mode` is "static")."""
     if mode == "static":
         return None
     dims = tuple({int(axis): dim for axis, dim in (node.meta.get("minify_tensor") or {}).get("dynamic", {}).items()}
-                 for node in gm.graph.nodes if node.op == "placeholder")
+                 for node in graph.nodes if node.op == "placeholder")
     return DynamicShapes(mode, dims) if any(dims) else None
 
 

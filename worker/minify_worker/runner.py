@@ -170,7 +170,7 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
     started = time.monotonic()
     try:
         apply_inductor_config(spec.config)
-        backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm, spec.dynamic))
+        backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm.graph, spec.dynamic))
         inputs = _to_device(inputs, spec.device)
     except Exception as error:
         fault = environment_fault(error)
