@@ -1,0 +1,170 @@
+"""Dynamic shapes survive minimization (issue 15, point 1).
+
+A program exported with `Dim("batch", min=2, max=64)` keeps that dim symbolic in every candidate
+(the backend sees SymInt sizes, as torch.compile with dynamic shapes gives them), in minimized.pt2
+(its range constraint) and in repro.py. The engine tests use `fail_on_symbolic_relu`
+(tests/support/backends.py), which fails on relu only when it is compiled with symbolic sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.export import Dim
+
+from minify_client.models import JobSpec, JobState
+from minify_worker.artifacts import export_minimized
+from minify_worker.engine import MinifyResult, minify
+from minify_worker.graph import derive, flat_graph_from_exported_program, graph_from_wire, graph_to_wire, placeholders
+
+SUPPORT = "tests.support.backends"
+BACKEND = f"{SUPPORT}:fail_on_symbolic_relu"
+SIGNATURE = "RuntimeError: injected failure on relu with symbolic sizes"
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Chain(torch.nn.Module):
+    """sin -> relu -> cos -> exp over a (batch, 16) input, batch exported dynamic."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(torch.cos(torch.relu(torch.sin(x) * 2)))
+
+
+class _TwoInputs(torch.nn.Module):
+    """x and z share the batch dim (z's is twice it)."""
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x.sin()), z.cos()
+
+
+def export_chain() -> torch.export.ExportedProgram:
+    return torch.export.export(_Chain(), (torch.randn(8, 16),),
+                               dynamic_shapes={"x": {0: Dim("batch", min=2, max=64)}})
+
+
+def save_chain(directory: Path) -> Path:
+    path = directory / "chain_dynamic.pt2"
+    torch.export.save(export_chain(), path)
+    return path
+
+
+def spec(dynamic: str | None = None) -> JobSpec:
+    data: dict[str, Any] = {"backend": BACKEND, "limits": {"candidate_timeout_s": 30, "parallelism": 2}}
+    if dynamic is not None:
+        data["dynamic"] = dynamic
+    return JobSpec.model_validate(data)
+
+
+def ops_of(code: str) -> list[str]:
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
+
+
+@pytest.fixture(scope="module")
+def dynamic_job(tmp_path_factory: pytest.TempPathFactory) -> MinifyResult:
+    """The sin-relu-cos-exp program minimized once with the spec's default (`as_exported`)."""
+    directory = tmp_path_factory.mktemp("dynamic")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+        return minify(save_chain(directory), spec(), directory / "out")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the loader records, and what the graph operations keep
+
+
+def test_the_loader_records_each_inputs_dynamic_dims_with_their_range() -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+
+    (x,) = placeholders(graph)
+
+    assert x.meta["minify_tensor"]["dynamic"] == {"0": {"name": _symbol_of(x), "min": 2, "max": 64}}
+    assert x.meta["minify_tensor"]["shape"] == [8, 16]  # the example's sizes stay the hint
+
+
+def test_dims_derived_from_the_same_symbol_share_its_name() -> None:
+    batch = Dim("batch", min=2, max=64)
+    ep = torch.export.export(_TwoInputs(), (torch.randn(8, 4), torch.randn(16, 3)),
+                             dynamic_shapes={"x": {0: batch}, "z": {0: 2 * batch}})
+
+    x, z = placeholders(flat_graph_from_exported_program(ep))
+
+    assert z.meta["minify_tensor"]["dynamic"]["0"] == {**x.meta["minify_tensor"]["dynamic"]["0"], "scale": 2}
+
+
+def test_a_promoted_intermediate_keeps_its_symbolic_sizes_on_the_wire() -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+    relu_input = next(node.name for node in graph.nodes if node.name.startswith("mul"))
+
+    promoted = graph_from_wire(json.loads(json.dumps(graph_to_wire(derive(graph, promote=[relu_input])))))
+
+    (placeholder,) = placeholders(promoted)
+    assert placeholder.name == relu_input
+    assert placeholder.meta["minify_tensor"]["dynamic"]["0"]["min"] == 2
+    assert placeholder.meta["minify_tensor"]["dynamic"]["0"]["max"] == 64
+
+
+def test_an_exported_candidate_keeps_the_range_of_a_promoted_input() -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+    relu_input = next(node.name for node in graph.nodes if node.name.startswith("mul"))
+    candidate = derive(graph, promote=[relu_input])
+
+    program = export_minimized(candidate, (torch.randn(8, 16),))
+
+    assert [(bound.lower, bound.upper) for bound in program.range_constraints.values()] == [(2, 64)]
+    static = export_minimized(candidate, (torch.randn(8, 16),), dynamic="static")
+    assert static.range_constraints == {}
+
+
+def test_the_job_spec_compiles_as_exported_by_default() -> None:
+    assert JobSpec().dynamic == "as_exported"
+    assert JobSpec.model_validate({"dynamic": "static"}).dynamic == "static"
+    with pytest.raises(ValueError):
+        JobSpec.model_validate({"dynamic": "sometimes"})
+
+
+def _symbol_of(node: torch.fx.Node) -> str:
+    return node.meta["minify_tensor"]["dynamic"]["0"]["name"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the engine
+
+
+def test_a_bug_that_needs_symbolic_shapes_is_minimized(dynamic_job: MinifyResult) -> None:
+    assert dynamic_job.status is JobState.succeeded, dynamic_job.reason
+    assert ops_of(dynamic_job.report.graph_code or "") == ["relu"]
+    assert dynamic_job.report.signature == SIGNATURE
+
+
+def test_the_minimized_program_keeps_the_batch_dims_range(dynamic_job: MinifyResult) -> None:
+    program = torch.export.load(dynamic_job.artifacts["minimized.pt2"])
+
+    assert [(bound.lower, bound.upper) for bound in program.range_constraints.values()] == [(2, 64)]
+    (user_input,) = [node for node in program.graph.nodes if node.op == "placeholder"]
+    assert isinstance(user_input.meta["val"].shape[0], torch.SymInt)
+
+
+def test_the_repro_of_a_dynamic_shape_bug_reproduces_in_a_fresh_process(dynamic_job: MinifyResult) -> None:
+    repro = dynamic_job.artifacts["repro.py"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
+                          cwd=repro.parent, env=env)
+
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert f"repro failed with: {SIGNATURE}" in done.stderr
+
+
+def test_static_shapes_do_not_reproduce_a_symbolic_only_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+
+    result = minify(save_chain(tmp_path), spec("static"), tmp_path / "out")
+
+    assert result.status is JobState.not_reproducible
