@@ -29,7 +29,7 @@ from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
 from . import signatures
 from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
-from .graph import META_VALUE, graph_from_wire, placeholders, to_graph_module
+from .graph import META_VALUE, graph_from_wire, placeholders, subgraph_of, subgraphs, to_graph_module
 from .outcomes import Signature, signature_from_dict
 
 MINIMIZED = "minimized.pt2"
@@ -151,7 +151,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     """
     kind = signature.kind if signature is not None else spec.failure.kind
     shapes = dynamic_shapes_of(graph, spec.dynamic)
-    forward, imports = _forward_source(graph)
+    classes, imports = _module_classes(graph, "Repro")
     preamble = [
         _header(spec, kind, signature, torch_version, environment or {}),
         _IMPORTS,
@@ -161,7 +161,8 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *_dynamic_constants(shapes),
     ]
     definitions = [
-        _REPRO_CLASS.format(forward=textwrap.indent(forward, "    ")),
+        *classes,
+        _trace_function(graph),
         *_compile_functions(spec.backend, shapes),
         _signature_rules(),
         _RUN_FUNCTIONS,
@@ -231,11 +232,28 @@ from torch._dynamo.utils import clone_inputs, same
 """
 
 _REPRO_CLASS = """
-class Repro(torch.nn.Module):
+class {name}(torch.nn.Module):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(){submodules}
 
 {forward}
+"""
+
+_TRACE_SYMBOLIC = """
+def trace_repro(module, inputs):
+    \"\"\"The module as an fx.GraphModule, the graph minify tested.\"\"\"
+    return torch.fx.symbolic_trace(module)
+"""
+
+# symbolic_trace cannot trace a higher-order op (cond checks its operands are tensors); make_fx
+# runs the module on the inputs and records the same aten ops and subgraphs.
+_TRACE_MAKE_FX = """
+def trace_repro(module, inputs):
+    \"\"\"The module as an fx.GraphModule, the graph minify tested, its subgraphs as submodules.\"\"\"
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(module)(*clone_inputs(inputs))
 """
 
 _COMPILE_HEAD = '''
@@ -321,7 +339,7 @@ def main():
     parser = argparse.ArgumentParser(description="Run the minimized repro.")
     parser.add_argument("--inputs", type=Path, default=Path(__file__).resolve().with_name("inputs.pt"))
     inputs = load_inputs(parser.parse_args().inputs)
-    gm = torch.fx.symbolic_trace(Repro())
+    gm = trace_repro(Repro(), inputs)
     compiled = compile_repro(gm, list(inputs))
     result = compiled(*clone_inputs(inputs))
     synchronize()
@@ -484,6 +502,28 @@ _KNOWN_GLOBALS = {
     "fx_pytree": "import torch.fx._pytree as fx_pytree",
     "pytree": "import torch.utils._pytree as pytree",
 }
+
+
+def _module_classes(graph: fx.Graph, name: str) -> tuple[list[str], str]:
+    """The class `name` running `graph` and, before it, a class per subgraph (named after its path),
+    installed in `__init__` under the name the forward reads; and the imports their code needs."""
+    classes: list[str] = []
+    imports: list[str] = []
+    submodules = ""
+    for node in subgraphs(graph):
+        inner_classes, inner_imports = _module_classes(subgraph_of(node), f"{name}_{node.target}")
+        classes += inner_classes
+        imports += inner_imports.splitlines()
+        submodules += f"\n        self.{node.target} = {name}_{node.target}()"
+    forward, own_imports = _forward_source(graph)
+    classes.append(_REPRO_CLASS.format(name=name, submodules=submodules,
+                                       forward=textwrap.indent(forward, "    ")))
+    imports += own_imports.splitlines()
+    return classes, "\n".join(dict.fromkeys(imports))
+
+
+def _trace_function(graph: fx.Graph) -> str:
+    return _TRACE_MAKE_FX if subgraphs(graph) else _TRACE_SYMBOLIC
 
 
 def _forward_source(graph: fx.Graph) -> tuple[str, str]:

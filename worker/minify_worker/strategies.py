@@ -17,7 +17,8 @@ How the scheduler drives them (`scheduler.reduce` with `PASSES` does exactly thi
    acceptance there sends the loop back to step 1 (a dropped op can open new truncations).
 3. When neither tier yields a failing candidate the graph is 1-minimal: no single op can be
    dropped, promoted to an input, or cut out of a chain (promoted with its producers kept as
-   outputs), no suffix truncated, no output removed.
+   outputs), no suffix truncated, no output removed, no higher-order op replaced by its
+   subgraph inlined, no op dropped inside a subgraph (a higher-order op is one op of its graph).
 
 `DEFAULT_STRATEGIES` reproduce torch's minifier (torch/_functorch/fx_minifier.py), including its
 candidate order, which decides results such as the seed's accuracy-vs-strict expectations:
@@ -274,6 +275,45 @@ def one_minimal(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate
 
 
 # --------------------------------------------------------------------------------------------
+# Higher-order ops (torch.cond, while_loop, ...): one op each, their subgraphs minimized too
+
+
+def _higher_order_ops(graph: fx.Graph) -> list[fx.Node]:
+    return [node for node in graph.nodes
+            if node.op == "call_function" and g.target_name(node.target).startswith("higher_order.")]
+
+
+def inline_control_flow(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+    """Replace a higher-order op by one of its subgraphs, inlined (`graph.inline_subgraph`): a
+    cond by the branch taken, then by the other; a while_loop by one iteration of its body. The
+    control flow stays when the failure needs it (these candidates pass)."""
+    proposals = _Proposals(graph, context)
+    for node in _higher_order_ops(graph):
+        for subgraph in g.inlinable_subgraphs(graph, node.name):
+            candidate = g.inline_subgraph(graph, node.name, subgraph)
+            if candidate is not None:
+                yield from proposals.offer(candidate, f"inline {subgraph} in place of {node.name}")
+
+
+def simplify_subgraphs(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
+    """Drop one op inside a subgraph (its users read a same-typed input, `graph.drop_in_subgraph`),
+    keeping the subgraph's inputs and outputs. Not in a while_loop's subgraphs: dropping the op
+    that moves the loop on would make it run forever."""
+    proposals = _Proposals(graph, context)
+    for holder in g.subgraphs(graph):
+        if any(g.target_name(user.target) == "higher_order.while_loop" for user in holder.users):
+            continue
+        subgraph = g.subgraph_of(holder)
+        for node in list(subgraph.nodes):
+            if node.op != "call_function":
+                continue
+            smaller = g.drop_in_subgraph(subgraph, node.name)
+            if smaller is not None:
+                yield from proposals.offer(g.with_subgraph(graph, holder.name, smaller),
+                                           f"drop {node.name} in {holder.name}")
+
+
+# --------------------------------------------------------------------------------------------
 # Aiming strategies: a bug one op triggers is found in about log2(ops) checks
 
 
@@ -350,6 +390,7 @@ DEFAULT_STRATEGIES: list[Strategy] = [
     eliminate_dead_code,
     remove_unused_inputs,
     consolidate_inputs,
+    inline_control_flow,
     truncate_and_delta_debug,
     remove_outputs,
 ]
@@ -357,6 +398,7 @@ DEFAULT_STRATEGIES: list[Strategy] = [
 FINAL_STRATEGIES: list[Strategy] = [
     keep_single_output,
     one_minimal,
+    simplify_subgraphs,
 ]
 
 

@@ -1,0 +1,141 @@
+"""Programs with control flow (higher-order ops with subgraphs) through the engine.
+
+A higher-order op (`torch.cond`, `while_loop`) is one op of its graph; its subgraphs travel with it
+into every candidate, `minimized.pt2` and repro.py. A bug inside a branch ends inlined when it does
+not need the control flow, and inside the kept op, its subgraphs minimized, when it does. The test
+backends (tests/support/backends.py) fail on relu anywhere, or only on relu inside a subgraph.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._higher_order_ops.while_loop import while_loop
+
+from minify_client.models import JobSpec, JobState
+from minify_worker.engine import MinifyResult, minify
+
+BACKENDS = "tests.support.backends"
+
+
+@pytest.fixture(autouse=True)
+def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", BACKENDS)
+
+
+class ReluInCondBranch(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def taken(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.relu(a).mul(b).add(a.cos())
+
+        def other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a.sub(b).exp()
+
+        a = x.sin()
+        return torch.cond(a.sum() > 0, taken, other, (a, y)).tanh()
+
+
+class ReluInLoopBody(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def more(i: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            return i < 3
+
+        def body(i: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, torch.relu(value.cos()).sub(0.5)
+
+        count, value = while_loop(more, body, (torch.zeros((), dtype=torch.int64), x.sin()))
+        return count, value.exp()
+
+
+def save(tmp_path: Path, module: torch.nn.Module, *inputs: torch.Tensor) -> Path:
+    path = tmp_path / "program.pt2"
+    torch.export.save(torch.export.export(module, inputs), path)
+    return path
+
+
+def cond_program(tmp_path: Path) -> Path:
+    return save(tmp_path, ReluInCondBranch(), torch.ones(4, 8), torch.randn(4, 8))  # sin(1) > 0: taken
+
+
+def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
+    spec = JobSpec.model_validate({
+        "backend": backend,
+        "config": config,
+        "limits": {"candidate_timeout_s": 60, "parallelism": 2},
+    })
+    return minify(program, spec, out)
+
+
+def aten_ops(code: str) -> list[str]:
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
+
+
+def assert_artifacts_reproduce(out: Path, signature: str) -> None:
+    """minimized.pt2 loads and runs on inputs.pt; repro.py fails the same way in a fresh process."""
+    module = torch.export.load(out / "minimized.pt2").module()
+    module(*torch.load(out / "inputs.pt", weights_only=True))
+    done = subprocess.run([sys.executable, "repro.py"], cwd=out, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"repro failed with: {signature}" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path) -> None:
+    result = run(cond_program(tmp_path), f"{BACKENDS}:fail_on_relu_anywhere", tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    code = result.report.graph_code or ""
+    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    # sin, sum, gt, cond, getitem, tanh; relu, mul, cos, add in one branch; sub, exp in the other
+    assert result.report.nodes_original == 12 and result.report.nodes_final == 1
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
+
+
+def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(tmp_path: Path) -> None:
+    result = run(cond_program(tmp_path), f"{BACKENDS}:fail_on_relu_in_subgraph", tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    code = result.report.graph_code or ""
+    assert "torch.ops.higher_order.cond" in code
+    assert aten_ops(code) == ["relu"]  # alone in its branch; the predicate became an input
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
+
+
+def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path) -> None:
+    program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
+
+    result = run(program, f"{BACKENDS}:fail_on_relu_anywhere", tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    code = result.report.graph_code or ""
+    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
+
+
+def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path) -> None:
+    program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
+
+    result = run(program, f"{BACKENDS}:fail_on_relu_in_subgraph", tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    code = result.report.graph_code or ""
+    assert "torch.ops.higher_order.while_loop" in code and "relu" in code
+    assert "exp" not in aten_ops(code)  # what the loop's result feeds is gone
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
+
+
+@pytest.mark.inductor
+def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(tmp_path: Path) -> None:
+    result = run(cond_program(tmp_path), "inductor", tmp_path / "out",
+                 **{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+
+    assert result.status is JobState.succeeded, result.reason
+    code = result.report.graph_code or ""
+    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    assert (result.report.signature or "").startswith("CppCompileError")
+    assert_artifacts_reproduce(tmp_path / "out", "CppCompileError: C++ compile error")
