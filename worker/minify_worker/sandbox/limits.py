@@ -1,0 +1,87 @@
+"""What a sandbox child may use and see: its memory bound, its resource limits (core dumps, open
+files, address space), the environment it inherits, and how many candidates one long-lived child runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import tempfile
+from pathlib import Path
+
+from minify_client.models import JobSpec
+
+CHILD_OPEN_FILES = 4096
+# Long-lived children (reuse): how many candidates one runs before it is replaced, on CUDA by default.
+DEFAULT_REUSE_CUDA = 50
+# A torch child maps about 1 GB of address space it never touches (libraries, arenas, stacks): the
+# address-space bound is the memory bound plus this.
+ADDRESS_SPACE_SLACK_MB = 4096
+# The address-space bound (MiB) children of CPU jobs get, set by the pool in the server's environment.
+ADDRESS_SPACE_ENV = "MINIFY_SANDBOX_ADDRESS_SPACE_MB"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine_memory_mb() -> int:
+    """The machine's memory (MiB), or its cgroup's limit when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit) // (1 << 20)) if limit.isdigit() else total
+
+
+def default_memory_bound_mb(parallelism: int) -> int:
+    """Each candidate's share of the machine: 80 % of its memory over the children at once."""
+    return max(512, int(machine_memory_mb() * 0.8 / max(1, parallelism)))
+
+
+def default_reuse(spec: JobSpec) -> int:
+    """Candidates per long-lived child: `MINIFY_SANDBOX_REUSE` if set (0: a fresh child per
+    candidate), else per device: on CUDA a fresh child pays its context and a cold first compile
+    (seconds) every time, so children are reused; on the CPU, children forked from the warm server
+    start warm anyway (docs/bench.md)."""
+    configured = os.environ.get("MINIFY_SANDBOX_REUSE", "").strip()
+    if configured:
+        return max(0, int(configured))
+    return DEFAULT_REUSE_CUDA if spec.device_class == "cuda" else 0
+
+
+# What a child inherits of the worker's environment is scrubbed of these: the sandbox runs code the
+# program brings (a custom backend, pickles the operator allowed), and it has no use for secrets.
+_SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH)|"
+    r"^(AWS_|AZURE_|GOOGLE_|GCP_|GCLOUD_|CLOUDSDK_|REDIS|RQ_|MINIFY_REDIS|DATABASE_URL|SENTRY_DSN)"
+)
+
+
+def scrubbed_environment(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` without what a sandbox child must not see: tokens, passwords, cloud credentials,
+    the Redis URL (it may carry a password)."""
+    return {name: value for name, value in environment.items() if not _SECRET_NAME.search(name.upper())}
+
+
+def confine_child(tmp: Path, spec: JobSpec) -> None:
+    """A child's own temp dir and resource limits: no core dumps, a bounded number of open files,
+    and on CPU jobs a bound on address space (CUDA maps far more address space than it uses, so
+    cuda jobs rely on the server's resident-memory watch alone)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = CHILD_OPEN_FILES if hard == resource.RLIM_INFINITY else min(CHILD_OPEN_FILES, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    bound = os.environ.get(ADDRESS_SPACE_ENV)
+    if bound and spec.device_class == "cpu":
+        limit = int(bound) << 20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or limit < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit if hard == resource.RLIM_INFINITY else hard))

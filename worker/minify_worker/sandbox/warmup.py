@@ -1,0 +1,258 @@
+"""Warm-up and caches: making a process a fork origin (`preload`, `fork_refusal` and the at-fork
+hooks that keep track of it), the imports and inductor warm-up a fork server does once for all its
+children, a long-lived child's device set-up, and where compilers keep their caches.
+
+The fork-origin state lives here and only here: read it through these functions, never a copy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from minify_client.models import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def compile_cache_dir(job_root: Path) -> Path:
+    """Where compilers keep their caches: shared by the jobs of one machine unless told otherwise.
+
+    Inductor's and triton's caches (and inductor's precompiled headers and CPU ISA probe) are what
+    make a warm compile cost a fraction of a cold one; a per-job cache would pay the cold price in
+    every job. Entries are keyed by graph, config and torch version, and failed compiles are never
+    cached, so a shared cache cannot change an outcome. `MINIFY_CACHE_DIR` moves it;
+    `MINIFY_CACHE_DIR=job` keeps it inside the job's work dir (removed with the job).
+    """
+    configured = os.environ.get("MINIFY_CACHE_DIR", "")
+    if configured == "job":
+        return job_root / "cache"
+    if configured:
+        base = Path(configured)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minify"
+    import torch.version
+
+    path = base / f"torch-{torch.version.__version__}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compile_cache_variables(job_root: Path) -> dict[str, str]:
+    """The environment that points inductor and triton at `compile_cache_dir(job_root)`."""
+    caches = compile_cache_dir(job_root)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
+
+
+@contextmanager
+def _compile_cache_environment() -> Iterator[None]:
+    """Point inductor and triton at the machine's compile cache (as pools do) for a while."""
+    wanted = compile_cache_variables(Path(tempfile.gettempdir()))
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# Set by `preload()`, in this process and (through an at-fork hook) in every process forked from
+# it while it was still clean: how many native threads beyond Python's own it had then. More now
+# means a native thread pool (OpenMP, most likely) started since, and a process forked from here
+# would hang in its first parallel region: OpenMP's threads do not survive a fork.
+_fork_origin_native_threads: int | None = None
+# Whether the origin also ran inductor's CPU warm-up (ISA probe, a compile), which the fork server
+# then inherits instead of running it per job.
+_fork_origin_warm = False
+_clean_at_fork = False
+
+
+def preload(warm: bool = True) -> dict[str, float]:
+    """Make this process an origin the sandbox may fork its fork server from (a zygote).
+
+    Imports torch and what the candidates need and, with `warm`, runs inductor's CPU warm-up (its
+    vector-ISA probe and one compile, no kernel run) against the machine's compile cache: never
+    CUDA, no tensor op, no thread. A later `SandboxPool` then forks its server from here instead of
+    starting a fresh interpreter that imports and warms up all over again (seconds per job). The
+    RQ worker calls it once at start and every work horse inherits it. Without it, or once this
+    process has started a native thread pool or initialized CUDA (see `fork_refusal`), pools spawn
+    their server.
+    """
+    global _fork_origin_warm
+    started = time.monotonic()
+    _import_compiler_modules()
+    imported = time.monotonic()
+    before = _native_threads_beyond_python()
+    warmed = False
+    if warm and os.environ.get("MINIFY_CACHE_DIR", "") != "job":
+        with _compile_cache_environment():
+            _warm_inductor_cpu()
+        warmed = True
+    timings = {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
+    if _native_threads_beyond_python() > before:
+        log.warning("sandbox: the warm-up started native threads; pools will spawn their fork server")
+        return timings
+    if _fork_origin_native_threads is None:
+        os.register_at_fork(before=_check_clean_before_fork, after_in_child=_mark_child_of_clean_origin)
+    _fork_origin_warm = warmed
+    _mark_fork_origin()
+    return timings
+
+
+def _mark_fork_origin() -> None:
+    global _fork_origin_native_threads
+    _fork_origin_native_threads = _native_threads_beyond_python()
+
+
+def _check_clean_before_fork() -> None:
+    global _clean_at_fork
+    _clean_at_fork = fork_refusal() is None
+
+
+def _mark_child_of_clean_origin() -> None:
+    global _fork_origin_native_threads
+    if _clean_at_fork:
+        _mark_fork_origin()
+    else:
+        _fork_origin_native_threads = None
+
+
+def _native_threads_beyond_python() -> int:
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1 << 30
+    return tasks - threading.active_count()
+
+
+def fork_refusal() -> str | None:
+    """Why a fork server may not be forked from this process now (None: it may)."""
+    if os.environ.get("MINIFY_SANDBOX_START", "").lower() == "spawn":
+        return "MINIFY_SANDBOX_START=spawn"
+    if _fork_origin_native_threads is None:
+        return "this process was not preloaded"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialized in this process"
+    if _native_threads_beyond_python() > _fork_origin_native_threads:
+        return "a native thread pool started in this process since preload()"
+    return None
+
+
+def origin_warmed_up() -> bool:
+    """Whether this process descends from a `preload()`ed origin that ran inductor's CPU warm-up
+    (read at call time: the at-fork hooks keep it up to date)."""
+    return _fork_origin_warm
+
+
+def warm_up(spec: JobSpec) -> dict[str, Any]:
+    """Import what every candidate child needs, without initializing CUDA or starting OpenMP threads.
+
+    For inductor on the CPU it also runs `_warm_inductor_cpu`, whose results every forked child
+    inherits. The server runs this right after forking its first child (prepare, which needs none
+    of it), so the two overlap; a server forked from a warm `preload()`ed origin skips it.
+    """
+    started = time.monotonic()
+    _import_compiler_modules()
+    import torch
+
+    imported = time.monotonic()
+    if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
+        _warm_inductor_cpu()
+    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - started, 3),
+            "cuda_initialized": bool(torch.cuda.is_initialized())}
+
+
+def warm_up_device(spec: JobSpec) -> None:
+    """A long-lived child's set-up, once: the CUDA context and a first compile on the job's device,
+    so its first candidate does not pay for them. On the CPU a forked child inherits the server's."""
+    if spec.device_class != "cuda":
+        return
+    import torch
+
+    device = torch.device(spec.device)
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+    if spec.backend in ("inductor", "aot_inductor"):
+        _compile_warm_up_graph(device)
+
+
+def gpu_present() -> bool:
+    """Whether this machine has a CUDA device, asked without initializing CUDA in this process.
+
+    With `PYTORCH_NVML_BASED_CUDA_CHECK=1` (set by importing `minify_worker`) torch asks NVML;
+    without it, `torch.cuda.is_available()` would initialize CUDA and poison every later fork, so
+    the driver's files are looked at instead.
+    """
+    import torch
+
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
+        return bool(torch.cuda.is_available())
+    return Path("/proc/driver/nvidia").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _warm_inductor_cpu() -> None:
+    """Inductor's vector-ISA probe (a few small C++ builds, each checked by a `python -c` dlopen
+    subprocess; cached in this process) and a compile-only warm-up (`_compile_warm_up_graph`).
+
+    On a machine with a GPU the compile is skipped: aot_autograd saves the CUDA RNG state around
+    every compile (`preserve_rng_state` -> `torch.cuda.get_rng_state`), which initializes CUDA in
+    this process and makes CUDA unusable in every child forked from it, CPU jobs' included.
+    """
+    import torch._inductor.codecache
+    import torch._inductor.config as inductor_config
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+
+    inductor_config.compile_threads = 1
+    if hasattr(torch._inductor.codecache, "_HEADER_DIR"):
+        # Precompiled headers go under the temp dir by default, which is per job: keep them with the caches.
+        torch._inductor.codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                                                             "precompiled_headers")
+    cpu_vec_isa.pick_vec_isa()
+    if gpu_present():
+        log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
+        return
+    _compile_warm_up_graph()
+
+
+def _import_compiler_modules() -> None:
+    """What every candidate child imports: torch, dynamo, inductor's compiler, export, our runner."""
+    import torch
+    import torch._dynamo
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx
+    import torch._inductor.cpu_vec_isa
+    import torch.export  # noqa: F401
+
+    from .. import backends, runner  # noqa: F401
+
+
+def _compile_warm_up_graph(device: Any = "cpu") -> None:
+    """Compile (never run) a tiny graph, so children inherit inductor's lazily built state.
+
+    Measured here: a candidate's first compile in a fresh child goes from about 2.1 s to 1.2 s.
+    It runs no kernel (no OpenMP pool) and starts no thread (compile_threads=1); every child
+    starts from the same state, so it cannot make one candidate's outcome depend on another.
+    """
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    def warm_up_graph(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.sin(x) + 1,)
+
+    try:
+        with torch.no_grad():
+            compile_fx(torch.fx.symbolic_trace(warm_up_graph), [torch.empty(4, 4, device=device)])
+    except Exception:  # a warm-up is an optimization: a broken one must not stop the job
+        log.warning("inductor warm-up compile failed", exc_info=True)
