@@ -137,5 +137,6 @@ def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(tmp_path: Path) ->
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert aten_ops(code) == ["relu"] and "higher_order" not in code
-    assert (result.report.signature or "").startswith("CppCompileError")
-    assert_artifacts_reproduce(tmp_path / "out", "CppCompileError: C++ compile error")
+    signature = result.report.signature or ""
+    assert signature.startswith("CppCompileError")
+    assert_artifacts_reproduce(tmp_path / "out", signature)
