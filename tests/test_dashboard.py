@@ -282,3 +282,20 @@ def test_the_job_page_shows_the_workers_environment_and_copies_a_bug_report(
     screenshot(page, "job-environment-laptop")
     assert errors == []
     context.close()
+
+
+def test_the_job_page_shows_the_root_cause_and_the_exception_chain(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    with service.client() as client:
+        job_id = _submit(client, program_dir / "relu_cos.pt2", "tests.support.backends:failed_import_on_relu")
+        wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+    page = browser.new_page(viewport=LAPTOP)
+    errors = watch_for_errors(page)
+    page.goto(f"{service.url}/#/jobs/{job_id}")
+
+    page.wait_for_selector("#signature:has-text('exception chain')")
+    shown = page.inner_text("#signature")
+    assert shown.startswith("SyntaxError: invalid syntax")
+    assert "InductorError: RuntimeError: Failed to import" in shown
+    assert errors == []
+    page.close()

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 MARKER = "MINIFY_TEST_SERVICE"
-TESTING_BACKENDS = "minify_worker.testing_backends"
+TESTING_BACKENDS = "minify_worker.testing_backends,tests.support.backends"
 
 
 def free_port() -> int:

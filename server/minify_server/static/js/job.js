@@ -192,7 +192,12 @@ export function renderJob(root, id) {
     checksNote.textContent = `${formatCount(progress.checks_cached)} cached · ${formatCount(progress.checks_in_flight)} in flight`;
     phaseValue.textContent = progress.phase || (job?.status === "queued" ? "waiting for a worker" : "–");
     phaseNote.textContent = job && FINISHED.has(job.status) && progress.phase ? "the last phase" : "";
-    if (progress.signature) signatureBlock.textContent = progress.signature;
+    if (progress.signature) {
+      // The root cause first; the wrappers it came through (outermost first) below it.
+      const chain = progress.signature_chain || [];
+      signatureBlock.textContent = progress.signature +
+        (chain.length > 1 ? `\n\nexception chain, outermost first:\n${chain.map((link) => `  ${link}`).join("\n")}` : "");
+    }
     const counts = { ...progress.outcomes };
     const kinds = [...OUTCOME_KINDS, ...Object.keys(counts).filter((kind) => !OUTCOME_KINDS.includes(kind))];
     const largest = Math.max(1, ...kinds.map((kind) => counts[kind] || 0));
@@ -348,6 +353,7 @@ export function renderJob(root, id) {
     if (result.nodes_final != null) progress.nodes_current = result.nodes_final;
     if (result.nodes_original != null) progress.nodes_original = result.nodes_original;
     if (result.signature) progress.signature = result.signature;
+    if (result.signature_chain?.length) progress.signature_chain = result.signature_chain;
     if (result.checks_total) {
       progress.checks_total = result.checks_total;
       progress.checks_cached = result.checks_cached;
