@@ -37,7 +37,7 @@ lint: setup
 # second venv. torch 2.14.1 is a CUDA build (about 5.5 GB) that these machines have on disk, but
 # not its cuda-bindings requirement (used only by CUDA green contexts and the CUPTI profiler), so
 # torch goes in with --no-deps and everything else from a list without it: nothing is downloaded
-# for torch. CI stays on .venv's 2.13 CPU; see docs/internals.md, "Supported torch versions".
+# for torch. CI stays on .venv's 2.13 CPU; see docs/deploy.md, "Supported torch versions".
 TORCH_NEXT_VENV := .venv-torch-2.14
 TORCH_NEXT_PY := $(TORCH_NEXT_VENV)/bin/python
 TORCH_NEXT_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
