@@ -23,6 +23,9 @@ from minify_client.models import JobSpec, JobState
 from minify_worker.artifacts import export_minimized
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.graph import derive, flat_graph_from_exported_program, graph_from_wire, graph_to_wire, placeholders
+from minify_worker.loader import concrete_values, placeholder_values
+from minify_worker.outcomes import Fails
+from minify_worker.runner import run_wire_candidate
 
 SUPPORT = "tests.support.backends"
 BACKEND = f"{SUPPORT}:fail_on_symbolic_relu"
@@ -131,6 +134,42 @@ def test_the_job_spec_compiles_as_exported_by_default() -> None:
 
 def _symbol_of(node: torch.fx.Node) -> str:
     return node.meta["minify_tensor"]["dynamic"]["0"]["name"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One candidate (in this process)
+
+
+def run_chain(backend: str, dynamic: str, tmp_path: Path) -> object:
+    ep = export_chain()
+    graph = flat_graph_from_exported_program(ep)
+    values = placeholder_values(ep, graph, [torch.randn(8, 16)])
+    values.update(concrete_values(graph, values, "cpu"))
+    spec = JobSpec.model_validate({"backend": backend, "dynamic": dynamic})
+    return run_wire_candidate(graph_to_wire(graph), values, spec, tmp_path)
+
+
+@pytest.mark.parametrize("dynamic", ["as_exported", "auto"])
+def test_the_backend_sees_symbolic_sizes_unless_static(dynamic: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+
+    outcome = run_chain(BACKEND, dynamic, tmp_path)
+
+    assert isinstance(outcome, Fails) and outcome.signature.text == SIGNATURE
+    assert not isinstance(run_chain(BACKEND, "static", tmp_path), Fails)
+
+
+@pytest.mark.parametrize(("backend", "kind"), [("fail_on_relu", "compile_error"),
+                                               ("fail_on_relu_at_runtime", "runtime_error")])
+def test_through_dynamo_compile_and_run_errors_keep_their_kind(backend: str, kind: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends")
+
+    outcome = run_chain(f"minify_worker.testing_backends:{backend}", "as_exported", tmp_path)
+
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.text) == (kind, "RuntimeError: injected failure on relu")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -433,7 +433,9 @@ def compile_repro(gm, inputs):
 
     Returns a function of *inputs; dynamo compiles at its first call.
     """
-    compiled = torch.compile(gm, backend=backend_repro, fullgraph=True)
+    # gm.forward, not gm: GraphModule.__call__ formats a raised error's traceback with a generator,
+    # which dynamo would try to trace ("Attempt to trace generator") instead of raising the error.
+    compiled = torch.compile(gm.forward, backend=backend_repro, fullgraph=True)
 
     def run(*args):
         mark_dynamic(args)

@@ -221,7 +221,9 @@ def _through_dynamo(backend: Backend, shapes: DynamicShapes) -> Backend:
             attempt["compiled"] = True
             return compiled
 
-        optimized = torch.compile(gm, backend=traced, fullgraph=True)
+        # gm.forward, not gm: GraphModule.__call__ formats a raised error's traceback with a
+        # generator, which dynamo would try to trace (fullgraph: "Attempt to trace generator").
+        optimized = torch.compile(gm.forward, backend=traced, fullgraph=True)
 
         def run(*args: Any) -> Any:
             mark_dynamic(args, shapes)
