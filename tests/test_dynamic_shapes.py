@@ -21,8 +21,16 @@ from torch.export import Dim
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.artifacts import export_minimized
+from minify_worker.backends import dynamic_shapes_of, resolve_backend
 from minify_worker.engine import MinifyResult, minify
-from minify_worker.graph import derive, flat_graph_from_exported_program, graph_from_wire, graph_to_wire, placeholders
+from minify_worker.graph import (
+    derive,
+    flat_graph_from_exported_program,
+    graph_from_wire,
+    graph_to_wire,
+    placeholders,
+    to_graph_module,
+)
 from minify_worker.loader import concrete_values, placeholder_values
 from minify_worker.outcomes import Fails
 from minify_worker.runner import run_wire_candidate
@@ -170,6 +178,29 @@ def test_through_dynamo_compile_and_run_errors_keep_their_kind(backend: str, kin
 
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.text) == (kind, "RuntimeError: injected failure on relu")
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_one_graph_for_every_batch_size_in_range(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+    backend = resolve_backend("inductor", tmp_path, dynamic_shapes_of(graph, "as_exported"))
+    compiled = backend(to_graph_module(graph), [torch.randn(8, 16)])
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+
+    for batch in (3, 64):
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(compiled(x)[0], _Chain()(x))
+
+
+@pytest.mark.inductor
+def test_aot_inductor_compiles_with_the_programs_dynamic_shapes(tmp_path: Path) -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+    backend = resolve_backend("aot_inductor", tmp_path, dynamic_shapes_of(graph, "as_exported"))
+    compiled = backend(to_graph_module(graph), [torch.randn(8, 16)])
+
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(compiled(x)[0], _Chain()(x))
 
 
 # ---------------------------------------------------------------------------------------------
