@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from torch.export import Dim
+from torch.utils._sympy.numbers import int_oo
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.artifacts import export_minimized
@@ -131,6 +132,15 @@ def test_an_exported_candidate_keeps_the_range_of_a_promoted_input() -> None:
     assert [(bound.lower, bound.upper) for bound in program.range_constraints.values()] == [(2, 64)]
     static = export_minimized(candidate, (torch.randn(8, 16),), dynamic="static")
     assert static.range_constraints == {}
+
+
+def test_auto_exports_the_dynamic_dims_without_their_upper_bound() -> None:
+    graph = flat_graph_from_exported_program(export_chain())
+
+    program = export_minimized(graph, (torch.randn(8, 16),), dynamic="auto")
+
+    (bound,) = program.range_constraints.values()
+    assert (bound.lower, bound.upper) == (2, int_oo)  # Dim.AUTO: dynamic, unbounded above
 
 
 def test_the_job_spec_compiles_as_exported_by_default() -> None:
