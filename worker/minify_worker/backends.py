@@ -232,7 +232,7 @@ def _through_dynamo(backend: Backend, shapes: DynamicShapes) -> Backend:
         try:
             run(*inputs)
         except Exception as error:
-            failure: Exception | None = error
+            failure = error
         else:
             return run
         if "error" in attempt:
