@@ -190,8 +190,9 @@ def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path) -> None:
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
-    assert "torch.ops.higher_order.while_loop" in code and "relu" in code
-    assert "exp" not in aten_ops(code)  # what the loop's result feeds is gone
+    assert "torch.ops.higher_order.while_loop" in code
+    # The condition and the counter that moves the loop on stay; the body is relu besides.
+    assert sorted(aten_ops(code)) == ["add", "lt", "relu"]
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
 
 

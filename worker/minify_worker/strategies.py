@@ -297,20 +297,42 @@ def inline_control_flow(graph: fx.Graph, context: StrategyContext) -> Iterator[C
 
 def simplify_subgraphs(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
     """Drop one op inside a subgraph (its users read a same-typed input, `graph.drop_in_subgraph`),
-    keeping the subgraph's inputs and outputs. Not in a while_loop's subgraphs: dropping the op
-    that moves the loop on would make it run forever."""
+    keeping the subgraph's inputs and outputs. Never an op a while_loop's condition depends on
+    (its condition, and what its body computes for the carried values the condition reads):
+    dropping the op that moves the loop on would make it run forever."""
     proposals = _Proposals(graph, context)
     for holder in g.subgraphs(graph):
-        if any(g.target_name(user.target) == "higher_order.while_loop" for user in holder.users):
-            continue
         subgraph = g.subgraph_of(holder)
+        protected = _loop_control(holder)
         for node in list(subgraph.nodes):
-            if node.op != "call_function":
+            if node.op != "call_function" or protected is None or node.name in protected:
                 continue
             smaller = g.drop_in_subgraph(subgraph, node.name)
             if smaller is not None:
                 yield from proposals.offer(g.with_subgraph(graph, holder.name, smaller),
                                            f"drop {node.name} in {holder.name}")
+
+
+def _loop_control(holder: fx.Node) -> set[str] | None:
+    """The ops of `holder`'s subgraph that decide when a while_loop using it stops: None for the
+    whole subgraph (the loop's condition), else the body's ops the condition's inputs come from."""
+    protected: set[str] = set()
+    for user in holder.users:
+        if g.target_name(user.target) != "higher_order.while_loop":
+            continue
+        condition, body = user.args[0], user.args[1]
+        if holder is condition or not isinstance(condition, fx.Node):
+            return None
+        if holder is body:
+            read = [index for index, node in enumerate(g.placeholders(g.subgraph_of(condition))) if node.users]
+            results = g.outputs(g.subgraph_of(holder))
+            stack = [results[index] for index in read if index < len(results) and isinstance(results[index], fx.Node)]
+            while stack:
+                node = stack.pop()
+                if node.name not in protected:
+                    protected.add(node.name)
+                    stack.extend(node.all_input_nodes)
+    return protected
 
 
 # --------------------------------------------------------------------------------------------
