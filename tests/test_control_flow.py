@@ -22,6 +22,7 @@ from minify_client.models import JobSpec, JobState
 from minify_worker import graph as G
 from minify_worker import strategies
 from minify_worker.engine import MinifyResult, minify
+from minify_worker.loader import PreparedProgram, prepare
 
 BACKENDS = "tests.support.backends"
 
@@ -131,6 +132,45 @@ def test_a_cond_inlines_its_branch_with_the_branch_values_kept_promotable() -> N
     assert [node.name for node in inlined.nodes if node.op == "call_function"] == [
         "sin", "relu", "mul", "cos", "add", "tanh"]
     assert G.is_promotable(next(node for node in inlined.nodes if node.name == "relu"))
+
+
+class NestedConds(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def inner_taken(a: torch.Tensor) -> torch.Tensor:
+            return torch.relu(a) * 2
+
+        def inner_other(a: torch.Tensor) -> torch.Tensor:
+            return a + 1
+
+        def taken(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.cond(b.sum() < 100, inner_taken, inner_other, (a.cos(),)) + b
+
+        def other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a - b
+
+        return torch.cond(x.sum() > 0, taken, other, (x, y)).tanh()
+
+
+def test_the_loader_records_the_values_of_the_branches_taken_nested_ones_included(tmp_path: Path) -> None:
+    program = save(tmp_path, NestedConds(), torch.ones(4), torch.randn(4))
+    prepare(program, None, tmp_path / "work")
+    prepared = PreparedProgram.read(tmp_path / "work")
+    graph = G.graph_from_wire(prepared.wire_graph)
+    values = torch.load(prepared.values_path, weights_only=True)
+
+    outer = G.inline_subgraph(graph, "cond", "true_graph_0")
+    assert outer is not None
+    inner = next(node for node in outer.nodes if node.op == "call_function"
+                 and G.target_name(node.target) == "higher_order.cond")
+    inlined = G.inline_subgraph(outer, inner.name, G.inlinable_subgraphs(outer, inner.name)[0])
+    assert inlined is not None
+
+    assert {"cond/cos", "cond/cond/relu", "cond/cond/mul"} <= set(values)
+    assert graph.find_nodes(op="call_function", target=torch.ops.higher_order.cond)[0].meta[G.META_TAKEN] == 1
+    assert {node.name: node.meta.get(G.META_VALUE) for node in inlined.nodes if node.op == "call_function"} == {
+        "cos": "cond/cos", "relu": "cond/cond/relu", "mul": "cond/cond/mul", "add": "cond/add", "tanh": "tanh"}
+    (result,) = G.to_graph_module(inlined)(values["x"], values["y"])
+    torch.testing.assert_close(result, values["tanh"])
 
 
 def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> None:
