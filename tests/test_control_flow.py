@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._higher_order_ops.map import map as map_hop
+from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 from minify_client.models import JobSpec, JobState
@@ -171,6 +173,37 @@ def test_the_loader_records_the_values_of_the_branches_taken_nested_ones_include
         "cos": "cond/cos", "relu": "cond/cond/relu", "mul": "cond/cond/mul", "add": "cond/add", "tanh": "tanh"}
     (result,) = G.to_graph_module(inlined)(values["x"], values["y"])
     torch.testing.assert_close(result, values["tanh"])
+
+
+class ReluInScan(torch.nn.Module):
+    def forward(self, init: torch.Tensor, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def step(carry: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            new = torch.relu(carry + x)
+            return new, new * 2
+
+        return scan(step, init, xs)
+
+
+class ReluInMap(torch.nn.Module):
+    def forward(self, xs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return map_hop(lambda x, b: torch.relu(x) + b, xs, y)
+
+
+@pytest.mark.parametrize(("module", "inputs", "op"), [
+    (ReluInScan(), (torch.randn(3), torch.randn(5, 3)), "higher_order.scan"),
+    (ReluInMap(), (torch.randn(5, 3), torch.randn(3)), "higher_order.map_impl"),
+], ids=["scan", "map"])
+def test_scan_and_map_run_from_the_wire_as_one_op(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                                                  op: str) -> None:
+    program = torch.export.export(module, inputs)
+    graph = G.graph_from_wire(json.loads(json.dumps(G.graph_to_wire(G.flat_graph_from_exported_program(program)))))
+
+    results = G.to_graph_module(graph)(*inputs)
+
+    expected = program.module()(*inputs)
+    torch.testing.assert_close(list(results), list(expected) if isinstance(expected, tuple) else [expected])
+    names = [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
+    assert [name for name in names if name.startswith("higher_order.")] == [op]
 
 
 def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> None:
