@@ -400,3 +400,19 @@ def test_list_prints_a_table_and_filters_by_status(server: ScriptedServer):
 
 def test_list_rejects_an_unknown_status():
     assert run_cli("list", "--status", "sleeping").returncode == 2
+
+
+def test_submit_warns_before_uploading_a_program_whose_members_would_run_code(server: ScriptedServer,
+                                                                             tmp_path: Path):
+    from tests.support.archives import pickled_weight_archive
+
+    marker = tmp_path / "pwned"
+    program = pickled_weight_archive(tmp_path, marker)
+    serve_job(server, job_status("j1", JobState.queued), [])
+
+    result = run_cli("submit", program, "--server", server.url)
+
+    assert result.returncode == 0, result.stderr
+    assert "minify-client: warning: pickled_weight.pt2:" in result.stderr
+    assert "data/weights/weight_0" in result.stderr and "MINIFY_ALLOW_PICKLE=1" in result.stderr
+    assert not marker.exists()

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from minify_client.archive import describe_unsafe_members, find_unsafe_members
 from minify_client.client import (
     DEFAULT_RETRY_FOR_S,
     RETRY_FOR_ENV,
@@ -137,6 +139,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.inputs is not None and not args.inputs.is_file():
         raise UsageError(f"no such inputs file: {args.inputs}")
     spec = spec_from_args(args)
+    _warn_if_it_runs_code(args.program)
     with _client(args) as client:
         created = client.submit(args.program, spec, inputs=args.inputs)
         for warning in created.warnings:
@@ -151,6 +154,18 @@ def _submit(args: argparse.Namespace) -> int:
             return EXIT_OK
         _progress_stream(args).write(f"submitted job {created.id}: {dashboard}\n")
         return _follow(client, created.id, args, args.out or Path(f"minify-{created.id}"))
+
+
+def _warn_if_it_runs_code(program: Path) -> None:
+    """Say before uploading what the server will say: members of the .pt2 that would run code when
+    loaded (pickles) are refused unless the server's operator allows pickles."""
+    try:
+        unsafe = find_unsafe_members(program)
+    except (zipfile.BadZipFile, OSError):
+        return  # not a zip: the server says what is wrong with it
+    if unsafe:
+        print(f"minify-client: warning: {program.name}: {describe_unsafe_members(unsafe)}; a server refuses it "
+              "unless its operator allows pickles (MINIFY_ALLOW_PICKLE=1)", file=sys.stderr)
 
 
 def _watch(args: argparse.Namespace) -> int:
