@@ -11,6 +11,7 @@ import torch
 from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
+from tests.support.graphs import ops_of
 
 TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
@@ -27,11 +28,6 @@ def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("programs") / "chain.pt2"
     torch.export.save(ep, path)
     return path
-
-
-def ops_of(code: str | None) -> list[str]:
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in (code or "").splitlines()
-            if "torch.ops.aten." in line]
 
 
 def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2: Path, tmp_path: Path) -> None:

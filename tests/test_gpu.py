@@ -20,6 +20,7 @@ import torch
 from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
+from tests.support.graphs import ops_of as graph_ops
 
 REPO = Path(__file__).resolve().parent.parent
 SUPPORT = "tests.support.backends"
@@ -50,8 +51,7 @@ def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = 
 
 
 def ops_of(result: MinifyResult) -> list[str]:
-    code = result.report.graph_code or ""
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
+    return graph_ops(result.report.graph_code)
 
 
 def test_after_aot_cuda_compile_error_ends_on_relu_with_the_triton_syntax_error(tmp_path: Path) -> None:

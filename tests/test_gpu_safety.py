@@ -23,6 +23,7 @@ import torch
 from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
+from tests.support.graphs import ops_of
 
 REPO = Path(__file__).resolve().parent.parent
 SPY = REPO / "tests" / "support" / "cuda_spy"
@@ -46,11 +47,6 @@ def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def spec(backend: str, **fields: object) -> JobSpec:
     limits = {"candidate_timeout_s": 20, "parallelism": 2, **fields.pop("limits", {})}  # type: ignore[dict-item]
     return JobSpec.model_validate({"backend": backend, "limits": limits, **fields})
-
-
-def ops_of(code: str | None) -> list[str]:
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in (code or "").splitlines()
-            if "torch.ops.aten." in line]
 
 
 def run_as_worker(program: Path, out: Path, job: JobSpec, *flags: str, spy_log: Path | None = None,

@@ -15,3 +15,9 @@ def chain_graph(*ops: str) -> fx.Graph:
         node = graph.call_function(getattr(torch.ops.aten, op).default, (node,))
     graph.output((node,))
     return graph
+
+
+def ops_of(code: str | None) -> list[str]:
+    """The aten ops a graph's printed code calls, in order: "relu" for `torch.ops.aten.relu.default`."""
+    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in (code or "").splitlines()
+            if "torch.ops.aten." in line]
