@@ -403,13 +403,16 @@ class _Server:
         """Report a request a long-lived child ran; a failure seen in a child that ran candidates
         before runs again in a fresh one first, so no candidate's leftover state decides another's
         outcome."""
-        request = child.request
-        if worker.ran > 1 and not request.get("fresh") and _is_failure(child.result_path):
-            for path in (child.result_path, child.result_path.with_suffix(".started"), child.log_path):
-                path.unlink(missing_ok=True)
-            self.queue.appendleft({**request, "fresh": True})
+        if worker.ran > 1 and not child.request.get("fresh") and _is_failure(child.result_path):
+            self.requeue_fresh(child)
             return
         self.report(child, 0)
+
+    def requeue_fresh(self, child: _Child) -> None:
+        """Run `child`'s request again, first in the queue, in a child that ran nothing before."""
+        for path in (child.result_path, child.result_path.with_suffix(".started"), child.log_path):
+            path.unlink(missing_ok=True)
+        self.queue.appendleft({**child.request, "fresh": True})
 
     def retire(self, worker: _Worker) -> None:
         """Let `worker` finish: EOF on its requests; reap() forgets it when it exits."""
@@ -449,7 +452,20 @@ class _Server:
             _, status = os.waitpid(pid, 0)
             if child is not None:
                 self.tell_guardian(f"-{pid}")
+                if worker is not None and worker.ran > 0 and self.died_of_its_own(child, status):
+                    # A long-lived child that ran candidates before died on this one: it runs
+                    # again in a fresh child before its death counts (an earlier candidate's
+                    # leftover state may have killed it).
+                    self.requeue_fresh(child)
+                    continue
                 self.report(child, status)
+
+    def died_of_its_own(self, child: _Child, status: int) -> bool:
+        """Whether `child` died unasked (a signal or an exit, not our timeout, cancel or memory kill)
+        before it wrote its result."""
+        asked = child.timed_out or child.killed or child.over_memory
+        return not asked and not child.request.get("fresh") and not child.result_path.exists() \
+            and (os.WIFSIGNALED(status) or os.WIFEXITED(status))
 
     def tell_guardian(self, line: str) -> None:
         if self.guardian_fd >= 0:
