@@ -41,7 +41,8 @@ lint: setup
 TORCH_NEXT_VENV := .venv-torch-2.14
 TORCH_NEXT_PY := $(TORCH_NEXT_VENV)/bin/python
 TORCH_NEXT_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
-	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py
+	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py \
+	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py
 
 # torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
 define TORCH_NEXT_REQUIREMENTS
