@@ -22,3 +22,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     directory = tmp_path_factory.mktemp("programs")
     return {name: save(name, directory) for name in ("relu_cos", "chain")}
+
+
+@pytest.fixture
+def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandbox children may import the test backends: the product's and tests/support's."""
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends,tests.support.backends")

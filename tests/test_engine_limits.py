@@ -6,28 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
-from tests.support.graphs import ops_of
+from tests.support.graphs import ops_of, save_chain
 
 TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
 
 
-@pytest.fixture(autouse=True)
-def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", f"{TESTING},{SUPPORT}")
+pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 
 @pytest.fixture(scope="module")
 def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ep, _ = programs.chain(("sin", "cos", "relu", "tanh", "exp", "neg"))
-    path = tmp_path_factory.mktemp("programs") / "chain.pt2"
-    torch.export.save(ep, path)
-    return path
+    return save_chain(tmp_path_factory.mktemp("programs"), ("sin", "cos", "relu", "tanh", "exp", "neg"))
 
 
 def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2: Path, tmp_path: Path) -> None:

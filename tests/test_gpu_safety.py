@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
-from tests.support.graphs import ops_of
+from tests.support.graphs import ops_of, save_chain
 
 REPO = Path(__file__).resolve().parent.parent
 SPY = REPO / "tests" / "support" / "cuda_spy"
@@ -31,17 +30,12 @@ TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
 
 
-@pytest.fixture(autouse=True)
-def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", f"{TESTING},{SUPPORT}")
+pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 
 @pytest.fixture(scope="module")
 def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ep, _ = programs.chain(("sin", "cos", "relu", "tanh"))
-    path = tmp_path_factory.mktemp("programs") / "chain.pt2"
-    torch.export.save(ep, path)
-    return path
+    return save_chain(tmp_path_factory.mktemp("programs"), ("sin", "cos", "relu", "tanh"))
 
 
 def spec(backend: str, **fields: object) -> JobSpec:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.fx as fx
 
@@ -21,3 +23,13 @@ def ops_of(code: str | None) -> list[str]:
     """The aten ops a graph's printed code calls, in order: "relu" for `torch.ops.aten.relu.default`."""
     return [line.split("torch.ops.aten.")[1].split(".")[0] for line in (code or "").splitlines()
             if "torch.ops.aten." in line]
+
+
+def save_chain(directory: Path, ops: tuple[str, ...]) -> Path:
+    """examples/programs.py's elementwise chain of `ops`, exported and saved as DIR/chain.pt2."""
+    from examples import programs
+
+    ep, _ = programs.chain(ops)
+    path = directory / "chain.pt2"
+    torch.export.save(ep, path)
+    return path
