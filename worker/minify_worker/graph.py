@@ -936,12 +936,6 @@ def with_subgraph(graph: fx.Graph, subgraph_name: str, subgraph: fx.Graph) -> fx
 def drop_in_subgraph(subgraph: fx.Graph, node_name: str) -> fx.Graph | None:
     """`subgraph` without the op `node_name` (its users read a same-typed input, `stand_in_for`),
     dead code removed, its placeholders and output arity kept (the op calling it needs them).
-    None when the op has no stand-in."""
-    stand_in = stand_in_for(subgraph, node_name)
-    if stand_in is None:
-        return None
-    new_graph = copy_graph(subgraph)
-    node = _node(new_graph, node_name)
-    node.replace_all_uses_with(_node(new_graph, stand_in))
-    new_graph.erase_node(node)
-    return eliminate_dead_code(new_graph)
+    None when the op has no stand-in. The same surgery as `drop_node`: dead-code removal keeps
+    placeholders and the output node, so the arity holds."""
+    return drop_node(subgraph, node_name)
