@@ -32,7 +32,7 @@ from .limits import (
     scrubbed_environment,
     usable_cores,
 )
-from .processes import ForkedProcess
+from .processes import ForkedProcess, write_line
 from .server import ServerOptions, start_server
 from .warmup import compile_cache_variables, fork_refusal
 
@@ -255,17 +255,13 @@ class SandboxPool:
             self._send({"op": "kill", "id": request_id}, quiet=True)
 
     def _send(self, message: dict[str, Any], quiet: bool = False) -> None:
-        data = (json.dumps(message) + "\n").encode()
         with self._lock:
             if self._request_w is None:
                 if quiet:
                     return
                 raise SandboxError(self._dead_reason or "the sandbox pool is closed")
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(self._request_w, view)
-                    view = view[written:]
+                write_line(self._request_w, message)
             except OSError as error:
                 if not quiet:
                     raise SandboxError(self._dead_reason or f"the fork server is gone: {error}") from error

@@ -36,6 +36,7 @@ from .processes import (
     resident_mb_by_group,
     start_guardian,
     write_all,
+    write_line,
 )
 from .warmup import origin_warmed_up, warm_up
 
@@ -206,9 +207,7 @@ class _Server:
     # -- messages -------------------------------------------------------------------------------
 
     def emit(self, event: dict[str, Any]) -> None:
-        data = memoryview((json.dumps(event) + "\n").encode())
-        while data:
-            data = data[os.write(self.event_fd, data):]
+        write_line(self.event_fd, event)
 
     def handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")
