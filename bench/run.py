@@ -53,9 +53,9 @@ def child_environment(scratch: Path, minifier: str, options: argparse.Namespace)
     """
     env = dict(os.environ)
     ours_source = [str(options.ours_source)] if minifier.startswith("ours") and options.ours_source else []
-    paths = [str(BENCH_DIR), *ours_source]
+    paths = [str(BENCH_DIR), *ours_source, str(REPO)]  # REPO: the zoo's backends (tests.support)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
-    env.setdefault("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends")  # the zoo's backends
+    env.setdefault("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")  # the zoo's backends
     if options.shared_caches:
         return env
     if minifier.startswith("ours"):

@@ -8,7 +8,7 @@ with a softmax). Each is exported with `torch.export.export` in eval mode.
 
 A zoo case is a model and a failure (`FAILURES`): the relu compile bug of inductor's C++ backend
 (models with a relu), a backend that fails only when two ops of different kinds are in one graph
-(`minify_worker.testing_backends`), and a backend that computes softmax wrong (an accuracy bug).
+(tests/support/backends.py), and a backend that computes softmax wrong (an accuracy bug).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def export_model(name: str, table: str) -> torch.export.ExportedProgram:
 
 # --- failures ----------------------------------------------------------------------------------
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 
 
 @dataclass(frozen=True)

@@ -26,5 +26,5 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sandbox children may import the test backends: the product's and tests/support's."""
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends,tests.support.backends")
+    """Sandbox children may import the test backends (tests/support/backends.py)."""
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")

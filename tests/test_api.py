@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.service import Service, read_events, start_service
 
-FAIL_ON_RELU = {"backend": "minify_worker.testing_backends:fail_on_relu", "failure": {"kind": "compile_error"}}
+FAIL_ON_RELU = {"backend": "tests.support.backends:fail_on_relu", "failure": {"kind": "compile_error"}}
 UPLOAD_LIMIT = 2_000_000
 
 

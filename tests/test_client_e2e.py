@@ -1,7 +1,7 @@
 """`minify-client` end to end: the real CLI as a subprocess against the real `minify-server`
 (embedded Redis, a real worker, the real engine) on example programs.
 
-Most jobs use the cheap test backends (`minify_worker.testing_backends`); one uses real inductor.
+Most jobs use the cheap test backends (tests/support/backends.py); one uses real inductor.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from minify_client import Client, JobState, Unauthorized
 from tests.support.service import Service, start_service
 
 TOKEN = "e2e-token"
-FAIL_ON_RELU = "minify_worker.testing_backends:fail_on_relu"
+FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_submit_wait_minimizes_the_seed_relu_program(service: Service, programs:
 def test_a_program_that_passes_exits_3(service: Service, programs: Path, tmp_path: Path):
     # accuracy_vs_strict has relu too; fail_on_cos fails only on cos, which it lacks.
     result = run_cli("submit", programs / "accuracy_vs_strict.pt2",
-                     "--backend", "minify_worker.testing_backends:fail_on_cos", "--wait", "--json",
+                     "--backend", "tests.support.backends:fail_on_cos", "--wait", "--json",
                      "--out", tmp_path / "out", server=service.url)
     assert result.returncode == 3, result.stdout + result.stderr
     outcome = json.loads(result.stdout)
@@ -115,7 +115,7 @@ def test_status_list_and_download_subcommands(service: Service, programs: Path, 
 
 def test_cancel_ends_a_running_job_and_watch_exits_1(service: Service, programs: Path, tmp_path: Path):
     created = run_cli("submit", programs / "relu_cos.pt2", "--backend",
-                      "minify_worker.testing_backends:hang_on_relu", "--candidate-timeout", "300",
+                      "tests.support.backends:hang_on_relu", "--candidate-timeout", "300",
                       server=service.url)
     job_id = created.stdout.splitlines()[0]
     watcher = subprocess.Popen([sys.executable, "-m", "minify_client.cli", "watch", job_id],

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 from examples.programs import save
-from tests.support.service import MARKER, TESTING_BACKENDS, Service, free_port, start_service, wait_healthy
+from tests.support.service import MARKER, TEST_BACKENDS, Service, free_port, start_service, wait_healthy
 
-FAIL_ON_RELU = f"{TESTING_BACKENDS}:fail_on_relu"
+FAIL_ON_RELU = f"{TEST_BACKENDS}:fail_on_relu"
 OUTAGE_S = 6.0
 
 
 def start_api(backing: Service, port: int, data_dir: Path) -> subprocess.Popen:
     """A `minify-server` API in front of `backing`'s Redis, healthy on `port`."""
-    env = {**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TESTING_BACKENDS}
+    env = {**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS}
     env.pop("MINIFY_TOKENS", None)
     with open(data_dir / "api.log", "ab") as log:
         process = subprocess.Popen(
@@ -65,7 +65,7 @@ def test_submit_wait_exits_0_with_the_artifacts_after_the_server_was_away_for_se
             stop(api)
             worker = subprocess.Popen(
                 [sys.executable, "-m", "minify_worker.cli", "--redis-url", backing.redis_url, "--queues", "cpu"],
-                env={**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TESTING_BACKENDS},
+                env={**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(OUTAGE_S)
             assert client.poll() is None, "the client gave up during the outage"

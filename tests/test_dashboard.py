@@ -1,7 +1,7 @@
 """The dashboard against the real service (tests/support/service.py) in headless Chromium: a person
 submits a failing program through the page, watches it shrink live, and downloads the repro.
 
-Cheap test backends stand in for inductor (`minify_worker.testing_backends`), so a job takes
+Cheap test backends stand in for inductor (tests/support/backends.py), so a job takes
 seconds. Screenshots of the pages (laptop and phone) go to test-artifacts/screenshots/.
 """
 
@@ -27,7 +27,7 @@ from tests.test_dashboard_support import (
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
-FAIL_ON_RELU = "minify_worker.testing_backends:fail_on_relu"
+FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
 JOB_TIMEOUT_MS = 120_000
 
 
@@ -134,7 +134,7 @@ def test_jobs_page_lists_every_job_and_filters_by_status(
     with service.client() as client:
         succeeded = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
         not_reproducible = _submit(client, program_dir / "linear_relu_sigmoid.pt2",
-                                   "minify_worker.testing_backends:fail_on_cos")
+                                   "tests.support.backends:fail_on_cos")
         wait_for_status(client, succeeded, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
         wait_for_status(client, not_reproducible, {"not_reproducible"}, timeout_s=JOB_TIMEOUT_MS / 1000)
 
@@ -175,7 +175,7 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
     page = browser.new_page(viewport=LAPTOP)
     page.goto(service.url)
     submit_through_page(page, program_dir / "linear_relu_sigmoid.pt2",
-                        backend="minify_worker.testing_backends:fail_on_cos")
+                        backend="tests.support.backends:fail_on_cos")
     page.wait_for_selector("#job-status [data-status=not_reproducible]", timeout=JOB_TIMEOUT_MS)
     reason = page.locator("#job-reason")
     reason.wait_for()
@@ -186,7 +186,7 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
 def test_cancel_button_ends_a_running_job(browser: Any, service: Service, program_dir: Path) -> None:
     page = browser.new_page(viewport=LAPTOP)
     page.goto(service.url)
-    submit_through_page(page, program_dir / "relu_cos.pt2", backend="minify_worker.testing_backends:hang_on_relu",
+    submit_through_page(page, program_dir / "relu_cos.pt2", backend="tests.support.backends:hang_on_relu",
                         candidate_timeout_s=300)
     page.wait_for_selector("#job-status [data-status=running]", timeout=JOB_TIMEOUT_MS)
     screenshot(page, "job-running-laptop")

@@ -182,9 +182,9 @@ def test_the_backend_sees_symbolic_sizes_unless_static(dynamic: str, tmp_path: P
                                                ("fail_on_relu_at_runtime", "runtime_error")])
 def test_through_dynamo_compile_and_run_errors_keep_their_kind(backend: str, kind: str, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "minify_worker.testing_backends")
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
 
-    outcome = run_chain(f"minify_worker.testing_backends:{backend}", "as_exported", tmp_path)
+    outcome = run_chain(f"{SUPPORT}:{backend}", "as_exported", tmp_path)
 
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.text) == (kind, "RuntimeError: injected failure on relu")

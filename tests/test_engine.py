@@ -1,7 +1,7 @@
 """The engine end to end with cheap misbehaving backends: real sandbox children, no inductor.
 
 Each test runs `minify_worker.engine.minify` on a program from examples/programs.py with a backend
-from minify_worker.testing_backends that fails, crashes, hangs or raises a different error on
+from tests/support/backends.py that fails, crashes, hangs or raises a different error on
 chosen ops, and checks the job ends on the right single op without drifting to another failure.
 """
 
@@ -21,11 +21,11 @@ from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 
 
 @pytest.fixture(autouse=True)
-def allow_testing_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
 
 

@@ -11,7 +11,6 @@ from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
 from tests.support.graphs import ops_of, save_chain
 
-TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
 
 
@@ -25,7 +24,7 @@ def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2: Path, tmp_path: Path) -> None:
     # The default spec but for a short bound on the original's runs (the default is minutes).
-    job = JobSpec.model_validate({"backend": f"{TESTING}:hang_on_relu",
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu",
                                   "limits": {"original_timeout_s": 6, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
@@ -39,7 +38,7 @@ def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2:
 
 def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(
         chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{TESTING}:hang_on_relu", "failure": {"kind": "timeout"},
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu", "failure": {"kind": "timeout"},
                                   "limits": {"candidate_timeout_s": 10, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")

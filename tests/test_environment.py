@@ -20,7 +20,7 @@ from minify_worker import environment
 from minify_worker.engine import minify
 from minify_worker.sandbox import SandboxCallError, SandboxPool
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 
 
 @pytest.fixture(scope="module")

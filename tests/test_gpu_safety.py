@@ -26,7 +26,6 @@ from tests.support.graphs import ops_of, save_chain
 
 REPO = Path(__file__).resolve().parent.parent
 SPY = REPO / "tests" / "support" / "cuda_spy"
-TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
 
 
@@ -83,7 +82,7 @@ def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_jo
                                                                                  tmp_path: Path) -> None:
     log = tmp_path / "spy.log"
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{TESTING}:fail_on_relu"), "--preload", spy_log=log)
+    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{SUPPORT}:fail_on_relu"), "--preload", spy_log=log)
 
     assert result["status"] == "succeeded" and ops_of(result["graph_code"]) == ["relu"]  # type: ignore[arg-type]
     assert result["sandbox_start"] == "fork"
@@ -94,7 +93,7 @@ def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_jo
 def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2: Path, tmp_path: Path) -> None:
     log = tmp_path / "spy.log"
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{TESTING}:fail_on_relu", device="cuda"),
+    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{SUPPORT}:fail_on_relu", device="cuda"),
                            "--preload", spy_log=log)
 
     forbidden, allowed = spied_calls(log)

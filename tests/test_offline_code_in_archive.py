@@ -15,7 +15,7 @@ import torch
 
 from tests.support.archives import pickled_weight_archive
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 
 
 def run_offline(program: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:

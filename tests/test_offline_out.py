@@ -13,7 +13,7 @@ import pytest
 
 from examples.programs import save
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 ALL_ARTIFACTS = {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
 
 

@@ -21,9 +21,10 @@ from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
 from minify_worker.runner import run_candidate
 from minify_worker.sandbox import SandboxPool, compile_cache_dir
+from tests.support import calls
 from tests.support.graphs import chain_graph
 
-TESTING = "minify_worker.testing_backends"
+TESTING = "tests.support.backends"
 
 
 def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -> object:
@@ -33,7 +34,7 @@ def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -
 
 
 @pytest.fixture(autouse=True)
-def allow_testing_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
 
 
@@ -101,12 +102,12 @@ def inductor_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxP
     workdir = tmp_path_factory.mktemp("inductor")
     torch.save({"x": torch.randn(20, 20)}, workdir / "values.pt")
     spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
-    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2) as pool:
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2, env=calls.ALLOWED) as pool:
         yield pool
 
 
 def run_in_child(pool: SandboxPool, ops: tuple[str, ...], spec: JobSpec) -> object:
-    result = pool.call(f"{TESTING}:run_with_spec",
+    result = pool.call(f"{calls.PREFIX}:run_with_spec",
                        {"wire_graph": graph_to_wire(chain_graph(*ops)), "spec_json": spec.model_dump_json()},
                        timeout_s=300)
     return outcome_from_dict(result)

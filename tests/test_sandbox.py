@@ -23,10 +23,13 @@ import torch
 from minify_client.models import JobSpec
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
-from minify_worker.sandbox import SandboxCallError, SandboxPool, compile_cache_dir
+from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
+from tests.support import calls
 from tests.support.graphs import chain_graph
 
-BACKEND = "minify_worker.testing_backends:misbehave_by_op"
+BACKEND = "tests.support.backends:misbehave_by_op"
+# What the pools here may import in their children: the test backends and test call targets.
+ALLOWED = {"MINIFY_ALLOWED_BACKENDS": "tests.support.backends", **calls.ALLOWED}
 
 
 def chain(*ops: str) -> dict:
@@ -77,8 +80,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pool(workdir: Path) -> Iterator[SandboxPool]:
     spec = JobSpec(backend=BACKEND)
-    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2,
-                     env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}) as sandbox:
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2, env=ALLOWED) as sandbox:
         sandbox.wait_ready(180)
         yield sandbox
 
@@ -157,14 +159,14 @@ def test_more_requests_than_parallelism_queue_and_all_finish(pool: SandboxPool) 
 
 
 def test_call_runs_a_function_in_a_child_with_the_value_store(pool: SandboxPool) -> None:
-    assert pool.call("minify_worker.testing_backends:value_names", timeout_s=60) == {"names": ["x"]}
-    echoed = pool.call("minify_worker.testing_backends:echo", {"a": 1}, timeout_s=60)
+    assert pool.call("tests.support.calls:value_names", timeout_s=60) == {"names": ["x"]}
+    echoed = pool.call("tests.support.calls:echo", {"a": 1}, timeout_s=60)
     assert echoed["kwargs"] == {"a": 1} and echoed["pid"] != os.getpid()
 
 
 def test_a_crashing_call_raises_sandbox_call_error(pool: SandboxPool) -> None:
     with pytest.raises(SandboxCallError) as raised:
-        pool.call("minify_worker.testing_backends:crash_in_call", timeout_s=60)
+        pool.call("tests.support.calls:crash_in_call", timeout_s=60)
     assert raised.value.error_type == "crashed" and "SIGSEGV" in str(raised.value)
 
 
@@ -173,8 +175,15 @@ def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> No
         pool.call("os:system", {"command": "true"})
 
 
+def test_call_targets_of_the_tests_need_the_pools_opt_in() -> None:
+    assert call_allowed("minify_worker.artifacts:write_minimized", {})
+    assert not call_allowed("tests.support.calls:echo", {})
+    assert call_allowed("tests.support.calls:echo", calls.ALLOWED)
+    assert not call_allowed("os:system", calls.ALLOWED)
+
+
 def test_children_keep_temporary_files_in_the_work_dir(pool: SandboxPool, workdir: Path) -> None:
-    where = pool.call("minify_worker.testing_backends:temp_dir", timeout_s=60)
+    where = pool.call("tests.support.calls:temp_dir", timeout_s=60)
     assert Path(where["tempdir"]).is_relative_to(workdir)
 
 
@@ -193,7 +202,7 @@ def test_the_fork_server_never_initializes_cuda(pool: SandboxPool) -> None:
 def test_close_kills_children_and_removes_the_sandbox_dir(tmp_path: Path) -> None:
     torch.save({"x": torch.randn(2)}, tmp_path / "values.pt")
     sandbox = SandboxPool(tmp_path, tmp_path / "values.pt", JobSpec(backend=BACKEND), parallelism=1, warm=False,
-                          env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"})
+                          env=ALLOWED)
     future = sandbox.submit(chain("tanh"), timeout_s=300)
     assert wait_until(lambda: sandbox.child_pid(future) is not None, 120)
     pid, server = sandbox.child_pid(future), sandbox.server_pid
@@ -219,7 +228,7 @@ PARENT = textwrap.dedent("""
     x = graph.placeholder("x")
     graph.output((graph.call_function(torch.ops.aten.tanh.default, (x,)),))
     pool = SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False,
-                       env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"})
+                       env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends"})
     assert pool.start_method == sys.argv[3], pool.start_method
     future = pool.submit(graph_to_wire(graph), timeout_s=300)
     while pool.child_pid(future) is None:
@@ -259,9 +268,10 @@ FORK_ORIGIN = textwrap.dedent("""
 
     def run_some() -> dict:
         with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), parallelism=2,
-                         env={"MINIFY_ALLOWED_BACKENDS": "minify_worker.testing_backends"}) as pool:
+                         env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends",
+                              "MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
             futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=5) for op in ("abs", "sin", "tanh")}
-            config = pool.call("minify_worker.testing_backends:inductor_config_values", {"keys": ["compile_threads"]})
+            config = pool.call("tests.support.calls:inductor_config_values", {"keys": ["compile_threads"]})
             kinds = {op: future.result().kind for op, future in futures.items()}
             return {"start": pool.start_method, **config, **kinds}
 

@@ -21,7 +21,6 @@ from minify_worker.outcomes import Crashed, Fails, Passes, TimedOut
 from minify_worker.sandbox import SandboxPool
 from tests.support.graphs import chain_graph
 
-TESTING = "minify_worker.testing_backends"
 SUPPORT = "tests.support.backends"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,9 +33,9 @@ def chain(*ops: str) -> dict:
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
     workdir = tmp_path_factory.mktemp("reuse")
     torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
-    spec = JobSpec(backend=f"{TESTING}:misbehave_by_op")
+    spec = JobSpec(backend=f"{SUPPORT}:misbehave_by_op")
     with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=1, reuse=10,
-                     env={"MINIFY_ALLOWED_BACKENDS": TESTING}) as sandbox:
+                     env={"MINIFY_ALLOWED_BACKENDS": SUPPORT}) as sandbox:
         yield sandbox
 
 
@@ -107,11 +106,11 @@ def test_state_one_candidate_leaves_in_a_reused_child_never_decides_another(
 
 
 def test_a_job_with_reused_children_ends_on_the_failing_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
     monkeypatch.setenv("MINIFY_SANDBOX_REUSE", "50")
     ep, _ = programs.chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
     torch.export.save(ep, tmp_path / "chain.pt2")
-    job = JobSpec.model_validate({"backend": f"{TESTING}:fail_on_relu",
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:fail_on_relu",
                                   "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
 
     result = minify(tmp_path / "chain.pt2", job, tmp_path / "out")

@@ -1,19 +1,224 @@
-"""Test backends for the sandbox's own faults and the engine's guards (tests import them by path:
-`"tests.support.backends:fail_always"`, allowed by the prefix `tests.support.backends`).
+"""Test backends: cheap torch.compile-style backends (`fn(gm, example_inputs) -> callable`, no
+compiler) that fail, crash, hang or go wrong on a chosen op, for the tests and the bench's zoo.
 
-Each is a torch.compile-style backend `fn(gm, example_inputs) -> callable`, cheap (no compiler).
+Sandbox children import them by path, e.g. `"tests.support.backends:fail_on_relu"`, when the
+prefix `tests.support.backends` is in `MINIFY_ALLOWED_BACKENDS` (the `test_backends_allowed`
+fixture sets it) and the repo root is on PYTHONPATH (tests/conftest.py and bench/run.py put it there).
+
+The factories (`raise_on`, `signal_on`, `hang_on` ...) return a backend that behaves like eager
+unless the graph contains the chosen op (matched by its packet name: "relu" matches
+`aten.relu.default`), and then fails the chosen way; ready-made instances follow them. The
+backends after those are for the sandbox's own faults and the engine's guards.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx
 
-from minify_worker.testing_backends import _eager, has_op
-
 PREFIX = "tests.support.backends"
+
+Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+def op_name(target: Any) -> str:
+    """"relu" for `aten.relu.default`, the function name for anything else."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+def has_op(gm: fx.GraphModule, op: str) -> bool:
+    return any(node.op == "call_function" and op_name(node.target) == op for node in gm.graph.nodes)
+
+
+def _eager(gm: fx.GraphModule) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        return gm(*args)
+
+    return run
+
+
+def raise_on(op: str, error: type[Exception] = RuntimeError, message: str | None = None,
+             *, at: str = "compile") -> Backend:
+    """Raise `error(message)` when the graph has `op`: while compiling, or (`at="run"`) when run."""
+    text = message or f"injected failure on {op}"
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if not has_op(gm, op):
+            return _eager(gm)
+        if at == "compile":
+            raise error(text)
+
+        def run(*args: Any) -> Any:
+            raise error(text)
+
+        return run
+
+    return backend
+
+
+def raise_on_all(*ops: str, error: type[Exception] = RuntimeError) -> Backend:
+    """Raise while compiling a graph that has every op of `ops` (a bug that needs them together:
+    any one of them alone compiles)."""
+    text = f"injected failure on {' and '.join(ops)} together"
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if all(has_op(gm, op) for op in ops):
+            raise error(text)
+        return _eager(gm)
+
+    return backend
+
+
+def signal_on(op: str, signum: int = signal.SIGSEGV) -> Backend:
+    """Kill the compiling process with `signum` (a segfault by default) when the graph has `op`."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            time.sleep(60)
+        return _eager(gm)
+
+    return backend
+
+
+def hang_on(op: str, *, with_grandchild: bool = False) -> Backend:
+    """Sleep forever while compiling a graph that has `op` (optionally with a `sleep` child, like a stuck
+    compiler subprocess, to check that the whole process group dies)."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            if with_grandchild:
+                subprocess.Popen(["sleep", "3600"])
+            while True:
+                time.sleep(3600)
+        return _eager(gm)
+
+    return backend
+
+
+def exit_on(op: str, code: int = 3) -> Backend:
+    """Exit the process with `code`, bypassing Python's cleanup, when the graph has `op`."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            os._exit(code)
+        return _eager(gm)
+
+    return backend
+
+
+def wrong_on(op: str, delta: float = 1.0) -> Backend:
+    """Run eagerly but add `delta` to every floating-point result of `op` (an accuracy bug)."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        class Wrong(fx.Interpreter):
+            def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+                result = super().call_function(target, args, kwargs)
+                if op_name(target) == op and isinstance(result, torch.Tensor) and result.is_floating_point():
+                    return result + delta
+                return result
+
+        def run(*args: Any) -> Any:
+            return Wrong(gm).run(*args)
+
+        return run
+
+    return backend
+
+
+def oom_on(op: str) -> Backend:
+    """Raise the error an allocator raises when it runs out of memory, when the graph has `op`."""
+    return raise_on(op, torch.OutOfMemoryError, "CUDA out of memory. Tried to allocate 2.00 GiB", at="run")
+
+
+def kill_sandbox_on(op: str) -> Backend:
+    """SIGKILL the process that forked this one (the sandbox's fork server) when the graph has `op`."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)
+        return _eager(gm)
+
+    return backend
+
+
+def fail_once_on(op: str) -> Backend:
+    """Raise on `op` in the first process to compile it, pass everywhere after: a flaky failure.
+
+    "First" is decided by creating `fail-once-<op>` in `$MINIFY_TEST_MARKER_DIR` (O_EXCL), so
+    exactly one of several concurrent runs fails.
+    """
+    inner = raise_on(op)
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            marker = os.path.join(os.environ["MINIFY_TEST_MARKER_DIR"], f"fail-once-{op}")
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return _eager(gm)
+        return inner(gm, example_inputs)
+
+    return backend
+
+
+def first_match(*rules: tuple[str, Backend]) -> Backend:
+    """The backend of the first rule whose op the graph has; eager when none matches."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        for op, inner in rules:
+            if has_op(gm, op):
+                return inner(gm, example_inputs)
+        return _eager(gm)
+
+    return backend
+
+
+fail_on_relu = raise_on("relu")
+fail_on_relu_at_runtime = raise_on("relu", at="run")
+fail_on_cos = raise_on("cos", ValueError, "injected failure on cos")
+segfault_on_relu = signal_on("relu", signal.SIGSEGV)
+abort_on_relu = signal_on("relu", signal.SIGABRT)
+hang_on_relu = hang_on("relu")
+hang_with_grandchild_on_relu = hang_on("relu", with_grandchild=True)
+exit_on_relu = exit_on("relu")
+wrong_on_relu = wrong_on("relu")
+oom_on_relu = oom_on("relu")
+fail_on_sin_and_relu = raise_on_all("sin", "relu")
+fail_once_on_relu = fail_once_on("relu")
+kill_sandbox_on_relu = kill_sandbox_on("relu")
+fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
+fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))
+fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", kill_sandbox_on("sin")))
+# The bench's zoo (bench/zoo.py): two ops far apart in a model, and a wrong softmax.
+fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")
+fail_on_gelu_and_layer_norm = raise_on_all("gelu", "native_layer_norm")
+wrong_on_softmax = wrong_on("_softmax")
+
+# One backend that misbehaves a different way per op, so one warm pool can show every outcome.
+misbehave_by_op = first_match(
+    ("relu", raise_on("relu")),
+    ("neg", raise_on("neg", at="run")),
+    ("cos", raise_on("cos", ValueError, "injected failure on cos")),
+    ("sin", signal_on("sin", signal.SIGSEGV)),
+    ("tanh", hang_on("tanh", with_grandchild=True)),
+    ("exp", exit_on("exp")),
+    ("sigmoid", oom_on("sigmoid")),
+    ("abs", wrong_on("abs")),
+)
+
 CUDA_FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
                    "you must use the 'spawn' start method")
 
@@ -85,8 +290,6 @@ def device_assert_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Call
         return _eager(gm)
 
     def run(*args: Any) -> Any:
-        import torch
-
         values = torch.ones(4, device=args[0].device)
         values[torch.tensor([1 << 20], device=args[0].device)] += 1
         torch.cuda.synchronize(args[0].device)
@@ -98,8 +301,6 @@ def device_assert_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Call
 def _has_symbolic_sizes(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
     """Whether a placeholder's example value (dynamo's `example_value`, or `val`) or an example input
     has a SymInt size, or is a SymInt: what a dynamic compile gives a backend."""
-    import torch
-
     values = [node.meta.get(key) for node in gm.graph.nodes if node.op == "placeholder"
               for key in ("example_value", "val")]
     for value in [*values, *example_inputs]:

@@ -26,9 +26,8 @@ from pathlib import Path
 import httpx
 
 MARKER = "MINIFY_TEST_SERVICE"
-TESTING_BACKENDS = "minify_worker.testing_backends"
-# What the services tests start allow: the product's test backends and tests/support's.
-ALLOWED_BACKENDS = f"{TESTING_BACKENDS},tests.support.backends"
+# The test backends' module (tests/support/backends.py): the services tests start allow it.
+TEST_BACKENDS = "tests.support.backends"
 
 
 def free_port() -> int:
@@ -167,7 +166,7 @@ def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     marker = uuid.uuid4().hex
-    full_env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": ALLOWED_BACKENDS, **(env or {}), MARKER: marker}
+    full_env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS, **(env or {}), MARKER: marker}
     full_env.pop("MINIFY_REDIS_URL", None)
     if tokens:
         full_env["MINIFY_TOKENS"] = ",".join(tokens)

@@ -34,6 +34,8 @@ API (parent side)::
 
 A call target is a module-level function of `minify_worker` called in a child as
 `fn(context: ChildContext, **kwargs) -> dict` (JSON-safe); the context carries the value store.
+Both the pool and the child refuse any other module unless the pool's environment names its
+prefix in `MINIFY_ALLOWED_CALLS` (the tests do, for tests/support/calls.py).
 How a child ended becomes an `Outcome` in the pool: its reported outcome, else `TimedOut` (killed
 at its deadline), `Crashed(signal)`, `OutOfMemory` for an unexplained SIGKILL (the kernel's OOM
 killer), or `Crashed(0, ExitStatus)` for an exit without a report.
@@ -49,7 +51,7 @@ Modules, one concept each::
     __main__.py   `python -m minify_worker.sandbox`: the spawned fork server
 """
 
-from .child import CALL_PREFIX, REUSE_MEMORY_GROWTH_MB, ChildContext
+from .child import ALLOWED_CALLS_ENV, CALL_PREFIX, REUSE_MEMORY_GROWTH_MB, ChildContext, call_allowed
 from .limits import (
     ADDRESS_SPACE_SLACK_MB,
     CHILD_OPEN_FILES,
@@ -76,6 +78,7 @@ from .warmup import compile_cache_dir, fork_refusal, gpu_present, preload, warm_
 
 __all__ = [
     "ADDRESS_SPACE_SLACK_MB",
+    "ALLOWED_CALLS_ENV",
     "CALL_PREFIX",
     "CHILD_OPEN_FILES",
     "DEFAULT_REUSE_CUDA",
@@ -88,6 +91,7 @@ __all__ = [
     "SandboxError",
     "SandboxFault",
     "SandboxPool",
+    "call_allowed",
     "compile_cache_dir",
     "default_memory_bound_mb",
     "default_reuse",

@@ -23,7 +23,7 @@ from minify_client.models import JobSpec
 from .. import oracle
 from ..loader import PreparedProgram, ProgramError
 from ..outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict
-from .child import CALL_PREFIX
+from .child import ALLOWED_CALLS_ENV, call_allowed
 from .limits import (
     ADDRESS_SPACE_ENV,
     ADDRESS_SPACE_SLACK_MB,
@@ -160,9 +160,9 @@ class SandboxPool:
                     purpose: str = "call") -> Future[dict[str, Any]]:
         """Run `target(context, **kwargs)` in a child; the future resolves with its dict or raises
         `SandboxCallError`."""
-        module, _, name = target.partition(":")
-        if not module.startswith(CALL_PREFIX) or not name:
-            raise ValueError(f"call target {target!r} must be 'minify_worker.module:function'")
+        if not call_allowed(target, self._environment):
+            raise ValueError(f"call target {target!r} must be 'minify_worker.module:function' "
+                             f"(or in a module the pool's {ALLOWED_CALLS_ENV} allows)")
         return self._request("call", {"target": target, "kwargs": kwargs or {}}, timeout_s, purpose)
 
     def call(self, target: str, kwargs: dict[str, Any] | None = None,
