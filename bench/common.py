@@ -30,7 +30,7 @@ class RunResult:
     checks: int = 0
     checks_distinct: int | None = None
     checks_cached: int | None = None
-    original_runs: int = 0  # ours: runs of the original before reducing (not in its checks_total)
+    original_runs: int = 0  # ours: runs of the original (compiled once) before reducing (not in its checks_total)
     ops_initial: int | None = None
     ops_final: int | None = None
     inputs_final: int | None = None

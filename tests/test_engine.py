@@ -100,7 +100,7 @@ def test_a_program_that_does_not_fail_is_not_reproducible_with_the_reason(tmp_pa
 
     assert result.status is JobState.not_reproducible
     assert "did not fail" in (result.reason or "")
-    assert "passes 2x" in (result.reason or "")
+    assert "passes 3x" in (result.reason or "")  # compiled once, run 3 times
     assert result.report.elapsed_s < 60
     assert (tmp_path / "out" / "report.json").is_file()
 
@@ -199,17 +199,29 @@ def test_a_job_cancelled_while_preparing_ends_cancelled_at_once(tmp_path: Path) 
 
 
 def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_TEST_MARKER_DIR", str(tmp_path))
+                                                                   test_backends_allowed: None) -> None:
     program = chain_program(tmp_path, ("sin", "relu"))
+    flaky = spec("fail_on_relu").model_copy(update={"backend": "tests.support.backends:fail_first_run_on_relu"})
 
-    # One candidate at a time: the original runs first, so its run is the one that fails.
-    result = minify(program, spec("fail_once_on_relu", parallelism=1), tmp_path / "out")
+    # The original is compiled once and run 3 times in one child: only its first run fails.
+    result = minify(program, flaky, tmp_path / "out")
 
     assert result.report.flaky is True
-    assert (result.report.original_runs, result.report.original_failures) == (2, 1)
+    assert (result.report.original_runs, result.report.original_failures) == (3, 1)
     assert "flaky" in (result.reason or "")
     assert result.report.signature == "RuntimeError: injected failure on relu"
+
+
+def test_the_original_is_compiled_once_and_run_three_times(tmp_path: Path) -> None:
+    program = chain_program(tmp_path, ("sin", "relu"))
+
+    compile_error = minify(program, spec("fail_on_relu"), tmp_path / "compile")
+    runtime_error = minify(program, spec("fail_on_relu_at_runtime"), tmp_path / "runtime")
+
+    # A failure while compiling is one run; a runtime failure shows in every run of one compile.
+    assert (compile_error.report.original_runs, compile_error.report.original_failures) == (1, 1)
+    assert (runtime_error.report.original_runs, runtime_error.report.original_failures) == (3, 3)
+    assert not compile_error.report.flaky and not runtime_error.report.flaky
 
 
 def test_an_original_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:

@@ -336,3 +336,23 @@ def fail_on_relu_in_subgraph(gm: fx.GraphModule, example_inputs: list[Any]) -> C
     if any(has_op(module, "relu") for module in _subgraph_modules(gm)):
         raise RuntimeError("injected failure on relu in a subgraph")
     return _eager(gm)
+
+
+_relu_runs_in_this_process = 0
+
+
+def fail_first_run_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A flaky runtime failure: compiles fine; the first run of a graph with relu in a process
+    raises, later runs in that process pass (the original, compiled once and run 3 times, fails 1)."""
+    if not has_op(gm, "relu"):
+        return _eager(gm)
+    run = _eager(gm)
+
+    def flaky(*args: Any) -> Any:
+        global _relu_runs_in_this_process
+        _relu_runs_in_this_process += 1
+        if _relu_runs_in_this_process == 1:
+            raise RuntimeError("injected failure on relu")
+        return run(*args)
+
+    return flaky

@@ -39,10 +39,10 @@ from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
 
-# The original runs this many times, to find its signature and tell a flaky failure from a steady
-# one: the first run alone, the others beside the reduction; never fewer than 2, never more than
-# run at once.
-MAX_ORIGINAL_RUNS = 3
+# The original is compiled once and run this many times in one child, to find its signature and
+# tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
+# failure while compiling, a crash or a hang is one run).
+ORIGINAL_RUNS = 3
 # A candidate may take this many times the original's slowest run before it counts as a hang:
 # candidates are smaller, but their compiles can miss caches the original's warmed.
 TIMEOUT_FACTOR = 4.0
@@ -128,14 +128,14 @@ class _SandboxEvaluator:
                 self._started.append(self.pool)
             return self.pool
 
-    def submit(self, graph: fx.Graph, timeout_s: float | None = None) -> Future[Outcome]:
+    def submit(self, graph: fx.Graph, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]:
         outer: Future[Outcome] = Future()
-        self._submit(outer, graph, timeout_s)
+        self._submit(outer, graph, timeout_s, runs)
         return outer
 
-    def _submit(self, outer: Future[Outcome], graph: fx.Graph, timeout_s: float | None) -> None:
+    def _submit(self, outer: Future[Outcome], graph: fx.Graph, timeout_s: float | None, runs: int = 1) -> None:
         pool = self.live_pool()
-        inner = pool.submit(graph_to_wire(graph), timeout_s=timeout_s or self.timeout_s)
+        inner = pool.submit(graph_to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
         self._inner[outer] = inner
 
         def settle(done: Future[Outcome]) -> None:
@@ -146,7 +146,7 @@ class _SandboxEvaluator:
             elif isinstance(error, SandboxFault):
                 self._faulted(pool, error)
                 try:
-                    self._submit(outer, graph, timeout_s)
+                    self._submit(outer, graph, timeout_s, runs)
                 except SandboxError as final:
                     _settle(outer, error=final)
             elif isinstance(error, SandboxError):
@@ -226,7 +226,7 @@ class _Run:
         self.artifact_errors: dict[str, str] = {}
         self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
-        self._originals: list[Future[Outcome]] = []  # runs of the original, the first one first
+        self._originals: list[Future[Outcome]] = []  # the original's run (compiled once, run ORIGINAL_RUNS times)
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
         self._passing_durations: list[float] = []
         self._last_event = 0.0
@@ -305,8 +305,7 @@ class _Run:
 
     def _reproduce_and_reduce(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
         """Run the original, and reduce at once: candidates run while the original does, and are
-        judged once its signature is known (`_target`); the flakiness re-runs of the original run
-        alongside the reduction (`_confirm_original`)."""
+        judged once its signature is known (`_target`)."""
         self._start_original(evaluator, graph)
         status, reason = JobState.succeeded, None
         try:
@@ -320,7 +319,6 @@ class _Run:
         if status is JobState.cancelled:
             self._cancel_originals()
             return self._finish(status, reason)
-        self._confirm_original()
         reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
         self._emit(force=True, message="writing artifacts")
@@ -348,9 +346,7 @@ class _Run:
     def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
-        assert self.scheduler is not None
-        self._original_runs_wanted = max(2, min(MAX_ORIGINAL_RUNS, self.scheduler.parallelism))
-        self._originals = [evaluator.submit(graph, timeout_s=self._original_timeout())]
+        self._originals = [evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)]
         # The failure must depend on the program: the program with no ops runs beside it.
         self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
         self._emit(force=True, message="running the original")
@@ -359,38 +355,34 @@ class _Run:
         return oracle.still_fails(outcome, self._target(), self.spec.failure)
 
     def _target(self) -> Signature:
-        """The original's signature: waits for its first run; if that did not fail the wanted way,
-        for the other runs too. Raises `_Unreproduced` when none did, `Stopped` on a cancel."""
+        """The original's signature: waits for its run. Raises `_Unreproduced` when it did not fail
+        the wanted way in any of its runs, `Stopped` on a cancel."""
         if self.signature is not None:
             return self.signature
         failure = self.spec.failure
-        self._wait_for_originals(self._originals[:1])
-        target = _target_of([self._originals[0].result()], failure)
-        more = self._original_runs_wanted - 1
-        self._originals += [self._evaluator.submit(self._original, timeout_s=self._original_timeout())
-                            for _ in range(more)]
-        if target is None:  # maybe flaky: the other runs decide, before anything is judged
-            self._wait_for_originals(self._originals)
-            outcomes = [future.result() for future in self._originals]
-            self.original_runs = len(outcomes)
-            target = _target_of(outcomes, failure)
-            if target is None and all(outcome.kind == "invalid" for outcome in outcomes):
-                raise _Unreproduced(self._finish(
-                    JobState.failed, f"the program could not be run: {outcomes[0].message}"))  # type: ignore[union-attr]
-            if target is None:
-                raise _Unreproduced(self._finish(JobState.not_reproducible,
-                                                 _not_reproducible_reason(outcomes, self.spec)))
+        self._wait_for_originals(self._originals)
+        outcome = self._originals[0].result()
+        target = _target_of([outcome], failure)
+        self.original_runs = getattr(outcome, "runs", 1)
+        if target is None and outcome.kind == "invalid":
+            raise _Unreproduced(self._finish(
+                JobState.failed, f"the program could not be run: {outcome.message}"))  # type: ignore[union-attr]
+        if target is None:
+            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason([outcome], self.spec)))
         self._check_depends_on_program(target)
         self.signature = target
         assert self.scheduler is not None
         self.scheduler.remember(self._original, Fails(target))
-        finished = [future.result() for future in self._originals if future.done()]
+        self.original_failures = getattr(outcome, "failed_runs", 1)
+        self.flaky = self.original_failures < self.original_runs
+        if self.flaky:
+            self._emit(force=True, message=f"flaky: the original failed {self.original_failures} of "
+                                           f"{self.original_runs} runs")
         if target.kind == "timeout":
             self.candidate_timeout_s = self._first_timeout()
             self._evaluator.on_outcome = self._calibrate_hang_timeout
         else:
-            slowest = max(_duration(outcome) for outcome in finished)
-            calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * slowest)
+            calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
             bound = self.spec.limits.candidate_timeout_s
             self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
             self._evaluator.set_timeout(self.candidate_timeout_s)
@@ -421,17 +413,6 @@ class _Run:
         if self.candidate_timeout_s is None or calibrated < self.candidate_timeout_s:
             self.candidate_timeout_s = calibrated
             self._evaluator.set_timeout(calibrated)
-
-    def _confirm_original(self) -> None:
-        """Wait for the original's other runs (they ran alongside the reduction): flaky or not."""
-        assert self.signature is not None
-        wait_unless_stopped(self._evaluator, self._originals, self._stop_reason)  # a stop cancels the rest
-        outcomes = [future.result() for future in self._originals if future.done() and not future.cancelled()]
-        failing = [o for o in outcomes if oracle.still_fails(o, self.signature, self.spec.failure)]
-        self.original_runs, self.original_failures = len(outcomes), len(failing)
-        self.flaky = len(failing) < len(outcomes)
-        if self.flaky:
-            self._emit(force=True, message=f"flaky: the original failed {len(failing)} of {len(outcomes)} runs")
 
     def _verify_in_a_fresh_child(self) -> str | None:
         """Where children are reused, run the result once more in a child that ran nothing else: it
@@ -627,7 +608,9 @@ def _duration(outcome: Outcome) -> float:
 
 
 def _not_reproducible_reason(outcomes: list[Outcome], spec: JobSpec) -> str:
-    kinds = Counter(outcome.kind for outcome in outcomes)
+    kinds: Counter[str] = Counter()
+    for outcome in outcomes:
+        kinds[outcome.kind] += getattr(outcome, "runs", 1)
     seen = ", ".join(f"{kind} {count}x" for kind, count in sorted(kinds.items()))
     first_failure = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None), None)
     wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"

@@ -33,14 +33,22 @@ class Signature:
 
 @dataclass(frozen=True)
 class Passes:
+    """Every run passed. `runs` > 1 only for the original: compiled once, run that many times."""
+
     duration_s: float = 0.0
+    runs: int = 1
     kind: Literal["passes"] = "passes"
 
 
 @dataclass(frozen=True)
 class Fails:
+    """`signature` is the first failure; of `runs` runs of one compiled program (the original
+    runs several times, compiled once), `failed_runs` failed that way: fewer means flaky."""
+
     signature: Signature
     duration_s: float = 0.0
+    runs: int = 1
+    failed_runs: int = 1
     kind: Literal["fails"] = "fails"
 
 

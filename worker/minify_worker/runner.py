@@ -18,11 +18,13 @@ classified by the parent.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +131,7 @@ def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple
 
 
 def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec: JobSpec,
-                       workdir: Path) -> Outcome:
+                       workdir: Path, runs: int = 1) -> Outcome:
     """Build the candidate from its wire form and `run_candidate` it."""
     started = time.monotonic()
     try:
@@ -137,7 +139,7 @@ def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec:
     except Exception as error:
         return Invalid(message=f"cannot build the candidate: {type(error).__name__}: {error}",
                        duration_s=time.monotonic() - started)
-    outcome = run_candidate(gm, inputs, spec, workdir)
+    outcome = run_candidate(gm, inputs, spec, workdir, runs)
     damaged = damaged_cache_files(outcome)
     if damaged:
         # Not this candidate's failure: an earlier child was killed while writing these. Remove
@@ -146,7 +148,7 @@ def run_wire_candidate(wire_graph: dict[str, Any], values: dict[str, Any], spec:
             log.warning("removing a damaged compile cache entry: %s", path)
             path.unlink(missing_ok=True)
         gm, inputs = build_candidate(wire_graph, values)
-        outcome = run_candidate(gm, inputs, spec, workdir)
+        outcome = run_candidate(gm, inputs, spec, workdir, runs)
     return outcome
 
 
@@ -165,8 +167,13 @@ def damaged_cache_files(outcome: Outcome) -> list[Path]:
     return damaged
 
 
-def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path) -> Outcome:
-    """Compile `gm` with the spec's backend and config, run it on `inputs`, classify the result."""
+def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path, runs: int = 1) -> Outcome:
+    """Compile `gm` with the spec's backend and config, run it on `inputs`, classify the result.
+
+    With `runs` > 1 (the original) the program is compiled once and run that many times, so a
+    flaky runtime or accuracy failure shows as `Fails(failed_runs < runs)` without paying for
+    more compiles; a failure while compiling is one run.
+    """
     started = time.monotonic()
     try:
         apply_inductor_config(spec.config)
@@ -180,21 +187,51 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
             raise
         return Invalid(message=str(error), duration_s=time.monotonic() - started)
     if spec.failure.kind == "accuracy":
-        return _run_for_accuracy(gm, inputs, backend, spec, started)
+        return _run_for_accuracy(gm, inputs, backend, spec, started, runs)
     try:
         compiled = backend(gm, _clone_inputs(inputs))
     except Exception as error:
         return _failure(error, "compile_error", started)
-    try:
-        run_compiled(compiled, inputs)
-        _synchronize(spec.device)
-    except Exception as error:
-        return _failure(error, "runtime_error", started)
-    return Passes(duration_s=time.monotonic() - started)
+
+    def run_once() -> Outcome:
+        run_started = time.monotonic()
+        try:
+            # A program may write into its inputs: every run but a single one gets fresh copies.
+            run_compiled(compiled, inputs if runs == 1 else _clone_inputs(inputs))
+            _synchronize(spec.device)
+        except Exception as error:
+            return _failure(error, "runtime_error", run_started)
+        return Passes(duration_s=time.monotonic() - run_started)
+
+    return _repeated(run_once, runs, spec.device, time.monotonic() - started)
+
+
+def _repeated(run_once: Callable[[], Outcome], runs: int, device: str, compile_s: float) -> Outcome:
+    """Run a compiled program `runs` times: one outcome that counts the runs that failed like the
+    first failure. Its duration is the compile plus the slowest run, what one candidate would take.
+    Stops early after an outcome that is not a plain pass or failure (out of memory), or an
+    exception on CUDA (the context may be unusable after one)."""
+    outcomes: list[Outcome] = []
+    for _ in range(runs):
+        outcome = run_once()
+        outcomes.append(outcome)
+        if not isinstance(outcome, Passes | Fails):
+            break
+        if isinstance(outcome, Fails) and outcome.signature.kind != "accuracy" and device.startswith("cuda"):
+            break
+    duration = compile_s + max(getattr(outcome, "duration_s", 0.0) for outcome in outcomes)
+    first = next((outcome for outcome in outcomes if not isinstance(outcome, Passes)), None)
+    if first is None:
+        return Passes(duration_s=duration, runs=len(outcomes))
+    if not isinstance(first, Fails):
+        return first
+    failed = sum(1 for outcome in outcomes
+                 if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
+    return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
 
 
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
-                      started: float) -> Outcome:
+                      started: float, runs: int = 1) -> Outcome:
     import torch._dynamo.config as dynamo_config
     from torch._dynamo.debug_utils import cast_to_fp64
     from torch._dynamo.utils import same
@@ -222,22 +259,28 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
     except Exception as error:
         return _failure(error, "compile_error", started)
-    try:
-        result = run_compiled(compiled, _clone_inputs(inputs))
-        _synchronize(spec.device)
-    except Exception as error:
-        return _failure(error, "runtime_error", started)
-    divergences: list[str] = []
+    compile_s = time.monotonic() - started
 
-    def log_error(message: str, *args: Any) -> None:
-        divergences.append(message % args if args else message)
+    def run_once() -> Outcome:
+        run_started = time.monotonic()
+        try:
+            result = run_compiled(compiled, _clone_inputs(inputs))
+            _synchronize(spec.device)
+        except Exception as error:
+            return _failure(error, "runtime_error", run_started)
+        divergences: list[str] = []
 
-    passing = same(reference, result, fp64_reference, tol=spec.failure.tolerance, equal_nan=True,
-                   ignore_non_fp=not strict, log_error=log_error)
-    duration = time.monotonic() - started
-    if passing:
-        return Passes(duration_s=duration)
-    detail = "; ".join(divergences)[:2000] or "compiled result differs from eager"
-    signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="",
-                          text=f"{ACCURACY_EXC_TYPE}: {detail}")
-    return Fails(signature=signature, duration_s=duration)
+        def log_error(message: str, *args: Any) -> None:
+            divergences.append(message % args if args else message)
+
+        passing = same(reference, result, fp64_reference, tol=spec.failure.tolerance, equal_nan=True,
+                       ignore_non_fp=not strict, log_error=log_error)
+        duration = time.monotonic() - run_started
+        if passing:
+            return Passes(duration_s=duration)
+        detail = "; ".join(divergences)[:2000] or "compiled result differs from eager"
+        signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="",
+                              text=f"{ACCURACY_EXC_TYPE}: {detail}")
+        return Fails(signature=signature, duration_s=duration)
+
+    return _repeated(run_once, runs, spec.device, compile_s)

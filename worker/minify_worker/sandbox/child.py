@@ -150,7 +150,8 @@ def run_request(setup: ChildSetup, request: dict[str, Any]) -> dict[str, Any]:
         from ..runner import run_wire_candidate
 
         try:
-            outcome = run_wire_candidate(request["graph"], setup.values, setup.spec, setup.root / "tmp")
+            outcome = run_wire_candidate(request["graph"], setup.values, setup.spec, setup.root / "tmp",
+                                         runs=request.get("runs", 1))
         except EnvironmentFault as fault:
             return {"sandbox_error": str(fault)}
         return {"outcome": outcome_to_dict(outcome)}

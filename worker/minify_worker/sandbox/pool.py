@@ -151,10 +151,11 @@ class SandboxPool:
     # -- public API ---------------------------------------------------------------------------
 
     def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
-               purpose: str = "candidate", fresh: bool = False) -> Future[Outcome]:
+               purpose: str = "candidate", fresh: bool = False, runs: int = 1) -> Future[Outcome]:
         """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
-        child that ran no other candidate before (every child is fresh unless the pool reuses them)."""
-        return self._request("candidate", {"graph": wire_graph, "fresh": fresh}, timeout_s, purpose)
+        child that ran no other candidate before (every child is fresh unless the pool reuses them);
+        with `runs`, compiled once and run that many times (`runner.run_candidate`)."""
+        return self._request("candidate", {"graph": wire_graph, "fresh": fresh, "runs": runs}, timeout_s, purpose)
 
     def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,
                     purpose: str = "call") -> Future[dict[str, Any]]:
