@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config=json.loads(options.config),
         failure={"kind": options.kind},
         limits={"parallelism": options.parallelism},
+        shrink=False,  # torch's minifier does not shrink inputs: the bench compares the reductions
     )
     result = RunResult(case=options.case, minifier="ours" if options.preload else "ours-spawn", preload_s=preload_s)
 

@@ -112,6 +112,7 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
     assert "python repro.py" in page.inner_text("#result")
     facts = page.inner_text("dl.spec")
     assert "Time by phase" in facts and all(phase in facts for phase in report["phase_s"])
+    assert "[4, 4] → [1, 1]" in facts  # the input, before and after the shrink phase
     assert "forked from the warm worker" in facts
 
     with page.expect_download() as download_info:

@@ -81,6 +81,11 @@ class JobSpec(_Strict):
                     "program's ranges), auto (as torch.compile's automatic dynamic treats a dim it saw change: "
                     "symbolic unless the graph specializes it), static (every size concrete)",
     )
+    shrink: bool = Field(
+        default=True,
+        description="once the graph is minimal, halve its tensor inputs' dims while the failure holds (static "
+                    "shapes only; the shrink phase)",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -157,6 +162,13 @@ class TimelinePoint(BaseModel):
     checks: int
 
 
+class InputShape(BaseModel):
+    """One tensor input of the minimized program, as report.json lists it."""
+
+    shape: list[int]
+    dtype: str
+
+
 class Report(BaseModel):
     """report.json: what a compiler engineer reads first."""
 
@@ -192,7 +204,16 @@ class Report(BaseModel):
         default_factory=dict, description="artifacts that could not be written, and why (e.g. export refused)"
     )
     phase_s: dict[str, float] = Field(
-        default_factory=dict, description="seconds spent in each phase: prepare, reproduce, reduce, artifacts"
+        default_factory=dict, description="seconds spent in each phase: prepare, reproduce, reduce, shrink, artifacts"
+    )
+    input_shapes_original: dict[str, InputShape] = Field(
+        default_factory=dict,
+        description="the minimized program's tensor inputs before the shrink phase (the sizes they had in the "
+                    "original program), by input name",
+    )
+    input_shapes_final: dict[str, InputShape] = Field(
+        default_factory=dict,
+        description="the same inputs after the shrink phase: the sizes minimized.pt2, repro.py and inputs.pt use",
     )
     sandbox_start: str | None = Field(
         None, description="how the fork server started: 'fork' (from a preloaded worker) or 'spawn' (a fresh Python)"

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TextIO
 
-from minify_client.models import JobState, JobStatus, ProgressEvent
+from minify_client.models import JobState, JobStatus, ProgressEvent, Report
 
 
 class ProgressView(Protocol):
@@ -133,6 +133,17 @@ def progress_view(stream: TextIO, *, plain: bool | None = None) -> ProgressView:
     if plain is None:
         plain = not stream.isatty()
     return PlainProgress(stream) if plain else RichProgress(stream)
+
+
+def shrunk_inputs(report: Report) -> str | None:
+    """`inputs shrunk: x 256x128 → 1x1, w 128 → 1` for the inputs the shrink phase made smaller."""
+    def dims(shape: list[int]) -> str:
+        return "x".join(map(str, shape)) or "scalar"
+
+    changes = [f"{name} {dims(before.shape)} → {dims(after.shape)}"
+               for name, before in report.input_shapes_original.items()
+               if (after := report.input_shapes_final.get(name)) is not None and after.shape != before.shape]
+    return f"inputs shrunk: {', '.join(changes)}" if changes else None
 
 
 def summary(status: JobStatus) -> str:

@@ -356,3 +356,29 @@ def fail_first_run_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Cal
         return run(*args)
 
     return flaky
+
+
+# -- Size-dependent failures, for the shrink phase (tests/test_shrink.py) -----------------------
+
+
+def fail_on_relu_with_a_dim_of_64_or_more(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A size-dependent bug: compiling a graph with relu fails while some input has a dim of 64 or
+    more; smaller inputs compile (eager)."""
+    large = any(isinstance(value, torch.Tensor) and any(size >= 64 for size in value.shape)
+                for value in example_inputs)
+    if has_op(gm, "relu") and large:
+        raise RuntimeError("injected failure on relu with a dim of 64 or more")
+    return _eager(gm)
+
+
+def fail_after_running_view_and_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails at run time on a graph with both view and relu, after running it eagerly: a view to a
+    literal size its (shrunk) input no longer has raises its own error first."""
+    if not (has_op(gm, "view") and has_op(gm, "relu")):
+        return _eager(gm)
+
+    def run(*args: Any) -> Any:
+        gm(*args)
+        raise RuntimeError("injected failure on view and relu")
+
+    return run

@@ -29,8 +29,9 @@ from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
 from . import signatures
 from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
-from .graph import META_VALUE, graph_from_wire, placeholders, subgraph_of, subgraphs, to_graph_module
+from .graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, subgraph_of, subgraphs, to_graph_module
 from .outcomes import Signature, signature_from_dict
+from .shrink import narrowed
 
 MINIMIZED = "minimized.pt2"
 INPUTS = "inputs.pt"
@@ -103,15 +104,16 @@ def write_program_files(
 
 
 def graph_inputs(graph: fx.Graph, values: Mapping[str, InputValue]) -> tuple[InputValue, ...]:
-    """The values of `graph`'s placeholders, in order, on the CPU (as the value store keeps them)."""
+    """The values of `graph`'s placeholders, in order, on the CPU (as the value store keeps them; a
+    shrunk input sliced to its `minify_narrow` sizes, as the candidate read it: `shrink.narrowed`)."""
     inputs = []
     for node in placeholders(graph):
         key = node.meta.get(META_VALUE, node.name)
         if key not in values:
             raise KeyError(f"placeholder {node.name!r}: no value {key!r} in the value store")
-        # As stored, not cloned: torch.save keeps a view's strides and offset, which a
-        # layout-sensitive compiler bug may need.
-        inputs.append(values[key])
+        # As stored (a shrunk input as its candidate read it), not cloned: torch.save keeps a
+        # view's strides and offset, which a layout-sensitive compiler bug may need.
+        inputs.append(narrowed(values[key], node.meta.get(META_NARROW)))
     return tuple(inputs)
 
 

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from minify_client.models import JobState, ProgressEvent
+from minify_client.progress import shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -97,6 +98,9 @@ def _print_summary(result, out_dir: Path) -> None:
     if report.nodes_original is not None:
         print(f"ops: {report.nodes_original} -> {report.nodes_final}   checks: {report.checks_total} "
               f"({report.checks_cached} cached)   {report.elapsed_s:.1f}s")
+    inputs = shrunk_inputs(report)
+    if inputs:
+        print(inputs)
     if report.graph_code:
         print(report.graph_code.rstrip())
     if result.artifacts:
@@ -111,6 +115,7 @@ class _ProgressDisplay:
         self._progress = None
         self._task = None
         self._last_line: tuple | None = None
+        self._last_message: str | None = None
 
     def __enter__(self) -> _ProgressDisplay:
         if self.enabled and sys.stderr.isatty():
@@ -145,8 +150,10 @@ class _ProgressDisplay:
                                   checks=checks)
             return
         line = (event.phase, event.nodes_current, event.status)
-        if line != self._last_line or event.type != "progress":
-            self._last_line = line
+        # A new message counts too: the shrink phase's steps change neither phase nor op count.
+        fresh_message = event.message is not None and event.message != self._last_message
+        if line != self._last_line or event.type != "progress" or fresh_message:
+            self._last_line, self._last_message = line, event.message or self._last_message
             text = event.message or ""
             print(f"[{event.elapsed_s:7.1f}s] {event.phase:<22} ops {nodes:<9} checks {checks} {text}".rstrip(),
                   file=sys.stderr, flush=True)

@@ -1,7 +1,8 @@
 """The engine's entry point: minify one program, offline or inside an RQ job (docs/internals.md).
 
 prepare (sandbox child) → reproduce the original several times (target signature, flakiness,
-calibrated timeout) → reduce with the strategies (scheduler, sandbox children) → artifacts.
+calibrated timeout) → reduce with the strategies (scheduler, sandbox children) → shrink the
+inputs of the minimal graph (shrink.py, same scheduler) → artifacts.
 User errors (a bad upload, a program that does not fail) come back as results, never raised.
 """
 
@@ -22,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
-from minify_worker import artifacts, environment, oracle, strategies
+from minify_worker import artifacts, environment, oracle, shrink, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
@@ -224,6 +225,7 @@ class _Run:
         self.original_runs = 0
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
+        self._unshrunk: fx.Graph | None = None  # the minimal graph the shrink phase started from
         self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._originals: list[Future[Outcome]] = []  # the original's run (compiled once, run ORIGINAL_RUNS times)
@@ -311,6 +313,7 @@ class _Run:
         try:
             reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
             self._target()  # a graph that offered no candidate at all never asked for it
+            self._shrink_inputs()
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
                 self._cancel_originals()
@@ -439,6 +442,25 @@ class _Run:
         if reason:
             raise Stopped(reason)
 
+    def _shrink_inputs(self) -> None:
+        """The shrink phase (shrink.py), unless the spec turns it off: halve the minimal graph's
+        tensor inputs while the failure holds; a graph it cannot shrink says why."""
+        if not self.spec.shrink or self.best is None:
+            return
+        assert self.scheduler is not None
+        self._enter_phase("shrink")
+        self._unshrunk = self.best
+        skipped = shrink.not_shrinkable(self.best, self.spec.dynamic)
+        if skipped:
+            self._emit(force=True, message=f"shrink skipped: {skipped}")
+            return
+        kept = shrink.kept_inputs(self.best)
+        self._emit(force=True, message=f"shrinking {shrink.shapes_text(self.best)}"
+                                       + (f"; kept as they are (not tensors): {', '.join(kept)}" if kept else ""))
+        done = shrink.shrink(self.scheduler, self.best, on_accept=self._accepted)
+        self._emit(force=True, message=f"shrunk to {shrink.shapes_text(done.graph)} in {done.checks} checks"
+                   if done.accepted else f"no input could shrink ({done.checks} checks)")
+
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
 
@@ -486,6 +508,7 @@ class _Run:
                       "candidate that passed once may fail on another run; the result may not be minimal")
         stats = self.scheduler.stats if self.scheduler else None
         best = self.best
+        succeeded = best is not None and status is JobState.succeeded
         report = Report(
             status=status,
             reason=reason,
@@ -512,6 +535,8 @@ class _Run:
             artifact_errors=self.artifact_errors,
             phase_s=self.phase_s,
             sandbox_start=self.sandbox_start,
+            input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
+            input_shapes_final=shrink.input_shapes(best) if succeeded else {},
         )
         files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))

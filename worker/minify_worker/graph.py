@@ -2,9 +2,10 @@
 
 A program is a flat `torch.fx.Graph`: placeholders (parameters, buffers, constants, user inputs
 and promoted intermediates), `call_function` nodes, one `output` node returning a flat tuple.
-Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_tensor`, and two
+Nodes carry only small JSON-safe meta (`minify_value`, `minify_kind`, `minify_tensor`, and three
 additions: `minify_role` on placeholders, `minify_scalar` = "int" | "float" | "bool" on scalar
-nodes), never FakeTensors, so graphs are cheap to copy and to send to sandbox children.
+nodes, `minify_narrow` on a placeholder the shrink phase made smaller: shrink.py), never
+FakeTensors, so graphs are cheap to copy and to send to sandbox children.
 
 A higher-order op (`torch.cond`, `while_loop`, `map`, flex attention, ...) is one call_function
 node; each subgraph it calls is a `get_attr` node (target = its own name) whose
@@ -36,7 +37,8 @@ META_ROLE = "minify_role"
 META_SCALAR = "minify_scalar"
 META_TAKEN = "minify_taken"
 META_SUBGRAPH = "minify_subgraph"
-_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR, META_TAKEN)
+META_NARROW = "minify_narrow"
+_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR, META_TAKEN, META_NARROW)
 
 _BODY_OPS = ("call_function", "get_attr")
 
@@ -434,13 +436,15 @@ def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
 
 
 def structural_hash(graph: fx.Graph) -> str:
-    """Hash invariant to node names: nodes numbered in order, placeholders by minify_value."""
+    """Hash invariant to node names: nodes numbered in order, placeholders by minify_value (and the
+    sizes they are narrowed to, when shrunk: two sizes are two candidates)."""
     index: dict[fx.Node, int] = {}
     lines = []
     for position, node in enumerate(graph.nodes):
         index[node] = position
         if node.op == "placeholder":
-            lines.append(f"placeholder {node.meta.get(META_VALUE, node.target)!r}")
+            narrow = f" narrow {node.meta[META_NARROW]!r}" if META_NARROW in node.meta else ""
+            lines.append(f"placeholder {node.meta.get(META_VALUE, node.target)!r}{narrow}")
         elif node.op == "call_function":
             lines.append(f"call {target_name(node.target)} {_hash_text(node.args, index)} "
                          f"{_hash_text(node.kwargs, index)}")

@@ -114,8 +114,11 @@ def _failure(error: BaseException, kind: str, started: float) -> Outcome:
 
 
 def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple[fx.GraphModule, list[Any]]:
-    """The candidate's GraphModule and its inputs, in placeholder order, from the value store."""
-    from .graph import graph_from_wire, to_graph_module
+    """The candidate's GraphModule and its inputs, in placeholder order, from the value store
+    (a shrunk input sliced to its `minify_narrow` sizes: `shrink.narrowed`; a graph whose ops do
+    not fit them is refused: `shrink.check_sizes`)."""
+    from .graph import META_NARROW, graph_from_wire, to_graph_module
+    from .shrink import check_sizes, narrowed
 
     graph = graph_from_wire(wire_graph)
     gm = to_graph_module(graph)
@@ -126,7 +129,9 @@ def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple
         key = node.meta.get("minify_value", node.name)
         if key not in values:
             raise KeyError(f"input {node.name!r} has no value {key!r} in the value store")
-        inputs.append(values[key])
+        inputs.append(narrowed(values[key], node.meta.get(META_NARROW)))
+    if any(META_NARROW in node.meta for node in gm.graph.nodes if node.op == "placeholder"):
+        check_sizes(gm, inputs)
     return gm, inputs
 
 

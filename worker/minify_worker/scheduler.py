@@ -126,10 +126,12 @@ class Scheduler:
         """Seed the memo, e.g. with the original program's outcome."""
         self._memo[structural_hash(graph)] = outcome
 
-    def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate]) -> Candidate | None:
-        """The first candidate, in the given order, that is smaller than `current` and still fails."""
+    def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate], *,
+                      size: Callable[[fx.Graph], tuple[int, ...]] = size_key) -> Candidate | None:
+        """The first candidate, in the given order, that is smaller than `current` (by `size`:
+        `graph.size_key`, op count first, unless a phase measures otherwise) and still fails."""
         source = iter(candidates)
-        current_size = size_key(current)
+        current_size = size(current)
         current_key = structural_hash(current)
         current_kinds = _op_kinds(current)
         lookahead = LOOKAHEAD_PER_SLOT * self._parallelism
@@ -150,7 +152,8 @@ class Scheduler:
                     if candidate is None:
                         exhausted = True
                     else:
-                        pending = self._read(candidate, current_key, current_size, current_kinds)
+                        pending = self._read(candidate, size(candidate.graph) < current_size, current_key,
+                                             current_kinds)
                         if pending is not None:
                             window.append(pending)
                     continue
@@ -169,10 +172,10 @@ class Scheduler:
                 if not pending.done and pending.future is not None:
                     self._release(pending)
 
-    def _read(self, candidate: Candidate, current_key: str, current_size: tuple[int, ...],
+    def _read(self, candidate: Candidate, smaller: bool, current_key: str,
               current_kinds: frozenset[str]) -> _Pending | None:
         """A pending entry for the candidate (answered at once from the memo), or None if moot."""
-        if size_key(candidate.graph) >= current_size:
+        if not smaller:
             return None
         key = structural_hash(candidate.graph)
         if key == current_key:

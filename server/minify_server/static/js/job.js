@@ -170,12 +170,25 @@ export function renderJob(root, id) {
     if (result?.torch_version) rows.push(["Torch", result.torch_version]);
     if (result?.candidate_timeout_s) rows.push(["Candidate timeout", formatDuration(result.candidate_timeout_s)]);
     if (result?.original_runs) rows.push(["Original runs", `${result.original_failures} of ${result.original_runs} failed`]);
+    const inputs = inputShapesText(result);
+    if (inputs) rows.push(["Inputs", inputs]);
     const phases = Object.entries(result?.phase_s || {});
     if (phases.length) rows.push(["Time by phase", phases.map(([name, seconds]) => `${name} ${formatDuration(seconds)}`).join(" · ")]);
     if (result?.sandbox_start) {
       rows.push(["Sandbox", result.sandbox_start === "fork" ? "forked from the warm worker" : "started a fresh Python"]);
     }
     specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
+  }
+
+  /** "x: float32 [256, 128] → [1, 1]" a line per tensor input: its sizes before and after the shrink phase. */
+  function inputShapesText(result) {
+    const final = Object.entries(result?.input_shapes_final || {});
+    const shape = (entry) => `[${entry.shape.join(", ")}]`;
+    return final.map(([name, after]) => {
+      const before = result.input_shapes_original?.[name];
+      const shrunk = before && shape(before) !== shape(after) ? `${shape(before)} → ` : "";
+      return `${name}: ${after.dtype} ${shrunk}${shape(after)}`;
+    }).join("\n");
   }
 
   function renderEnvironment() {

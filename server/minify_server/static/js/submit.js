@@ -51,6 +51,7 @@ function specFrom(form) {
     },
     config: parseConfigLines(String(data.get("config") || "")),
     limits,
+    shrink: data.get("shrink") === "on",
   };
 }
 
@@ -76,6 +77,8 @@ export function renderSubmit(root) {
       field("Config overrides", h("textarea", { name: "config", rows: 3, spellcheck: "false",
         placeholder: "cpp.inject_relu_bug_TESTING_ONLY=compile_error" }), "torch._inductor.config, one KEY=VALUE a line"),
       h("label", { class: "field checkbox" }, h("input", { type: "checkbox", name: "strict_accuracy" }), "Strict accuracy"),
+      h("label", { class: "field checkbox" }, h("input", { type: "checkbox", name: "shrink", checked: true }),
+        "Shrink the inputs once minimal"),
     ),
     h("datalist", { id: "backend-names" }, BACKENDS.map((name) => h("option", { value: name }))),
     h("datalist", { id: "device-names" }, ["cpu", "cuda", "cuda:0"].map((name) => h("option", { value: name }))),
