@@ -374,13 +374,13 @@ class _Run:
             raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason([outcome], self.spec)))
         self._check_depends_on_program(target)
         self.signature = target
-        assert self.scheduler is not None
-        self.scheduler.remember(self._original, Fails(target))
         self.original_failures = getattr(outcome, "failed_runs", 1)
         self.flaky = self.original_failures < self.original_runs
         if self.flaky:
             self._emit(force=True, message=f"flaky: the original failed {self.original_failures} of "
                                            f"{self.original_runs} runs")
+        assert self.scheduler is not None
+        self.scheduler.remember(self._original, Fails(target))
         if target.kind == "timeout":
             self.candidate_timeout_s = self._first_timeout()
             self._evaluator.on_outcome = self._calibrate_hang_timeout
