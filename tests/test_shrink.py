@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.fx as fx
 
+from examples.programs import Chain
 from minify_client.models import JobSpec, JobState, ProgressEvent
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import graph as g
@@ -230,17 +231,6 @@ def test_the_phase_stops_at_its_check_budget() -> None:
 # --- the engine ------------------------------------------------------------------------------
 
 
-class Elementwise(torch.nn.Module):
-    def __init__(self, ops: tuple[str, ...]) -> None:
-        super().__init__()
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for name in self.ops:
-            x = getattr(torch, name)(x)
-        return x
-
-
 class ViewRelu(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x.view(256 * 128)).cos()
@@ -267,7 +257,7 @@ def run_job(directory: Path, program: Path, backend: str, **spec: object) -> tup
 def relu_job(tmp_path_factory: pytest.TempPathFactory) -> MinifyResult:
     """sin, relu, cos on a 256x128 input; compiling relu fails whatever the sizes."""
     directory = tmp_path_factory.mktemp("relu")
-    program = save(Elementwise(("sin", "relu", "cos")), directory, torch.randn(256, 128))
+    program = save(Chain(("sin", "relu", "cos")), directory, torch.randn(256, 128))
     result, _ = run_job(directory, program, "fail_on_relu")
     return result
 
@@ -305,7 +295,7 @@ def test_the_repro_reproduces_with_the_shrunk_shapes_in_a_fresh_process(relu_job
 
 
 def test_a_size_dependent_bug_stops_at_the_smallest_size_that_fails(tmp_path: Path) -> None:
-    program = save(Elementwise(("sin", "relu", "cos")), tmp_path, torch.randn(256, 128))
+    program = save(Chain(("sin", "relu", "cos")), tmp_path, torch.randn(256, 128))
 
     result, _ = run_job(tmp_path, program, "fail_on_relu_with_a_dim_of_64_or_more")
 
@@ -329,7 +319,7 @@ def test_a_view_to_a_literal_size_keeps_its_input_size_and_the_failure(tmp_path:
 
 def test_a_program_with_dynamic_dims_is_not_shrunk_and_says_why(tmp_path: Path) -> None:
     batch = torch.export.Dim("batch", min=2, max=512)
-    program = save(Elementwise(("sin", "relu")), tmp_path, torch.randn(256, 16), dynamic_shapes={"x": {0: batch}})
+    program = save(Chain(("sin", "relu")), tmp_path, torch.randn(256, 16), dynamic_shapes={"x": {0: batch}})
 
     result, events = run_job(tmp_path, program, "fail_on_relu")
 
@@ -340,7 +330,7 @@ def test_a_program_with_dynamic_dims_is_not_shrunk_and_says_why(tmp_path: Path) 
 
 
 def test_no_shrink_keeps_the_sizes_and_skips_the_phase(tmp_path: Path) -> None:
-    program = save(Elementwise(("sin", "relu")), tmp_path, torch.randn(64, 8))
+    program = save(Chain(("sin", "relu")), tmp_path, torch.randn(64, 8))
 
     result, _ = run_job(tmp_path, program, "fail_on_relu", shrink=False)
 
