@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +30,23 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sandbox children may import the test backends (tests/support/backends.py)."""
     monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")
+
+
+# -- the client's tests against a scripted server (test_client_cli.py, test_client_retry.py) ----
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A `ScriptedServer` (tests/test_client_support.py) on a loopback port, for this test."""
+    from tests.test_client_support import ScriptedServer
+
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    """A file the client uploads as it is: the scripted server never loads it."""
+    path = tmp_path / "relu_cos.pt2"
+    path.write_bytes(b"PK-not-really-a-program")
+    return path

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from minify_client.models import JobState, ProgressEvent
-from tests.test_client_support import (
+from tests.test_client_support import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
     closed_port_url,
@@ -41,19 +41,6 @@ def run_cli(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | No
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MINIFY_SERVER", "MINIFY_TOKEN")}
     return {**env, **(extra or {})}
-
-
-@pytest.fixture
-def server():
-    with ScriptedServer() as scripted:
-        yield scripted
-
-
-@pytest.fixture
-def program(tmp_path: Path) -> Path:
-    path = tmp_path / "relu_cos.pt2"
-    path.write_bytes(b"PK-not-really-a-program")
-    return path
 
 
 def serve_finished_job(server: ScriptedServer, state: JobState, reason: str | None = None) -> None:

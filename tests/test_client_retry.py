@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from minify_client import Client, ConnectionFailed, JobState, ServerError
-from tests.test_client_support import (
+from tests.test_client_support import (  # fixtures server and program: tests/conftest.py
     Exchange,
     Handler,
     ScriptedServer,
@@ -21,19 +20,6 @@ from tests.test_client_support import (
     job_status,
     serve_job,
 )
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as scripted:
-        yield scripted
-
-
-@pytest.fixture
-def program(tmp_path: Path) -> Path:
-    path = tmp_path / "relu_cos.pt2"
-    path.write_bytes(b"PK-not-really-a-program")
-    return path
 
 
 def answers(*handlers: Handler) -> Handler:
