@@ -237,6 +237,31 @@ def _submit(client: Any, program: Path, backend: str) -> str:
     return response.json()["id"]
 
 
+def test_a_job_no_worker_serves_says_so_and_the_wait_keeps_counting(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    # The service's worker serves the cpu queue only: a cuda job waits, and its page says why.
+    with service.client() as client:
+        spec = {"backend": "eager", "device": "cuda"}
+        program = program_dir / "relu_cos.pt2"
+        created = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
+                              data={"spec": json.dumps(spec)})
+        created.raise_for_status()
+        job_id = created.json()["id"]
+        try:
+            page = browser.new_page(viewport=LAPTOP)
+            page.goto(f"{service.url}/#/jobs/{job_id}")
+            warning = page.locator("#job-warnings")
+            warning.wait_for(timeout=10_000)
+            first = warning.inner_text()
+            assert first.startswith("No worker has served the cuda queue for "), first
+            # No event comes while a job waits: the page asks again, and the count moves on.
+            page.wait_for_function("(first) => document.querySelector('#job-warnings').textContent !== first",
+                                   arg=first, timeout=15_000)
+            assert warning.inner_text().startswith("No worker has served the cuda queue for ")
+        finally:
+            client.delete(f"/v1/jobs/{job_id}")
+
+
 def test_a_refused_upload_shows_the_servers_reason_on_the_form(
         browser: Any, service: Service, tmp_path: Path) -> None:
     not_a_program = tmp_path / "notes.pt2"

@@ -27,6 +27,9 @@ const OUTCOME_WORDS = {
   invalid: "could not be built",
 };
 const LOG_LINES_KEPT = 300;
+
+// How often the page asks again about a job that waits in its queue (its warnings change).
+const QUEUED_REFRESH_MS = 5000;
 const RECONNECT_MS = 2000;
 
 function plural(count, noun) {
@@ -488,11 +491,17 @@ export function renderJob(root, id) {
 
   // --- start ---------------------------------------------------------------------------------------
   const ticker = setInterval(renderElapsed, 1000);
+  // A queued job's warnings ("no worker has served the cuda queue for 40 s") are the server's
+  // words when asked: ask again while the job waits, so they stay true (the stream is quiet then).
+  const queuedRefresh = setInterval(() => {
+    if (job && job.status === "queued" && !stopped) loadJob().catch(() => {});
+  }, QUEUED_REFRESH_MS);
   loadJob().then(openStream, showError);
 
   return () => {
     stopped = true;
     clearInterval(ticker);
+    clearInterval(queuedRefresh);
     clearTimeout(reconnectTimer);
     clearTimeout(confirmTimer);
     closeStream();
