@@ -358,6 +358,32 @@ def fail_first_run_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Cal
     return flaky
 
 
+
+# -- Judging candidates while the original runs (tests/test_engine_speculation.py) -------------
+
+
+def fail_on_relu_slowly_when_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails on relu; the whole program (sin, relu and cos together) takes 8 s to fail, so
+    candidates finish while the original still runs."""
+    if has_op(gm, "relu"):
+        if has_op(gm, "sin") and has_op(gm, "cos"):
+            time.sleep(8)
+        raise RuntimeError("injected failure on relu")
+    return _eager(gm)
+
+
+def fail_on_relu_slowly_or_at_once_on_cos(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails on relu, after 8 s for the whole program (sin, relu and cos) and 2 s for a part; a
+    graph with cos and no relu fails at once, with another error: the first failing candidate
+    does not fail the way the original does."""
+    if has_op(gm, "relu"):
+        time.sleep(8 if has_op(gm, "sin") and has_op(gm, "cos") else 2)
+        raise RuntimeError("injected failure on relu")
+    if has_op(gm, "cos"):
+        raise ValueError("injected failure on cos")
+    return _eager(gm)
+
+
 # -- Size-dependent failures, for the shrink phase (tests/test_shrink.py) -----------------------
 
 

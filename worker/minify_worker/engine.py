@@ -1,8 +1,9 @@
 """The engine's entry point: minify one program, offline or inside an RQ job (docs/internals.md).
 
-prepare (sandbox child) → reproduce the original several times (target signature, flakiness,
-calibrated timeout) → reduce with the strategies (scheduler, sandbox children) → shrink the
-inputs of the minimal graph (shrink.py, same scheduler) → artifacts.
+prepare (sandbox child) → reproduce the original, compiled once and run 3 times (target signature,
+flakiness, calibrated timeout), while the reduction starts, judging against the first candidate
+failure until the original's is known → reduce with the strategies (scheduler, sandbox children)
+→ shrink the inputs of the minimal graph (shrink.py, same scheduler) → artifacts.
 User errors (a bad upload, a program that does not fail) come back as results, never raised.
 """
 
@@ -230,6 +231,8 @@ class _Run:
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._originals: list[Future[Outcome]] = []  # the original's run (compiled once, run ORIGINAL_RUNS times)
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
+        self._provisional: Signature | None = None  # the target guessed while the original runs
+        self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
         self._passing_durations: list[float] = []
         self._last_event = 0.0
         self._event_lock = threading.Lock()
@@ -306,13 +309,22 @@ class _Run:
             evaluator.close()
 
     def _reproduce_and_reduce(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
-        """Run the original, and reduce at once: candidates run while the original does, and are
-        judged once its signature is known (`_target`)."""
+        """Run the original, and reduce at once: candidates run while the original does, judged
+        against the first candidate failure until the original's own is known (`_still_fails`);
+        if the original turns out to fail otherwise, the reduction starts over (`_Restart`)."""
         self._start_original(evaluator, graph)
         status, reason = JobState.succeeded, None
         try:
-            reduce(self.scheduler, graph, self._context(), strategies.PASSES, on_accept=self._accepted)
-            self._target()  # a graph that offered no candidate at all never asked for it
+            while True:
+                try:
+                    reduce(self.scheduler, graph, self._context(), strategies.PASSES,
+                           on_accept=self._accepted)
+                    self._target()  # a graph that offered no candidate at all never asked for it
+                    break
+                except _Restart as restart:
+                    self.best = graph
+                    self._record_point()
+                    self._emit(force=True, graph=graph, message=str(restart))
             self._shrink_inputs()
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
@@ -355,7 +367,29 @@ class _Run:
         self._emit(force=True, message="running the original")
 
     def _still_fails(self, outcome: Outcome) -> bool:
+        if self.signature is None and not self._originals[0].done():
+            verdict = self._provisional_verdict(outcome)
+            if verdict is not None:
+                return verdict
         return oracle.still_fails(outcome, self._target(), self.spec.failure)
+
+    def _provisional_verdict(self, outcome: Outcome) -> bool | None:
+        """Judge `outcome` while the original still runs (its compile is often the longest of the
+        job), so the reduction goes on meanwhile: against the first candidate failure that is the
+        kind of failure asked for, the likeliest to be the original's. Each verdict is kept, and
+        checked once the original's failure is known (`_target`): one that differs then restarts
+        the reduction from the original (`_Restart`). None: wait for the original (a hang or an
+        out-of-memory, whose judgment depends on what the original did)."""
+        signature = oracle.outcome_signature(outcome)
+        if signature is None:
+            return False  # a pass, or a candidate that could not run: never the failure
+        if signature.kind in ("timeout", "oom"):
+            return None
+        if self._provisional is None and oracle.still_fails(outcome, signature, self.spec.failure):
+            self._provisional = signature
+        verdict = self._provisional is not None and oracle.still_fails(outcome, self._provisional, self.spec.failure)
+        self._provisional_verdicts.add((outcome, verdict))
+        return verdict
 
     def _target(self) -> Signature:
         """The original's signature: waits for its run. Raises `_Unreproduced` when it did not fail
@@ -391,6 +425,12 @@ class _Run:
             self._evaluator.set_timeout(self.candidate_timeout_s)
         self._enter_phase("reduce")
         self._emit(force=True, message=f"reproduced: {target}")
+        wrong = [outcome for outcome, verdict in self._provisional_verdicts
+                 if oracle.still_fails(outcome, target, failure) != verdict]
+        self._provisional_verdicts.clear()
+        if wrong:
+            raise _Restart(f"the original fails with {target}, not as the first failing candidate did "
+                           f"({self._provisional}): reducing again from the original")
         return target
 
     def _check_depends_on_program(self, target: Signature) -> None:
@@ -598,6 +638,11 @@ class _Run:
             self.on_event(event)
         except Exception:  # a broken subscriber must not break the job
             log.exception("progress callback failed")
+
+
+class _Restart(Exception):
+    """Candidates were judged against a guess of the original's failure, and the original failed
+    otherwise: the reduction starts again from the original (outcomes stay memoized)."""
 
 
 class _Unreproduced(Exception):
