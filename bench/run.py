@@ -39,7 +39,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 CASE_NAMES = ("relu_cos", "transformer_layer", "transformer_stack4", "transformer_layer_core")
 DEFAULT_CASES = CASE_NAMES[:3]  # the last shows torch's drift; it is not a speed comparison
-ZOO_MODELS = ("resnet", "bert", "gpt2")  # bench/zoo.py's MODELS and FAILURES (it imports torch)
+# bench/zoo.py's MODELS and FAILURES (it imports torch); the tv_ and hf_ models need torchvision and
+# transformers, and are skipped where those do not import.
+ZOO_MODELS = ("resnet", "bert", "gpt2", "tv_resnet18", "tv_mobilenet_v3_small", "hf_bert", "hf_gpt2")
 ZOO_FAILURES = ("relu_compile", "two_ops", "softmax_accuracy")
 
 
@@ -453,6 +455,10 @@ def run_zoo(options: argparse.Namespace) -> int:
     started = time.perf_counter()
     rows: list[tuple[str, int, RunResult, RunResult]] = []
     for model in options.models:
+        missing = zoo.missing_library(model)
+        if missing:
+            print(f"{model}: skipped, {missing}", flush=True)
+            continue
         for failure_name in options.failures:
             failure = zoo.FAILURES[failure_name]
             saved = zoo.save_zoo_case(model, failure, options.work / "zoo")

@@ -1,10 +1,13 @@
 """The model zoo: real architectures with random weights, built here (nothing is downloaded).
 
-Neither torchvision nor transformers installs beside this project's torch, so the models are
-written by hand, small but complete: a ResNet (convolutions, batch norm, relu, pooling, a softmax
-head), a BERT encoder (word, position and type embeddings, self-attention, layer norms, gelu, a
-tanh pooler) and a GPT-2 decoder (causal self-attention, pre-norm blocks, gelu, a tied LM head
-with a softmax). Each is exported with `torch.export.export` in eval mode.
+Two kinds of model. Written by hand, small but complete, for where torchvision and transformers do
+not install (beside this project's torch 2.13 CPU build): a ResNet (convolutions, batch norm,
+relu, pooling, a softmax head), a BERT encoder (word, position and type embeddings,
+self-attention, layer norms, gelu, a tanh pooler) and a GPT-2 decoder (causal self-attention,
+pre-norm blocks, gelu, a tied LM head with a softmax). And the real ones, from their libraries'
+constructors and configs (`REAL_MODELS`: torchvision's ResNet-18 and MobileNetV3-small,
+transformers' BertModel and GPT2LMHeadModel, small configs), where those libraries import
+(`missing_library`). Each is exported with `torch.export.export` in eval mode.
 
 A zoo case is a model and a failure (`FAILURES`): the relu compile bug of inductor's C++ backend
 (models with a relu), a backend that fails only when two ops of different kinds are in one graph
@@ -13,6 +16,7 @@ A zoo case is a model and a failure (`FAILURES`): the relu compile bug of induct
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,18 +174,135 @@ def _token_inputs(length: int = 16) -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, 128, (2, length)),)
 
 
+def _bert_inputs() -> tuple[torch.Tensor, ...]:
+    """Token ids, token types (all 0), attention mask (all 1): the hand-written Bert's order."""
+    return (*_token_inputs(), torch.zeros(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))
+
+
+def _hf_bert_inputs() -> tuple[torch.Tensor, ...]:
+    """Token ids, attention mask (all 1), token types (all 0): BertModel's order."""
+    return (*_token_inputs(), torch.ones(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))
+
+
+def _image_inputs(size: int) -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 3, size, size),)
+
+
+# --- real models (torchvision, transformers) ---------------------------------------------------
+
+
+class Probabilities(nn.Module):
+    """A classifier with a softmax on its logits, as at inference: torchvision's models end on
+    logits, and the softmax accuracy case needs a softmax."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x).softmax(-1)
+
+
+def tv_resnet18() -> nn.Module:
+    """torchvision's ResNet-18 as constructed (11.7 M parameters, 1000 classes), random weights."""
+    import torchvision
+
+    return Probabilities(torchvision.models.resnet18(weights=None))
+
+
+def tv_mobilenet_v3_small() -> nn.Module:
+    """torchvision's MobileNetV3-small as constructed (hardswish, squeeze-excitation), random weights."""
+    import torchvision
+
+    return Probabilities(torchvision.models.mobilenet_v3_small(weights=None))
+
+
+class Tuples(nn.Module):
+    """A transformers model that returns a tuple: its output classes are pytree nodes that
+    `torch.export.load` cannot rebuild where transformers has not registered them for serialization."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.model(*inputs).to_tuple()
+
+
+def hf_bert() -> nn.Module:
+    """transformers' BertModel from a small BertConfig: 2 layers, hidden 64, 2 heads, vocabulary 128.
+
+    Attention is the model's own ("eager": matmul, mask, softmax), as for GPT-2 below.
+    """
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=32, attn_implementation="eager")
+    return Tuples(BertModel(config))
+
+
+def hf_gpt2() -> nn.Module:
+    """transformers' GPT2LMHeadModel from a small GPT2Config: 2 blocks, 64 wide, 2 heads, vocabulary 128.
+
+    The last token is begin and end of text (GPT-2's 50256 is outside this vocabulary). No KV cache
+    (export cannot return transformers' DynamicCache) and the model's own attention
+    ("eager"): with "sdpa", torch 2.14.1's core-aten decomposition of the exported program fails
+    ("Cannot view a tensor with shape [2, 16, 64] and strides (64, 128, 1)").
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2, use_cache=False,
+                        bos_token_id=127, eos_token_id=127, attn_implementation="eager")
+    return Tuples(GPT2LMHeadModel(config))
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]]]] = {
-    "resnet": (ResNet, lambda: (torch.randn(2, 3, 32, 32),)),
-    "bert": (Bert, lambda: (*_token_inputs(), torch.zeros(2, 16, dtype=torch.long),
-                            torch.ones(2, 16, dtype=torch.long))),
+    "resnet": (ResNet, lambda: _image_inputs(32)),
+    "bert": (Bert, _bert_inputs),
     "gpt2": (Gpt2, _token_inputs),
+    "tv_resnet18": (tv_resnet18, lambda: _image_inputs(64)),
+    "tv_mobilenet_v3_small": (tv_mobilenet_v3_small, lambda: _image_inputs(64)),
+    "hf_bert": (hf_bert, _hf_bert_inputs),
+    "hf_gpt2": (hf_gpt2, _token_inputs),
 }
+
+# The library each real model is built with.
+REAL_MODELS = {"tv_resnet18": "torchvision", "tv_mobilenet_v3_small": "torchvision",
+               "hf_bert": "transformers", "hf_gpt2": "transformers"}
+
+
+def missing_library(model: str) -> str | None:
+    """Why `model` cannot be built here (its library does not import), or None when it can."""
+    library = REAL_MODELS.get(model)
+    if library is None:
+        return None
+    try:
+        importlib.import_module(library)
+    except Exception as error:  # torchvision beside a torch it was not built for raises more than ImportError
+        return f"{library} does not import ({type(error).__name__}: {error})"
+    return None
+
+
+def decomposed(program: torch.export.ExportedProgram, table: str) -> torch.export.ExportedProgram:
+    """`cases.decomposed`, with inductor's table applied in a second pass, after core aten.
+
+    One table holding both loops on clamp (inductor's clamp decomposes to clamp_min, core aten's
+    clamp_min back to clamp): MobileNetV3's hardswish hits it (RecursionError). In two passes the
+    programs of the other models come out the same as with one table.
+    """
+    from cases import decomposed as decomposed_in_one_pass
+
+    if table != "inductor":
+        return decomposed_in_one_pass(program, table)
+    from torch._inductor.decomposition import select_decomp_table
+
+    importlib.import_module("torch._inductor.lowering")  # its max-pool decomposition asks the lowering module
+
+    return program.run_decompositions().run_decompositions(select_decomp_table())
 
 
 def export_model(name: str, table: str) -> torch.export.ExportedProgram:
-    """The model with random weights (seeded), in eval mode, exported and decomposed (`cases.decomposed`)."""
-    from cases import decomposed
-
+    """The model with random weights (seeded), in eval mode, exported and decomposed (`decomposed`)."""
     torch.manual_seed(0)
     build, inputs = MODELS[name]
     with torch.no_grad():
@@ -212,7 +333,7 @@ FAILURES: dict[str, Failure] = {
                             {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, expected_ops=1, needs="relu"),
     "two_ops": Failure("two_ops", "", "compile_error", "core", expected_ops=2),  # backend: TWO_OPS
     "softmax_accuracy": Failure("softmax_accuracy", f"{TESTING}:wrong_on_softmax", "accuracy", "core",
-                                expected_ops=1),
+                                expected_ops=1, needs="_softmax"),
 }
 
 
@@ -221,6 +342,10 @@ TWO_OPS = {
     "resnet": f"{TESTING}:fail_on_max_pool_and_mean",
     "bert": f"{TESTING}:fail_on_gelu_and_layer_norm",
     "gpt2": f"{TESTING}:fail_on_gelu_and_layer_norm",
+    "tv_resnet18": f"{TESTING}:fail_on_max_pool_and_mean",  # the stem's max pool, the head's average pool
+    "tv_mobilenet_v3_small": f"{TESTING}:fail_on_clamp_and_mean",  # hardswish (clamp in core aten), pooling
+    "hf_bert": f"{TESTING}:fail_on_gelu_and_layer_norm",
+    "hf_gpt2": f"{TESTING}:fail_on_tanh_and_layer_norm",  # GPT-2's gelu is written out: tanh, pow, mul
 }
 
 
@@ -234,7 +359,8 @@ def has_op(program: torch.export.ExportedProgram, op: str) -> bool:
 
 
 def save_zoo_case(model: str, failure: Failure, directory: Path) -> tuple[Path, int] | None:
-    """Write MODEL-FAILURE.pt2; None when the model cannot show the failure (no relu for the relu bug)."""
+    """Write MODEL-FAILURE.pt2; None when the model cannot show the failure (no relu for the relu bug,
+    no softmax for the wrong softmax)."""
     program = export_model(model, failure.table)
     if failure.needs and not has_op(program, failure.needs):
         return None

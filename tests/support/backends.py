@@ -408,3 +408,9 @@ def fail_after_running_view_and_relu(gm: fx.GraphModule, example_inputs: list[An
         raise RuntimeError("injected failure on view and relu")
 
     return run
+
+
+# The bench's zoo, real models (bench/zoo.py): MobileNetV3's hardswish and pooling, GPT-2's
+# written-out gelu and its layer norms.
+fail_on_clamp_and_mean = raise_on_all("clamp", "mean")
+fail_on_tanh_and_layer_norm = raise_on_all("tanh", "native_layer_norm")
