@@ -325,6 +325,31 @@ def test_a_job_whose_whole_worker_is_sigkilled_runs_again_on_an_idle_worker_with
     assert took < 15
 
 
+def test_a_workers_log_shows_rqs_routine_maintenance_only_at_debug(service_without_workers: Service,
+                                                                   tmp_path: Path) -> None:
+    logs = {}
+    for level in ("INFO", "DEBUG"):
+        log_path = tmp_path / f"worker-{level}.log"
+        with log_path.open("w") as log_file:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "minify_worker.cli", "--redis-url", service_without_workers.redis_url,
+                 "--queues", "cpu", "--name", f"chatty-{level}", "--no-preload", "--log-level", level,
+                 *FAST_HEARTBEAT], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            started = "cleaning" if level == "DEBUG" else "on queues"  # the first maintenance pass, or the start
+            try:
+                deadline = time.monotonic() + 60
+                while started not in log_path.read_text():
+                    assert worker.poll() is None and time.monotonic() < deadline, log_path.read_text()
+                    time.sleep(0.2)
+                time.sleep(3)  # three more maintenance passes
+            finally:
+                stop_worker(worker)
+        logs[level] = log_path.read_text()
+    assert "minify worker chatty-INFO on queues cpu" in logs["INFO"]
+    assert "cleaning registries" not in logs["INFO"], logs["INFO"]
+    assert "cleaning registries" in logs["DEBUG"]  # RQ still says it: the filter is what hides it
+
+
 def test_healthz_and_metrics_count_only_live_workers(service_without_workers: Service) -> None:
     worker = start_worker(service_without_workers, "short-lived", *FAST_HEARTBEAT)
     try:

@@ -50,6 +50,17 @@ _PR_SET_PDEATHSIG = 1
 QUEUES_SERVED_KEY = "minify:queues:served_at"
 
 
+class _RoutineMaintenanceAtDebug(logging.Filter):
+    """RQ says "cleaning registries" at INFO on every maintenance pass, per queue: here every 15 s,
+    most of a worker's log. Routine: those lines show at DEBUG only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and "cleaning" in str(record.msg) and "registries" in str(record.msg):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("rq.worker").isEnabledFor(logging.DEBUG)
+        return True
+
+
 class MinifyQueue(Queue):
     def acquire_maintenance_lock(self) -> bool:
         return bool(self.connection.set(self.registry_cleaning_key, 1, nx=True, ex=MAINTENANCE_LOCK_S))
@@ -205,5 +216,6 @@ def main(argv: list[str]) -> int:
         heartbeat_grace_s=args.heartbeat_grace,
     )
     log.info("minify worker %s on queues %s", worker.name, ", ".join(queues))
+    logging.getLogger("rq.worker").addFilter(_RoutineMaintenanceAtDebug())
     worker.work(burst=args.burst, logging_level=args.log_level)
     return 0
