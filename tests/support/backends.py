@@ -154,26 +154,6 @@ def kill_sandbox_on(op: str) -> Backend:
     return backend
 
 
-def fail_once_on(op: str) -> Backend:
-    """Raise on `op` in the first process to compile it, pass everywhere after: a flaky failure.
-
-    "First" is decided by creating `fail-once-<op>` in `$MINIFY_TEST_MARKER_DIR` (O_EXCL), so
-    exactly one of several concurrent runs fails.
-    """
-    inner = raise_on(op)
-
-    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        if has_op(gm, op):
-            marker = os.path.join(os.environ["MINIFY_TEST_MARKER_DIR"], f"fail-once-{op}")
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return _eager(gm)
-        return inner(gm, example_inputs)
-
-    return backend
-
-
 def first_match(*rules: tuple[str, Backend]) -> Backend:
     """The backend of the first rule whose op the graph has; eager when none matches."""
 
@@ -197,7 +177,6 @@ exit_on_relu = exit_on("relu")
 wrong_on_relu = wrong_on("relu")
 oom_on_relu = oom_on("relu")
 fail_on_sin_and_relu = raise_on_all("sin", "relu")
-fail_once_on_relu = fail_once_on("relu")
 kill_sandbox_on_relu = kill_sandbox_on("relu")
 fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
 fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))
