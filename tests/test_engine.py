@@ -115,6 +115,26 @@ def test_an_accuracy_bug_is_isolated(tmp_path: Path) -> None:
     assert result.report.signature is not None and result.report.signature.startswith("AccuracyError")
 
 
+class _CastThenSoftmax(torch.nn.Module):
+    """`.to(torch.float32)` (transformers' models have them) exports as a float32 dtype assert."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.sin(x).to(torch.float32), -1)
+
+
+def test_an_accuracy_bug_in_a_program_that_asserts_float32_is_minimized(tmp_path: Path) -> None:
+    program = tmp_path / "cast_then_softmax.pt2"
+    exported = torch.export.export(_CastThenSoftmax(), (torch.randn(4, 8),)).run_decompositions()
+    assert "_assert_tensor_metadata" in str(exported.graph)
+    torch.export.save(exported, program)
+
+    # The fp64 reference casts the program: its float32 assert must not fail it.
+    result = minify(program, spec("wrong_on_softmax", kind="accuracy"), tmp_path / "out")
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code or "") == ["_softmax"]
+
+
 def test_a_text_file_named_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
     program = tmp_path / "notes.pt2"
     program.write_text("this is not an exported program\n")
