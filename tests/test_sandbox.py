@@ -24,6 +24,7 @@ from minify_client.models import JobSpec
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
+from minify_worker.sandbox.processes import process_stats
 from tests.support import calls
 from tests.support.graphs import chain_graph
 
@@ -39,18 +40,7 @@ def chain(*ops: str) -> dict:
 
 def session_members(session_id: int) -> list[int]:
     """Pids of live processes in session `session_id` (each child is a session and group leader)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if int(fields[3]) == session_id and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, fields in process_stats() if int(fields[3]) == session_id and fields[0] != "Z"]
 
 
 def alive(pid: int) -> bool:

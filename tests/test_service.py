@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from minify_worker.sandbox.processes import process_stats
 from tests.support.service import (
     MARKER,
     Service,
@@ -54,16 +55,7 @@ def submit(client: httpx.Client, program: Path, spec: dict) -> str:
 
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid and stat[0] != "Z":
-                found.append(int(entry))
-    return found
+    return [child for child, fields in process_stats() if int(fields[1]) == pid and fields[0] != "Z"]
 
 
 def work_horse_of(status: dict) -> int:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from minify_worker.sandbox.processes import process_stats
+
 MARKER = "MINIFY_TEST_SERVICE"
 # The test backends' module (tests/support/backends.py): the services tests start allow it.
 TEST_BACKENDS = "tests.support.backends"
@@ -45,19 +47,16 @@ def marked_pids(marker: str) -> list[int]:
     needle = f"{MARKER}={marker}".encode()
     parents: dict[int, int] = {}
     marked: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
+    for pid, stat in process_stats():
         if stat[0] == "Z":
             continue
-        parents[int(entry)] = int(stat[1])
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        parents[pid] = int(stat[1])
         if needle in environ.split(b"\0"):
-            marked.add(int(entry))
+            marked.add(pid)
     grew = True
     while grew:
         children = {pid for pid, parent in parents.items() if parent in marked} - marked

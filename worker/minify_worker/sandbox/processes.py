@@ -14,7 +14,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,20 +158,28 @@ def kill_group(pid: int) -> None:
             pass
 
 
-def kill_adopted_descendants() -> None:
-    """Kill and reap processes re-parented to this subreaper that escaped their group (setsid)."""
-    me = str(os.getpid())
-    for entry in Path("/proc").iterdir():
+def process_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every live process: `[0]` the
+    state, `[1]` the parent, `[2]` the process group, `[3]` the session, `[21]` resident pages."""
+    for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[-1].decode().split()
         except OSError:
-            continue
-        if stat.rsplit(")", 1)[-1].split()[1] == me:
+            continue  # gone meanwhile
+        yield int(entry.name), fields
+
+
+def kill_adopted_descendants() -> None:
+    """Kill and reap processes re-parented to this subreaper that escaped their group (setsid)."""
+    me = str(os.getpid())
+    for pid, fields in process_stats():
+        if fields[1] == me:
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                os.waitpid(int(entry.name), 0)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
 
@@ -180,14 +188,7 @@ def resident_mb_by_group(groups: set[int]) -> dict[int, float]:
     """Resident memory (MiB) of each process group in `groups`: a child and all it started."""
     page_mb = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
     totals: dict[int, float] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[-1].split()
-        except OSError:
-            continue
+    for _, fields in process_stats():
         group = int(fields[2])
         if group in groups:
             totals[group] = totals.get(group, 0.0) + int(fields[21]) * page_mb
