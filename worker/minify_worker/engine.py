@@ -14,7 +14,6 @@ import os
 import shutil
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, dataclass, field
@@ -229,7 +228,7 @@ class _Run:
         self._unshrunk: fx.Graph | None = None  # the minimal graph the shrink phase started from
         self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
-        self._originals: list[Future[Outcome]] = []  # the original's run (compiled once, run ORIGINAL_RUNS times)
+        self._original_run: Future[Outcome] | None = None  # compiled once, run ORIGINAL_RUNS times
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
         self._provisional: Signature | None = None  # the target guessed while the original runs
         self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
@@ -328,11 +327,11 @@ class _Run:
             self._shrink_inputs()
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
-                self._cancel_originals()
+                self._cancel_original_runs()
                 return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
             status, reason = self._status_when_stopped(stopped.reason)
         if status is JobState.cancelled:
-            self._cancel_originals()
+            self._cancel_original_runs()
             return self._finish(status, reason)
         reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
@@ -361,13 +360,13 @@ class _Run:
     def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
-        self._originals = [evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)]
+        self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
         # The failure must depend on the program: the program with no ops runs beside it.
         self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
         self._emit(force=True, message="running the original")
 
     def _still_fails(self, outcome: Outcome) -> bool:
-        if self.signature is None and not self._originals[0].done():
+        if self.signature is None and self._original_run is not None and not self._original_run.done():
             verdict = self._provisional_verdict(outcome)
             if verdict is not None:
                 return verdict
@@ -385,8 +384,8 @@ class _Run:
             return False  # a pass, or a candidate that could not run: never the failure
         if signature.kind in ("timeout", "oom"):
             return None
-        if self._provisional is None and oracle.still_fails(outcome, signature, self.spec.failure):
-            self._provisional = signature
+        if self._provisional is None:
+            self._provisional = _target_of(outcome, self.spec.failure)
         verdict = self._provisional is not None and oracle.still_fails(outcome, self._provisional, self.spec.failure)
         self._provisional_verdicts.add((outcome, verdict))
         return verdict
@@ -397,15 +396,16 @@ class _Run:
         if self.signature is not None:
             return self.signature
         failure = self.spec.failure
-        self._wait_for_originals(self._originals)
-        outcome = self._originals[0].result()
-        target = _target_of([outcome], failure)
+        assert self._original_run is not None
+        self._wait_for([self._original_run])
+        outcome = self._original_run.result()
+        target = _target_of(outcome, failure)
         self.original_runs = getattr(outcome, "runs", 1)
         if target is None and outcome.kind == "invalid":
             raise _Unreproduced(self._finish(
                 JobState.failed, f"the program could not be run: {outcome.message}"))  # type: ignore[union-attr]
         if target is None:
-            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason([outcome], self.spec)))
+            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason(outcome, self.spec)))
         self._check_depends_on_program(target)
         self.signature = target
         self.original_failures = getattr(outcome, "failed_runs", 1)
@@ -435,7 +435,7 @@ class _Run:
 
     def _check_depends_on_program(self, target: Signature) -> None:
         """Raise `_Unreproduced` (the job fails) if the program with no ops fails the same way."""
-        self._wait_for_originals([self._empty])
+        self._wait_for([self._empty])
         outcome = self._empty.result()
         if oracle.still_fails(outcome, target, self.spec.failure):
             raise _Unreproduced(self._finish(
@@ -472,12 +472,13 @@ class _Run:
         return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
                 "depend on what an earlier candidate left in a reused child")
 
-    def _cancel_originals(self) -> None:
-        for future in [*self._originals, *([self._empty] if self._empty is not None else [])]:
-            if not future.done():
+    def _cancel_original_runs(self) -> None:
+        """Cancel the original's run and the empty program's, if they are still going."""
+        for future in (self._original_run, self._empty):
+            if future is not None and not future.done():
                 self._evaluator.cancel(future)
 
-    def _wait_for_originals(self, futures: list[Future[Outcome]]) -> None:
+    def _wait_for(self, futures: list[Future[Outcome]]) -> None:
         reason = wait_unless_stopped(self._evaluator, futures, self._stop_reason)
         if reason:
             raise Stopped(reason)
@@ -665,10 +666,10 @@ def empty_program(graph: fx.Graph) -> fx.Graph:
     return empty
 
 
-def _target_of(outcomes: list[Outcome], failure: FailureSpec) -> Signature | None:
-    """The signature of the first outcome that fails the way `failure` asks for."""
-    return next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None
-                 and oracle.still_fails(o, sig, failure)), None)
+def _target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:
+    """The signature of `outcome` if it fails the way `failure` asks for."""
+    signature = oracle.outcome_signature(outcome)
+    return signature if signature is not None and oracle.still_fails(outcome, signature, failure) else None
 
 
 def _duration(outcome: Outcome) -> float:
@@ -677,21 +678,16 @@ def _duration(outcome: Outcome) -> float:
     return getattr(outcome, "duration_s", 0.0)
 
 
-def _not_reproducible_reason(outcomes: list[Outcome], spec: JobSpec) -> str:
-    kinds: Counter[str] = Counter()
-    for outcome in outcomes:
-        kinds[outcome.kind] += getattr(outcome, "runs", 1)
-    seen = ", ".join(f"{kind} {count}x" for kind, count in sorted(kinds.items()))
-    first_failure = next((sig for o in outcomes if (sig := oracle.outcome_signature(o)) is not None), None)
+def _not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
+    """Why the original's run (one that could run) is not the failure asked for."""
+    seen = f"{outcome.kind} {getattr(outcome, 'runs', 1)}x"
+    failure = oracle.outcome_signature(outcome)
     wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
     if spec.failure.match:
         wanted += f" matching {spec.failure.match!r}"
     reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
-    if first_failure is not None and spec.failure.kind != "any":
-        reason += f"; it failed differently: {first_failure.text or first_failure}"
-    elif first_failure is not None:
-        reason += f"; its failure did not match: {first_failure.text or first_failure}"
-    invalid = next((o for o in outcomes if o.kind == "invalid"), None)
-    if invalid is not None:
-        reason += f"; {invalid.message}"  # type: ignore[union-attr]
+    if failure is not None and spec.failure.kind != "any":
+        reason += f"; it failed differently: {failure.text or failure}"
+    elif failure is not None:
+        reason += f"; its failure did not match: {failure.text or failure}"
     return reason
