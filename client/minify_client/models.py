@@ -39,6 +39,12 @@ class FailureSpec(_Strict):
     )
     strict_accuracy: bool = False
     tolerance: float = Field(default=1e-3, gt=0)
+    signature: str | None = Field(
+        default=None,
+        description="the root-cause signature the failure is known to have (as report.json's `signature` "
+                    "writes it), e.g. from a capture: candidates are judged against it from the first check, "
+                    "and an original that fails differently ends the job not_reproducible",
+    )
 
     @field_validator("match")
     @classmethod
@@ -85,6 +91,11 @@ class JobSpec(_Strict):
         default=True,
         description="once the graph is minimal, halve its tensor inputs' dims while the failure holds (static "
                     "shapes only; the shrink phase)",
+    )
+    culprit: bool = Field(
+        default=True,
+        description="once the graph is minimal, find the compiler stage to blame (compiler bisection) and the "
+                    "settings that avoid the bug on the original (the culprit phase)",
     )
 
     @field_validator("backend")
@@ -169,6 +180,26 @@ class InputShape(BaseModel):
     dtype: str
 
 
+class Culprit(BaseModel):
+    """The compiler stage to blame, as torch's CompilerBisector finds it on the minimal graph."""
+
+    backend: str = Field(
+        description="the first backend stage that fails: aot_eager, aot_eager_decomp_partition, inductor")
+    subsystem: str | None = Field(None, description="the subsystem whose disabling avoids the bug, e.g. lowerings")
+    bisect_number: int | None = Field(None, description="the application of the subsystem that breaks it")
+    detail: str | None = Field(None, description="what that application was, e.g. the op lowered ('relu')")
+    graph: Literal["forward", "backward"] | None = Field(
+        None, description="which compiled graph failed, when the program has a backward graph too")
+
+
+class Workaround(BaseModel):
+    """A setting that avoids the bug, verified on the original program."""
+
+    setting: str = Field(description="a spec config key (inductor's as is, torch._dynamo.config.X), or 'backend'")
+    value: Any
+    verified_on: str = Field(description="what was checked, e.g. 'original: compiles and runs'")
+
+
 class Report(BaseModel):
     """report.json: what a compiler engineer reads first."""
 
@@ -218,6 +249,14 @@ class Report(BaseModel):
     sandbox_start: str | None = Field(
         None, description="how the fork server started: 'fork' (from a preloaded worker) or 'spawn' (a fresh Python)"
     )
+    culprit: Culprit | None = Field(None, description="the compiler stage to blame; null with culprit_reason")
+    culprit_reason: str | None = Field(None, description="why there is no culprit (not run, not found, ...)")
+    workarounds: list[Workaround] = Field(
+        default_factory=list, description="settings verified to avoid the bug on the original; empty when none")
+    graph_shape_hash: str | None = Field(
+        None, description="structural hash of the minimal graph ignoring tensor sizes (ops, edges, dtypes, devices): "
+                          "with the signature, the key of the job's bug")
+    bug: str | None = Field(None, description="the id of the bug this job's minimal program belongs to")
 
 
 class JobLinks(BaseModel):
@@ -231,6 +270,9 @@ class JobCreated(BaseModel):
     id: str
     status: JobState
     links: JobLinks
+    deduplicated: bool = Field(
+        False, description="true when the same program, spec and inputs were already queued, running or "
+                           "minimized: this is that job")
     warnings: list[str] = Field(
         default_factory=list, description="why the job may not run soon, e.g. no worker serves its queue"
     )
@@ -253,6 +295,7 @@ class JobStatus(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="why a queued job is not running, e.g. no worker serves its queue"
     )
+    bug: str | None = Field(None, description="the bug this job belongs to, once it succeeded")
 
 
 class JobList(BaseModel):
