@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from minify_client import signatures
 from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
-from . import signatures
 from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
 from .graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, subgraph_of, subgraphs, to_graph_module
 from .outcomes import Signature, signature_from_dict
@@ -371,9 +371,9 @@ if __name__ == "__main__":
 
 
 def _signature_rules() -> str:
-    """minify_worker/signatures.py, verbatim: how the repro names its failure, as minify does."""
+    """minify_client/signatures.py, verbatim: how the repro names its failure, as minify does."""
     source = inspect.getsource(signatures).replace("from __future__ import annotations\n", "")
-    return "# " + "-" * 20 + " minify's signature rules (minify_worker/signatures.py, verbatim) " + "-" * 7 + \
+    return "# " + "-" * 20 + " minify's signature rules (minify_client/signatures.py, verbatim) " + "-" * 7 + \
         "\n" + source.strip("\n") + "\n\n# " + "-" * 93
 
 

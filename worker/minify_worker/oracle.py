@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 import signal as signal_module
 
+from minify_client import signatures
 from minify_client.models import FailureSpec
 
-from . import signatures
 from .outcomes import Crashed, Fails, Outcome, OutOfMemory, Signature, SignatureKind, TimedOut
 
 _MAX_TEXT = 4000

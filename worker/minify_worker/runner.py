@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from minify_client import signatures
 from minify_client.models import JobSpec
 
-from . import oracle, signatures
+from . import oracle
 from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
 from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 

@@ -1,7 +1,8 @@
 """How an exception becomes the text of a failure signature: its root cause and a normalized key.
 
-Pure and standalone (only `re`): the oracle uses it in the worker, and `repro.py` carries this
-module's source verbatim, so the repro prints its failure in exactly the form report.json records.
+Pure and standalone (only `re`): the oracle uses it in the worker, the capture helper in the client
+(`minify_client.capture`, which writes a capture's `failure.signature`), and `repro.py` carries
+this module's source verbatim, so the repro prints its failure in exactly the form report.json records.
 
 The root cause: compilers wrap the error that means something. Inductor raises `InductorError`
 around it, dynamo `BackendCompilerFailed`, inductor's code cache a `RuntimeError("Failed to import
