@@ -1,0 +1,138 @@
+"""A failing compiler call as a program the engine loads: the graph exported, its inputs, its spec.
+
+The graph a compiler received is straight-line: it is exported as a module with non-strict
+`torch.export.export(graph, inputs, strict=False)` (no second dynamo trace to fail on what the
+first one already handled). A backward graph is a plain function of its saved activations and
+tangents, exported the same way. An AOTI failure is its ExportedProgram, as given.
+
+The spec records the backend, the settings that differ from torch's defaults, and the failure:
+its kind and its root-cause signature as `minify_client.signatures` computes it (the worker's
+oracle uses the same function), so the worker judges candidates against it from the first check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from minify_client import signatures
+from minify_client.accuracy import ACCURACY_EXC_TYPE
+from minify_client.models import JobSpec
+
+from .config import changed_config
+from .torch_hooks import FailedCompile
+from .whole_model import on_cuda
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Program:
+    """What gets saved or submitted for one failing call."""
+
+    program: Any  # torch.export.ExportedProgram
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    spec: JobSpec
+    chain: tuple[str, ...]
+
+
+def signature_of(failed: FailedCompile) -> str:
+    """The failure's signature as the worker's report writes it ("Type: normalized key")."""
+    if failed.kind == "accuracy":
+        return ACCURACY_EXC_TYPE  # the worker's accuracy signature carries no key
+    return signatures.signature_line(failed.error)
+
+
+def chain_of(failed: FailedCompile) -> tuple[str, ...]:
+    return tuple(signatures.describe_chain(signatures.exception_chain(failed.error)))
+
+
+def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None) -> JobSpec:
+    """The recorded backend, config and failure, under what `spec` says explicitly."""
+    given = spec.model_dump(exclude_unset=True) if isinstance(spec, JobSpec) else dict(spec or {})
+    failure = {"kind": failed.kind, "signature": signature_of(failed), **dict(given.get("failure") or {})}
+    data: dict[str, Any] = {**given, "failure": failure,
+                            "config": {**changed_config(failed.config), **dict(given.get("config") or {})}}
+    data.setdefault("backend", failed.backend)
+    if "device" not in data and on_cuda(failed.inputs or _program_inputs(failed)):
+        data["device"] = "cuda"
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        if data["backend"] == failed.backend and "backend" not in given:
+            # A backend this client's spec cannot name (a local function): keep the default and say so.
+            logger.warning("minify: backend %r cannot go in a job spec (%s); the spec names inductor, "
+                           "edit it before submitting", failed.backend, error.errors()[0]["msg"])
+            return JobSpec.model_validate({**data, "backend": "inductor"})
+        raise
+
+
+def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None) -> Program:
+    """Export the failing graph (or take the failing ExportedProgram) with its inputs and spec."""
+    import torch
+
+    if failed.program is not None:
+        args, kwargs = failed.program.example_inputs or ((), {})
+        return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
+    inputs = tuple(failed.inputs)
+    program = torch.export.export(failed.graph, inputs, strict=False)
+    return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed))
+
+
+def _program_inputs(failed: FailedCompile) -> list[Any]:
+    if failed.program is None or failed.program.example_inputs is None:
+        return []
+    args, kwargs = failed.program.example_inputs
+    return [*args, *kwargs.values()]
+
+
+def bug_key(failed: FailedCompile) -> str:
+    """Two failing calls are one bug to capture when this matches: the graph's structure (names
+    aside), its inputs' metadata, the backend, the settings and the signature."""
+    graph = failed.program.graph if failed.program is not None else failed.graph.graph
+    inputs = failed.inputs or _program_inputs(failed)
+    text = json.dumps({
+        "level": failed.level, "backward": failed.is_backward, "kind": failed.kind, "backend": failed.backend,
+        "signature": signature_of(failed), "config": changed_config(failed.config),
+        "graph": structure(graph), "inputs": [_metadata(value) for value in inputs],
+    }, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def structure(graph: Any) -> list[str]:
+    """One line per node, nodes by position instead of name, so renamed copies compare equal."""
+    index: dict[Any, int] = {}
+    lines = []
+    for position, node in enumerate(graph.nodes):
+        index[node] = position
+        target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", repr(node.target))
+        if node.op == "placeholder":
+            target = ""
+        lines.append(f"{node.op} {target} {_text(node.args, index)} {_text(node.kwargs, index)}")
+    return lines
+
+
+def _text(value: Any, index: dict[Any, int]) -> str:
+    import torch.fx as fx
+
+    if isinstance(value, fx.Node):
+        return f"%{index.get(value, -1)}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_text(item, index) for item in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key!r}:{_text(item, index)}" for key, item in value.items()) + "}"
+    return repr(value)
+
+
+def _metadata(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape), list(value.stride()), str(value.dtype), value.device.type]
+    return repr(value)

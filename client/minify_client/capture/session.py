@@ -1,0 +1,180 @@
+"""A capture run: every failing compile of a test suite or script, saved once per bug, with a
+manifest (`captures.json`) of what was captured and which tests hit it.
+
+The pytest plugin and the script runner drive one `CaptureSession`: `begin(test_id)` before a test
+(or the script), `finish(error)` after it. Failing compiler calls reported meanwhile are exported,
+saved as `<dir>/<name>/<name>.pt2` + `spec.json` + `inputs.pt` (the name from the test id) and
+submitted where the destination says so; the same failing graph (`failed_graph.bug_key`) hit
+again by another test only adds that test to its manifest entry. A capture that fails is logged
+and noted on the test's error; it never changes the test's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .destinations import DEFAULT_CAPTURE_DIR, add_note, save_and_submit
+from .failed_graph import bug_key, exported, signature_of
+from .torch_hooks import FailedCompile, Level, add_listener, remove_listener
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "captures.json"
+
+
+@dataclass
+class Entry:
+    """One captured bug in the manifest; paths relative to the capture directory."""
+
+    name: str
+    key: str
+    level: str
+    kind: str
+    backend: str
+    signature: str
+    chain: list[str]
+    program: str
+    spec: str
+    inputs: str
+    tests: list[str] = field(default_factory=list)
+    job: str | None = None
+    dashboard: str | None = None
+
+
+class CaptureSession:
+    """Captures into `directory`; also submits each new capture to `submit_to` when given."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, submit_to: str | None = None,
+                 token: str | None = None, level: Level = "dynamo", accuracy: bool = False) -> None:
+        self.directory = Path(directory) if directory is not None else DEFAULT_CAPTURE_DIR
+        self.submit_to = submit_to
+        self.token = token
+        self.level: Level = level
+        self.accuracy = accuracy
+        self.entries: dict[str, Entry] = {}
+        self._test = "run"
+        self._pending: list[FailedCompile] = []
+        self._load_manifest()
+
+    @classmethod
+    def from_environment(cls) -> CaptureSession:
+        """MINIFY_CAPTURE_DIR (default ./minify-captures); submitted to MINIFY_SERVER when no
+        directory is named (as `capture_failures` does); MINIFY_CAPTURE_LEVEL=aot;
+        MINIFY_CAPTURE_ACCURACY=1."""
+        directory = os.environ.get("MINIFY_CAPTURE_DIR")
+        submit_to = os.environ.get("MINIFY_SERVER") if not directory else None
+        level = "aot" if os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot" else "dynamo"
+        return cls(directory, submit_to=submit_to, token=os.environ.get("MINIFY_TOKEN"), level=level,
+                   accuracy=os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1")
+
+    def start(self) -> None:
+        """Listen to torch's compiler calls (imports torch's dynamo and inductor)."""
+        add_listener(self)
+
+    def stop(self) -> None:
+        remove_listener(self)
+
+    def on_failure(self, failed: FailedCompile) -> None:
+        self._pending.append(failed)
+
+    def begin(self, test_id: str) -> None:
+        self._test = test_id
+        self._pending = []
+
+    def finish(self, error: BaseException | None = None) -> list[Entry]:
+        """Capture what failed since `begin`; note on `error` where it went."""
+        pending, self._pending = self._pending, []
+        hit: list[Entry] = []
+        for failed in pending:
+            try:
+                entry = self._capture(failed)
+            except Exception as capture_error:
+                logger.warning("minify: could not capture the failing graph of %s: %s", self._test, capture_error)
+                if error is not None:
+                    add_note(error, f"minify: could not capture the failing graph: {capture_error}")
+                continue
+            if entry not in hit:
+                hit.append(entry)
+        if hit:
+            self._write_manifest()
+        if error is not None:
+            for entry in hit:
+                add_note(error, self.describe(entry))
+        return hit
+
+    def describe(self, entry: Entry) -> str:
+        where = self.directory / Path(entry.program).parent
+        first = f" (first hit by {entry.tests[0]})" if entry.tests and entry.tests[0] != self._test else ""
+        job = f"; submitted as minify job {entry.job} ({entry.dashboard})" if entry.job else ""
+        return (f"minify: captured the failing {entry.level} graph ({entry.signature}) in {where}{first}{job}; "
+                f"submit with: minify-client submit-captures {self.directory}")
+
+    def _capture(self, failed: FailedCompile) -> Entry:
+        key = bug_key(failed)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._save(failed, key)
+            self.entries[key] = entry
+        if self._test not in entry.tests:
+            entry.tests.append(self._test)
+        return entry
+
+    def _save(self, failed: FailedCompile, key: str) -> Entry:
+        name = self._free_name(safe_name(self._test))
+        program = exported(failed)
+        captured = save_and_submit(program.program, program.args, program.kwargs, program.spec, name=name,
+                                   destination=self.directory / name, submit_to=self.submit_to, token=self.token,
+                                   chain=program.chain)
+        return Entry(name=name, key=key, level=failed.level if not failed.is_backward else "aot (backward)",
+                     kind=failed.kind, backend=failed.backend, signature=signature_of(failed),
+                     chain=list(program.chain), program=f"{name}/{name}.pt2", spec=f"{name}/spec.json",
+                     inputs=f"{name}/inputs.pt", job=captured.job.id if captured.job else None,
+                     dashboard=captured.dashboard)
+
+    def _free_name(self, name: str) -> str:
+        taken = {entry.name for entry in self.entries.values()}
+        candidate, number = name, 1
+        while candidate in taken:
+            number += 1
+            candidate = f"{name}-{number}"
+        return candidate
+
+    def _load_manifest(self) -> None:
+        """A directory captured into before (an earlier run, another process) keeps its entries."""
+        path = self.directory / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+            for item in data.get("captures", []):
+                entry = Entry(**item)
+                self.entries[entry.key] = entry
+        except (OSError, ValueError, TypeError):
+            return
+
+    def _write_manifest(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / MANIFEST
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"captures": [asdict(entry) for entry in self.entries.values()]},
+                                        indent=2) + "\n")
+        temporary.replace(path)
+
+
+def safe_name(test_id: str) -> str:
+    """A test id as a file name: `tests/test_x.py::test_a[1]` -> `test_x.py-test_a-1`."""
+    last = test_id.replace("\\", "/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^\w.-]+", "-", last).strip("-.")
+    return name[:120] or "capture"
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of `directory`'s captures.json (empty when there is none)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return []
+    return list(json.loads(path.read_text()).get("captures", []))

@@ -1,0 +1,304 @@
+"""Where a capture taps torch: the three calls that hand a graph to a compiler (the one adapter).
+
+- dynamo hands each graph it captured (one per graph break) to the `torch.compile` backend in
+  `OutputGraph.call_user_compiler(gm, example_inputs)`, with the real inputs of the frame;
+- inductor's `compile_fx_inner` hands it the graph AOT autograd produced (forward, inference or
+  backward, `is_backward=`) through `torch._inductor.compile_fx.wrap_compiler_debug`, torch's own
+  after_aot hook, with fake inputs; a backward graph is compiled there at the first
+  `loss.backward()`, outside any dynamo call;
+- `aoti_compile_and_package(ep)` runs through `torch._inductor.debug.aot_inductor_minifier_wrapper`.
+
+Each is looked up by attribute at call time, so patching it here catches every call, however the
+user imported `torch.compile` or `aoti_compile_and_package`. Checked on torch 2.13.0. The patches are
+installed once (`install()`) and pass straight through while no `Listener` is registered; while
+one is, a failing call is reported to it as a `FailedCompile` and its exception re-raised as it
+was. The graph a compiler receives is copied first (nodes only; metadata and weights are shared),
+as torch's own repro hooks do, since compilers rewrite it in place.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+logger = logging.getLogger(__name__)
+
+Level = Literal["dynamo", "aot"]
+ACCURACY_ENV = "MINIFY_CAPTURE_ACCURACY"
+_RECORDED = "_minify_capture_recorded"  # set on an exception once a hook reported it
+
+
+@dataclass
+class FailedCompile:
+    """One failing compiler call: where (`level`), the graph and the inputs it was handed (or the
+    ExportedProgram, for AOTI), the backend's name, the settings in effect and the error."""
+
+    level: Literal["dynamo", "aot", "aoti"]
+    error: BaseException
+    backend: str
+    config: dict[str, Any]
+    graph: Any = None  # torch.fx.GraphModule
+    inputs: list[Any] = field(default_factory=list)
+    program: Any = None  # torch.export.ExportedProgram (level "aoti")
+    is_backward: bool = False
+    kind: Literal["compile_error", "accuracy"] = "compile_error"
+
+
+class Listener(Protocol):
+    level: Level
+    accuracy: bool
+
+    def on_failure(self, failed: FailedCompile) -> None: ...
+
+
+_listeners: list[Listener] = []
+_lock = threading.Lock()
+_installed = False
+
+
+def add_listener(listener: Listener) -> None:
+    install()
+    with _lock:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def install() -> None:
+    """Patch the three compiler entry points (idempotent; imports dynamo and inductor)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        from torch._dynamo.output_graph import OutputGraph
+        from torch._inductor import compile_fx, debug
+
+        OutputGraph.call_user_compiler = _dynamo_hook(OutputGraph.call_user_compiler)
+        compile_fx.wrap_compiler_debug = _aot_hook(compile_fx.wrap_compiler_debug)
+        debug.aot_inductor_minifier_wrapper = _aoti_hook(debug.aot_inductor_minifier_wrapper)
+        _installed = True
+
+
+def _notify(failed: FailedCompile) -> None:
+    try:
+        setattr(failed.error, _RECORDED, True)
+    except AttributeError:  # an exception type with __slots__: it may be reported twice
+        pass
+    for listener in list(_listeners):
+        try:
+            listener.on_failure(failed)
+        except Exception:  # a capture must never change what the user's code raises
+            logger.exception("minify: recording a failing compile failed")
+
+
+def _recorded(error: BaseException) -> bool:
+    """Whether an inner hook already reported `error` or one it wraps (a backward graph that
+    failed inside the forward's dynamo call: the inner, more precise capture wins)."""
+    seen: set[int] = set()
+    stack: list[Any] = [error]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, _RECORDED, False):
+            return True
+        stack += [current.__cause__, current.__context__, getattr(current, "inner_exception", None)]
+    return False
+
+
+def _control_flow(error: BaseException) -> bool:
+    """Exceptions dynamo uses to restart, skip or graph-break: not a compiler failing."""
+    from torch._dynamo import exc
+
+    return isinstance(error, (exc.RestartAnalysis, exc.SkipFrame, exc.Unsupported, IndexError))
+
+
+def _copy_graph(gm: Any) -> Any:
+    import torch.fx as fx
+
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call_user_compiler(self: Any, gm: Any, example_inputs: list[Any]) -> Any:
+        if not _listeners:
+            return original(self, gm, example_inputs)
+        graph = _copy_graph(gm)
+        try:
+            compiled = original(self, gm, example_inputs)
+        except Exception as error:
+            if not _control_flow(error) and not _recorded(error):
+                _notify(FailedCompile(level="dynamo", error=error, backend=backend_name(self.compiler_fn),
+                                      config=_config(self.compiler_fn), graph=graph,
+                                      inputs=snapshot(example_inputs)))
+            raise
+        if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
+            _check_accuracy(self.compiler_fn, graph, example_inputs, compiled)
+        return compiled
+
+    return call_user_compiler
+
+
+def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrap_compiler_debug(compiler_fn: Callable[..., Any], compiler_name: str) -> Callable[..., Any]:
+        wrapped = original(compiler_fn, compiler_name)
+
+        @functools.wraps(wrapped)
+        def inner_compile(gm: Any, example_inputs: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+            backward = bool(kwargs.get("is_backward", False))
+            # A backward graph is captured at this level always: no forward program reproduces
+            # its failure. Forward graphs only when a listener asked for level "aot".
+            if not _listeners or not (backward or any(listener.level == "aot" for listener in _listeners)):
+                return wrapped(gm, example_inputs, *args, **kwargs)
+            graph = _copy_graph(gm)
+            try:
+                return wrapped(gm, example_inputs, *args, **kwargs)
+            except Exception as error:
+                if not _recorded(error):
+                    _notify(FailedCompile(level="aot", error=error, backend=compiler_name, config=_config(None),
+                                          graph=graph, inputs=snapshot(example_inputs), is_backward=backward))
+                raise
+
+        return inner_compile
+
+    return wrap_compiler_debug
+
+
+def _aoti_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def aot_inductor_minifier_wrapper(func: Callable[..., Any], exported_program: Any, **kwargs: Any) -> Any:
+        if not _listeners:
+            return original(func, exported_program, **kwargs)
+        try:
+            return original(func, exported_program, **kwargs)
+        except Exception as error:
+            if not _recorded(error):
+                # The package flag is the call's own business (the worker's aot_inductor sets it).
+                options = {key: value for key, value in (kwargs.get("inductor_configs") or {}).items()
+                           if key != "aot_inductor.package"}
+                _notify(FailedCompile(level="aoti", error=error, backend="aot_inductor",
+                                      config={**_config(None), **_json_only(options)}, program=exported_program))
+            raise
+
+    return aot_inductor_minifier_wrapper
+
+
+def _config(compiler_fn: Any) -> dict[str, Any]:
+    """The settings in effect, with the options torch.compile(options=..., mode=...) gave inductor:
+    applied only while that compile runs, they are not in the config modules by now."""
+    from .config import config_values
+
+    values = config_values()
+    options = getattr(getattr(compiler_fn, "_torchdynamo_orig_backend", compiler_fn), "config", None)
+    if isinstance(options, dict):
+        values.update(_json_only(options))
+    return values
+
+
+def _json_only(options: dict[str, Any]) -> dict[str, Any]:
+    from .config import _json_value
+
+    return {key: value for key, value in options.items() if isinstance(key, str) and _json_value(value)}
+
+
+def backend_name(compiler_fn: Any) -> str:
+    """The backend as the user named it: the string given to torch.compile ("inductor" for the
+    default), else `module:qualname` of the callable when that imports back to it, else its repr."""
+    name = getattr(compiler_fn, "_compiler_name", None)  # torch's WrapBackendDebug keeps the string
+    if isinstance(name, str):
+        return name
+    backend = getattr(compiler_fn, "_torchdynamo_orig_backend", compiler_fn)
+    name = getattr(backend, "compiler_name", None)
+    if isinstance(name, str):
+        return name
+    module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
+    if module and qualname and "<" not in qualname:
+        try:
+            found: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+        if found is backend:
+            return f"{module}:{qualname}"
+    return repr(backend)
+
+
+def snapshot(values: Sequence[Any]) -> list[Any]:
+    """The inputs as they are now (a program may write into them later): real tensors cloned,
+    fake ones (AOT level) made from their metadata, symbolic sizes as their hints."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        return [_snapshot_one(value, torch, FakeTensor) for value in values]
+
+
+def _snapshot_one(value: Any, torch: Any, fake_type: type) -> Any:
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return value.node.hint
+    if not isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, fake_type) or value.device.type == "meta":
+        return from_metadata(value)
+    return value.detach().clone(memory_format=torch.preserve_format)
+
+
+def from_metadata(value: Any) -> Any:
+    """A real tensor with `value`'s shape, strides, dtype and device: random floats, small ints."""
+    import torch
+
+    def concrete(sizes: Sequence[Any]) -> list[int]:
+        return [int(size.node.hint) if isinstance(size, torch.SymInt) else int(size) for size in sizes]
+
+    shape, strides = concrete(value.shape), concrete(value.stride())
+    device = "cpu" if value.device.type == "meta" else value.device
+    if value.dtype.is_floating_point or value.dtype.is_complex:
+        made = torch.randn(shape, dtype=value.dtype, device=device)
+    elif value.dtype == torch.bool:
+        made = torch.rand(shape, device=device) > 0.5
+    else:
+        made = torch.randint(0, 8, shape, dtype=value.dtype, device=device)
+    return torch.empty_strided(shape, strides, dtype=value.dtype, device=device).copy_(made)
+
+
+def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> None:
+    """MINIFY_CAPTURE_ACCURACY=1: the compiled graph's first outputs against eager, with the
+    worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict)."""
+    from minify_client.accuracy import AccuracyError, compare_to_eager
+
+    try:
+        divergence = compare_to_eager(graph, snapshot(example_inputs), _run_compiled(compiled))
+    except Exception:  # the check is best effort: a graph it cannot run is not the user's failure
+        logger.debug("minify: accuracy check skipped", exc_info=True)
+        return
+    if divergence is not None:
+        _notify(FailedCompile(level="dynamo", error=AccuracyError(divergence), backend=backend_name(compiler_fn),
+                              config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs),
+                              kind="accuracy"))
+
+
+def _run_compiled(compiled: Any) -> Callable[[list[Any]], Any]:
+    """Call a backend's result as dynamo does: boxed (a list it may clear) or with *args."""
+
+    def run(inputs: list[Any]) -> Any:
+        if getattr(compiled, "_boxed_call", False):
+            return compiled(list(inputs))
+        return compiled(*inputs)
+
+    return run
