@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="follow the job, download its artifacts and print the minimized graph")
     submit.add_argument("--out", type=Path, metavar="DIR",
                         help="where --wait puts the artifacts (default: ./minify-JOB_ID)")
+    submit.add_argument("--force", action="store_true",
+                        help="a new job even when the same program, spec and inputs already have one "
+                        "(queued, running or succeeded)")
     submit.set_defaults(run=_submit)
 
     status = commands.add_parser("status", parents=[connection], help="show a job")
@@ -119,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--status", choices=[state.value for state in JobState])
     listing.add_argument("--limit", type=int, default=20)
     listing.set_defaults(run=_list)
+
+    bugs = commands.add_parser("bugs", parents=[connection], help="list bugs, most recently seen first",
+                               description="Succeeded jobs grouped by root-cause signature and minimal graph shape.")
+    bugs.add_argument("bug_id", nargs="?", metavar="ID", help="one bug, with its jobs")
+    bugs.add_argument("--limit", type=int, default=20)
+    bugs.set_defaults(run=_bugs)
     return parser
 
 
@@ -141,9 +150,12 @@ def _submit(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     _warn_if_it_runs_code(args.program)
     with _client(args) as client:
-        created = client.submit(args.program, spec, inputs=args.inputs)
+        created = client.submit(args.program, spec, inputs=args.inputs, force=args.force)
         for warning in created.warnings:
             print(f"minify-client: warning: {warning}", file=sys.stderr)
+        if created.deduplicated:
+            print(f"minify-client: same program as job {created.id} ({created.status.value}); "
+                  "--force makes a new job", file=sys.stderr)
         dashboard = client.dashboard_url(created)
         if not args.wait:
             if args.json:
@@ -249,6 +261,39 @@ def _list(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if jobs.total > len(jobs.jobs):
         print(f"({len(jobs.jobs)} of {jobs.total} jobs)")
+    return EXIT_OK
+
+
+def _bugs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.bug_id:
+            bug = client.bug(args.bug_id)
+            if args.json:
+                _print_json(bug.model_dump(mode="json"))
+                return EXIT_OK
+            rows = [("bug", bug.id), ("signature", bug.signature), ("kind", bug.failure_kind),
+                    ("backend", f"{bug.backend} on {bug.device}"), ("jobs", str(bug.count)),
+                    ("first seen", f"{bug.first_seen:%Y-%m-%d %H:%M:%S}"),
+                    ("last seen", f"{bug.last_seen:%Y-%m-%d %H:%M:%S}"),
+                    ("repro", f"{client.server}{bug.repro}" if bug.repro else None),
+                    ("job ids", " ".join(bug.job_ids))]
+            for label, value in rows:
+                if value:
+                    print(f"{label + ':':<12}{value}")
+            return EXIT_OK
+        bugs = client.bugs(limit=args.limit)
+    if args.json:
+        _print_json(bugs.model_dump(mode="json"))
+        return EXIT_OK
+    rows = [(bug.id, str(bug.count), f"{bug.last_seen:%Y-%m-%d %H:%M:%S}", bug.representative, bug.signature)
+            for bug in bugs.bugs]
+    header = ("BUG", "JOBS", "LAST SEEN", "REPRESENTATIVE", "SIGNATURE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+    if bugs.total > len(bugs.bugs):
+        print(f"({len(bugs.bugs)} of {bugs.total} bugs)")
     return EXIT_OK
 
 

@@ -31,6 +31,8 @@ from minify_client.errors import (
 )
 from minify_client.models import (
     ARTIFACT_NAMES,
+    Bug,
+    BugList,
     Health,
     JobCreated,
     JobList,
@@ -110,8 +112,11 @@ class Client:
         inputs: str | os.PathLike[str] | bytes | IO[bytes] | None = None,
         *,
         name: str | None = None,
+        force: bool = False,
     ) -> JobCreated:
-        """Post a failing program (a `torch.export.save` .pt2) and its spec; returns the new job."""
+        """Post a failing program (a `torch.export.save` .pt2) and its spec; returns the new job, or
+        (`deduplicated`) the job of an identical submission that is queued, running or succeeded,
+        unless `force`."""
         job_spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec or {})
         with _opened(program, name or "program.pt2") as program_part, _opened_optional(
             inputs, "inputs.pt"
@@ -120,7 +125,8 @@ class Client:
             if inputs_part is not None:
                 files["inputs"] = inputs_part
             response = self._request(
-                "POST", "/v1/jobs", files=files, data={"spec": job_spec.model_dump_json()}, resend=False
+                "POST", "/v1/jobs", files=files, data={"spec": job_spec.model_dump_json()}, resend=False,
+                params={"force": "true"} if force else None,
             )
         return _parse(JobCreated, response)
 
@@ -143,6 +149,13 @@ class Client:
             return JobStatus.model_validate_json(response.content)
         except ValidationError:
             return self.status(job_id)
+
+    def bugs(self, *, offset: int = 0, limit: int = 50) -> BugList:
+        """Bugs (succeeded jobs grouped by signature and minimal graph shape), most recently seen first."""
+        return _parse(BugList, self._request("GET", "/v1/bugs", params={"offset": offset, "limit": limit}))
+
+    def bug(self, bug_id: str) -> Bug:
+        return _parse(Bug, self._request("GET", f"/v1/bugs/{bug_id}"))
 
     def health(self) -> Health:
         return _parse(Health, self._request("GET", "/healthz"))

@@ -305,6 +305,31 @@ class JobList(BaseModel):
     limit: int
 
 
+class Bug(BaseModel):
+    """The jobs whose minimal programs fail the same way: one root-cause signature, one graph shape."""
+
+    id: str = Field(description="bug_key(signature, graph_shape_hash) (minify_client.bugs)")
+    signature: str
+    graph_shape_hash: str
+    failure_kind: str | None = None
+    backend: str
+    device: str
+    count: int = Field(description="succeeded jobs filed under this bug (retention may have deleted some since)")
+    job_ids: list[str] = Field(default_factory=list, description="its jobs, most recent first")
+    first_seen: datetime
+    last_seen: datetime
+    representative: str = Field(description="the job whose repro stands for the bug (kept while the bug is listed)")
+    repro: str | None = Field(None, description="link to the representative job's repro.py")
+    dashboard: str | None = None
+
+
+class BugList(BaseModel):
+    bugs: list[Bug]
+    total: int
+    offset: int
+    limit: int
+
+
 class ErrorResponse(BaseModel):
     error: str
     detail: Any | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -9,12 +11,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from minify_server import connections
+from minify_server import connections, retention
+from minify_server.bugs import BugIndex
 from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
-from minify_server.routes import docs, jobs, system
+from minify_server.routes import bugs, docs, jobs, system
 from minify_server.store import ArtifactStore
 
 # Routes that answer only after talking to Redis: a success there means Redis is back.
@@ -51,9 +54,15 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             redis_url, read_timeout_s=BLOCK_MS / 1000 + connections.READ_TIMEOUT_S)
         app.state.sync_redis = connections.sync_client(redis_url)
         app.state.records = JobRecords(app.state.redis)
+        app.state.bugs = BugIndex(app.state.redis)
+        sweeper = asyncio.create_task(retention.sweep_periodically(
+            app.state.redis, app.state.store, settings.retention_days, settings.retention_sweep_interval_s))
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await app.state.redis.aclose()
             await app.state.stream_redis.aclose()
             app.state.sync_redis.close()
@@ -67,6 +76,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)
+    app.include_router(bugs.router)
     app.include_router(system.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accept torch.save'd GraphModules (unpickled in sandbox children only)")
     parser.add_argument("--workers", type=int, help="local workers in embedded mode (default 1)")
     parser.add_argument("--worker-queues", help="queues of the local workers (default cpu, +cuda on a GPU)")
+    parser.add_argument("--retention-days", type=float,
+                        help="delete jobs that ended longer ago, and their uploads and results (default 30)")
     parser.add_argument("--insecure-no-auth", action="store_true", default=None,
                         help="allow --host beyond loopback without tokens")
     parser.add_argument("--log-level", default="info")

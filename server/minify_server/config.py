@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         default=False, description="accept torch.save'd GraphModules (unpickled only in sandbox children)"
     )
     job_retries: int = Field(default=2, ge=0, description="re-runs of a job whose worker died")
+    retention_days: float = Field(
+        default=30, gt=0, description="jobs that ended longer ago are deleted (records, events, uploads, results), "
+                                      "except the representative job of a listed bug")
+    retention_sweep_interval_s: float = Field(default=3600, gt=0, description="how often the retention sweep runs")
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -15,11 +15,13 @@ class _Snapshot:
     """A one-shot collector over values already read from Redis."""
 
     def __init__(self, statuses: list[str], depths: dict[str, int], workers: int,
-                 counters: dict[str, int]) -> None:
+                 counters: dict[str, int], bugs: int, data_bytes: int) -> None:
         self.statuses = Counter(statuses)
         self.depths = depths
         self.workers = workers
         self.counters = counters
+        self.bugs = bugs
+        self.data_bytes = data_bytes
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("minify_jobs", "Jobs by status", labels=["status"])
@@ -31,6 +33,10 @@ class _Snapshot:
             depth.add_metric([name], count)
         yield depth
         yield GaugeMetricFamily("minify_workers", "Live workers (heartbeat not expired)", value=self.workers)
+        yield GaugeMetricFamily("minify_bugs", "Bugs listed (succeeded jobs grouped by signature and graph shape)",
+                                value=self.bugs)
+        yield GaugeMetricFamily("minify_data_dir_bytes", "Bytes of every file in the data dir (uploads, results, "
+                                "embedded Redis)", value=self.data_bytes)
         yield CounterMetricFamily("minify_checks", "Candidate checks run by finished jobs",
                                   value=self.counters.get("checks_total", 0))
         yield CounterMetricFamily("minify_checks_cached", "Candidate checks answered from the memo",
@@ -43,7 +49,8 @@ class _Snapshot:
         yield outcomes
 
 
-def render(statuses: list[str], depths: dict[str, int], workers: int, counters: dict[str, int]) -> bytes:
+def render(statuses: list[str], depths: dict[str, int], workers: int, counters: dict[str, int],
+           bugs: int, data_bytes: int) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(statuses, depths, workers, counters))
+    registry.register(_Snapshot(statuses, depths, workers, counters, bugs, data_bytes))
     return generate_latest(registry)

@@ -2,7 +2,9 @@
 
 One hash per job (`minify:job:<id>`), one stream of ProgressEvents per job
 (`minify:job:<id>:events`), a cancel flag (`minify:job:<id>:cancel`), a sorted set of all jobs
-by creation time (`minify:jobs`) and a hash of counters (`minify:counters`). The worker gets the
+by creation time (`minify:jobs`), a hash of counters (`minify:counters`), the job each distinct
+submission went to (`minify:content:<digest>`, deduplication) and the bug index (`minify:bugs`,
+`minify:bug:<id>`, `minify:bug:<id>:jobs`; minify_server/bugs.py reads it). The worker gets the
 key names in the job's ticket (ticket_keys), so this module is the one place they are spelled;
 the exception is `minify:queues:served_at` (queue name → when a live worker last served it, epoch
 seconds), which workers write on every heartbeat, outside any job, and which
@@ -23,8 +25,28 @@ from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Re
 INDEX_KEY = "minify:jobs"
 COUNTERS_KEY = "minify:counters"
 QUEUES_SERVED_KEY = "minify:queues:served_at"
+BUGS_KEY = "minify:bugs"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
+# How long a submission's claim on its content key lasts before its job record exists: a server
+# that died between the two leaves no claim behind for longer than this.
+CLAIM_TTL_S = 30
+# The job that an identical submission gets instead of a new one: the one the content key names, while
+# it is queued, running or succeeded (or its record is still being written: a live claim).
+_CLAIM = """
+local current = redis.call('GET', KEYS[1])
+if current and ARGV[3] ~= '1' then
+  local status = redis.call('HGET', ARGV[2] .. current, 'status')
+  if status == 'queued' or status == 'running' or status == 'succeeded' then return current end
+  if not status and redis.call('TTL', KEYS[1]) > 0 then return current end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
+return ARGV[1]
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def record_key(job_id: str) -> str:
@@ -39,12 +61,28 @@ def cancel_key(job_id: str) -> str:
     return f"minify:job:{job_id}:cancel"
 
 
+def content_key(digest: str) -> str:
+    return f"minify:content:{digest}"
+
+
+def bug_record_key(bug_id: str) -> str:
+    return f"minify:bug:{bug_id}"
+
+
+def bug_jobs_key(bug_id: str) -> str:
+    return f"minify:bug:{bug_id}:jobs"
+
+
 def ticket_keys(job_id: str) -> dict[str, str]:
+    """The keys the job entry writes; `bug` and `bug_jobs` are templates of `{bug}` (the bug id)."""
     return {
         "record": record_key(job_id),
         "events": events_key(job_id),
         "cancel": cancel_key(job_id),
         "counters": COUNTERS_KEY,
+        "bugs": BUGS_KEY,
+        "bug": bug_record_key("{bug}"),
+        "bug_jobs": bug_jobs_key("{bug}"),
     }
 
 
@@ -65,7 +103,7 @@ def to_job_status(fields: dict[str, str]) -> JobStatus:
         "created_at": fields["created_at"],
         "attempts": int(fields.get("attempts", 0)),
     }
-    for name in ("started_at", "finished_at", "reason", "worker", "program_name"):
+    for name in ("started_at", "finished_at", "reason", "worker", "program_name", "bug"):
         if fields.get(name):
             data[name] = fields[name]
     if fields.get("progress"):
@@ -79,11 +117,27 @@ class JobRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
+    async def claim(self, digest: str, job_id: str, force: bool) -> str:
+        """Atomically: the job an identical submission already made (queued, running or succeeded),
+        else `job_id`, which now owns the content key (for CLAIM_TTL_S, until `create` keeps it).
+        `force` always makes `job_id` the owner."""
+        owner = await self.redis.eval(_CLAIM, 1, content_key(digest), job_id, record_key(""),
+                                      "1" if force else "0", str(CLAIM_TTL_S))
+        return owner.decode() if isinstance(owner, bytes) else owner
+
+    async def release(self, digest: str, job_id: str) -> None:
+        """Give up a claim whose job was never created (its upload could not be stored)."""
+        await self.redis.eval(_RELEASE, 1, content_key(digest), job_id)
+
     async def create(self, job_id: str, fields: dict[str, str]) -> None:
+        """The record, its place in the index and its first event; the content key it claimed (the
+        `content` field) now names it for good."""
         created = datetime.fromisoformat(fields["created_at"]).timestamp()
         queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(record_key(job_id), mapping=fields)
+            if fields.get("content"):
+                pipe.set(content_key(fields["content"]), job_id)
             pipe.zadd(INDEX_KEY, {job_id: created})
             pipe.xadd(events_key(job_id), event_fields(queued), maxlen=EVENTS_MAXLEN, approximate=True)
             await pipe.execute()

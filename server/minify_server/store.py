@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,12 +18,34 @@ from minify_client.models import ARTIFACT_NAMES
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 BUNDLE = "bundle.tar.gz"
+# What a full disk looks like to a write: no space left, a quota, or a file over the size limit
+# (RLIMIT_FSIZE, a filesystem's largest file).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class UploadTooLarge(Exception):
     def __init__(self, limit_bytes: int) -> None:
         super().__init__(f"upload exceeds the limit of {limit_bytes} bytes")
         self.limit_bytes = limit_bytes
+
+
+class StorageFull(Exception):
+    """The data dir refused a write (disk full, quota, file size limit); what was written is removed."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(f"{cause.strerror or cause} (errno {cause.errno})")
+        self.cause = cause
+
+
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """Turns an OSError that means "disk full" into StorageFull; other errors pass through."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in STORAGE_ERRNOS:
+            raise StorageFull(error) from error
+        raise
 
 
 class UnknownArtifact(LookupError):
@@ -31,29 +57,38 @@ class Blob:
     sha256: str
     path: Path
     size: int
+    new: bool = False  # this commit created the file (no identical upload had)
 
 
 class BlobWriter:
     """Streams one upload to a temp file in the data dir, hashing as it goes; never holds it in memory."""
 
     def __init__(self, tmp_dir: Path) -> None:
-        handle, name = tempfile.mkstemp(dir=tmp_dir, prefix="upload-")
+        with _storage_errors():
+            handle, name = tempfile.mkstemp(dir=tmp_dir, prefix="upload-")
         self._file = os.fdopen(handle, "wb")
         self.path = Path(name)
         self._hash = hashlib.sha256()
         self.size = 0
 
     def write(self, data: bytes) -> None:
-        self._file.write(data)
+        with _storage_errors():
+            self._file.write(data)
         self._hash.update(data)
         self.size += len(data)
 
     def close(self) -> None:
-        self._file.close()
+        with _storage_errors():
+            self._file.close()
 
     def discard(self) -> None:
-        self._file.close()
-        self.path.unlink(missing_ok=True)
+        """Remove the file, whatever state the write left it in (a full disk fails the close's flush too)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        finally:
+            self.path.unlink(missing_ok=True)
 
     @property
     def sha256(self) -> str:
@@ -73,16 +108,56 @@ class ArtifactStore:
         return BlobWriter(self.tmp)
 
     def commit(self, writer: BlobWriter) -> Blob:
-        """Move a finished upload to blobs/<sha256[:2]>/<sha256>; identical uploads share one blob."""
-        writer.close()
-        digest = writer.sha256
-        target = self.blobs / digest[:2] / digest
-        target.parent.mkdir(exist_ok=True)
-        if target.exists():
-            writer.path.unlink()
-        else:
+        """Move a finished upload to blobs/<sha256[:2]>/<sha256>; identical uploads share one blob.
+
+        A blob that already exists is touched: retention deletes blobs by age (retention.py).
+        Raises StorageFull (the upload removed) when the disk is full.
+        """
+        try:
+            writer.close()
+            digest = writer.sha256
+            target = self.blobs / digest[:2] / digest
+            with _storage_errors():
+                target.parent.mkdir(exist_ok=True)
+        except BaseException:
+            writer.discard()
+            raise
+        new = not target.exists()
+        if new:
             os.replace(writer.path, target)
-        return Blob(sha256=digest, path=target, size=writer.size)
+        else:
+            writer.path.unlink()
+            os.utime(target)
+        return Blob(sha256=digest, path=target, size=writer.size, new=new)
+
+    def remove_job(self, job_id: str) -> None:
+        """Delete a job's results (retention)."""
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    def remove_stale_files(self, referenced_blobs: set[str], older_than: float) -> int:
+        """Delete blobs no job refers to and uploads left in tmp/, last touched before `older_than`
+        (epoch seconds; a blob's time is its last upload). Returns the files deleted."""
+        removed = 0
+        stale = [path for path in self.blobs.glob("*/*") if path.name not in referenced_blobs]
+        for path in [*stale, *self.tmp.glob("upload-*")]:
+            try:
+                if path.stat().st_mtime < older_than:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def size_bytes(self) -> int:
+        """Bytes of every file under the data dir (uploads, results, the embedded Redis)."""
+        total = 0
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:
+                    continue
+        return total
 
     def job_dir(self, job_id: str) -> Path:
         if not JOB_ID.match(job_id):

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from minify_server.store import ArtifactStore, BlobWriter, UploadTooLarge
 
 FILE_FIELDS = ("program", "inputs")
-TEXT_FIELDS = ("spec",)
+TEXT_FIELDS = ("spec", "force")
 TEXT_FIELD_LIMIT = 1024 * 1024
 
 

@@ -393,3 +393,10 @@ def fail_after_running_view_and_relu(gm: fx.GraphModule, example_inputs: list[An
 # written-out gelu and its layer norms.
 fail_on_clamp_and_mean = raise_on_all("clamp", "mean")
 fail_on_tanh_and_layer_norm = raise_on_all("tanh", "native_layer_norm")
+
+
+# -- Bugs (tests/test_bugs.py, bench/bugs.py): five ops, five bugs --------------------------------
+
+FIVE_BUG_OPS = ("relu", "sigmoid", "tanh", "exp", "neg")
+# Fails compiling a graph with any of the five ops, naming it: each op is a bug of its own.
+fail_on_each_of_five = first_match(*((op, raise_on(op)) for op in FIVE_BUG_OPS))

@@ -11,6 +11,7 @@ lose the failure that way).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import inspect
 import io
@@ -18,7 +19,7 @@ import json
 import re
 import tarfile
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,20 @@ import torch
 import torch.fx as fx
 
 from minify_client import signatures
+from minify_client.bugs import bug_key
 from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
 from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
-from .graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, subgraph_of, subgraphs, to_graph_module
+from .graph import (
+    META_NARROW,
+    META_VALUE,
+    graph_from_wire,
+    graph_shape_hash,
+    placeholders,
+    subgraph_of,
+    subgraphs,
+    to_graph_module,
+)
 from .outcomes import Signature, signature_from_dict
 from .shrink import narrowed
 
@@ -41,6 +52,54 @@ BUNDLE = "bundle.tar.gz"
 BUNDLE_FOLDER = "minify-repro"
 
 InputValue = torch.Tensor | int | float | bool
+
+# What a full disk looks like to a write: no space left, a quota, or a file over the size limit
+# (RLIMIT_FSIZE, a filesystem's largest file).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class ArtifactWriteError(Exception):
+    """The storage refused an artifact (disk full, quota, file too large): the job cannot deliver it."""
+
+    def __init__(self, name: str, cause: OSError) -> None:
+        super().__init__(f"could not write {name}: {cause.strerror or cause} (errno {cause.errno}); "
+                         "the disk that holds the results is full or refuses a file this large")
+        self.name = name
+
+
+def _write_artifact(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(path)`; when the storage refuses it, the partial file is removed and ArtifactWriteError raised."""
+    try:
+        write(path)
+    except OSError as error:
+        if error.errno not in STORAGE_ERRNOS:
+            raise
+        path.unlink(missing_ok=True)
+        raise ArtifactWriteError(path.name, error) from error
+
+
+def _saved(save: Callable[[Any, io.BytesIO], object], value: Any) -> Callable[[Path], object]:
+    """Serialize `value` with `save` (torch.save, torch.export.save) now; the result writes the bytes.
+
+    torch's writers report a failed write as a RuntimeError of their own; a plain write of their
+    bytes fails with the OSError (ENOSPC, EFBIG) that says the disk is full.
+    """
+    buffer = io.BytesIO()
+    save(value, buffer)
+    return lambda path: path.write_bytes(buffer.getbuffer())
+
+
+def raise_storage_error(result: Mapping[str, Any]) -> None:
+    """Raise the ArtifactWriteError a `write_program_artifacts` child met, if it met one."""
+    if result.get("storage_error"):
+        name, cause = result["storage_error"]
+        raise ArtifactWriteError(name, OSError(cause[0], cause[1]))
+
+
+def file_under_bug(report: Report, graph: fx.Graph) -> None:
+    """Set the report's `graph_shape_hash` and `bug` (minify_client.bugs.bug_key) for its minimal graph."""
+    report.graph_shape_hash = graph_shape_hash(graph)
+    report.bug = bug_key(report.signature, report.graph_shape_hash) if report.signature else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,7 +122,8 @@ def write_program_artifacts(
     `environment` the worker's (`environment.collect`), for repro.py's header.
     Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
     refuses still gets its inputs.pt and repro.py. `out_dir` must be absolute (nothing is
-    written otherwise, and every file is an error).
+    written otherwise, and every file is an error). A write the storage refused (a full disk)
+    adds `"storage_error": [name, [errno, strerror]]` (`raise_storage_error` raises it again).
     """
     if not Path(out_dir).is_absolute():
         # A sandbox child works in a folder of its own: a relative out_dir would put the files
@@ -73,7 +133,13 @@ def write_program_artifacts(
     graph = graph_from_wire(wire_graph)
     spec = JobSpec.model_validate_json(spec_json)
     target = signature_from_dict(signature) if signature is not None else None
-    return write_program_files(graph, context.values, Path(out_dir), spec, target, environment)
+    try:
+        return write_program_files(graph, context.values, Path(out_dir), spec, target, environment)
+    except ArtifactWriteError as error:
+        cause = error.__cause__
+        assert isinstance(cause, OSError)
+        return {"files": [], "errors": {error.name: str(error)},
+                "storage_error": [error.name, [cause.errno, cause.strerror]]}
 
 
 def write_program_files(
@@ -90,16 +156,19 @@ def write_program_files(
     files: list[str] = []
     errors: dict[str, str] = {}
 
-    torch.save(inputs, out_dir / INPUTS)
+    _write_artifact(out_dir / INPUTS, _saved(torch.save, inputs))
     files.append(INPUTS)
-    (out_dir / REPRO).write_text(render_repro(graph, spec, signature, torch.__version__, environment))
+    repro = render_repro(graph, spec, signature, torch.__version__, environment)
+    _write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
     try:
         program = export_minimized(graph, inputs, spec.device, dynamic=spec.dynamic)
-        torch.export.save(program, out_dir / MINIMIZED)
-        files.append(MINIMIZED)
+        write_minimized = _saved(torch.export.save, program)
     except Exception as error:  # a user program can fail to export in any way; report, don't die
         errors[MINIMIZED] = f"{type(error).__name__}: {error}"
+    else:
+        _write_artifact(out_dir / MINIMIZED, write_minimized)
+        files.append(MINIMIZED)
     return {"files": files, "errors": errors}
 
 
@@ -561,7 +630,8 @@ def write_report(report: Report, out_dir: Path) -> Path:
     """report.json: the Report model as JSON."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT
-    path.write_text(report.model_dump_json(indent=2) + "\n")
+    text = report.model_dump_json(indent=2) + "\n"
+    _write_artifact(path, lambda target: target.write_text(text))
     return path
 
 
@@ -581,5 +651,5 @@ def write_bundle(out_dir: Path) -> Path:
             info.size = len(data)
             info.mode = 0o644
             archive.addfile(info, io.BytesIO(data))
-    path.write_bytes(buffer.getvalue())
+    _write_artifact(path, lambda target: target.write_bytes(buffer.getvalue()))
     return path

@@ -336,7 +336,10 @@ class _Run:
         reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
         self._emit(force=True, message="writing artifacts")
-        written = self._write_program_artifacts(evaluator.live_pool())
+        try:
+            written = self._write_program_artifacts(evaluator.live_pool())
+        except artifacts.ArtifactWriteError as error:  # the disk is full: no repro to deliver
+            return self._finish(JobState.failed, str(error))
         return self._finish(status, reason, written)
 
     # -- the original ----------------------------------------------------------------------
@@ -524,6 +527,7 @@ class _Run:
             timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
         )
         self.artifact_errors = dict(result.get("errors") or {})
+        artifacts.raise_storage_error(result)
         for name, error in self.artifact_errors.items():
             log.warning("could not write %s: %s", name, error)
         return {name: self.out_dir / name for name in result.get("files", [])}
@@ -579,11 +583,19 @@ class _Run:
             input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
             input_shapes_final=shrink.input_shapes(best) if succeeded else {},
         )
+        if succeeded:
+            artifacts.file_under_bug(report, best)
         files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
-        files["report.json"] = artifacts.write_report(report, self.out_dir)
-        if len(files) > 1:
-            files["bundle.tar.gz"] = artifacts.write_bundle(self.out_dir)
+        try:
+            files["report.json"] = artifacts.write_report(report, self.out_dir)
+            if len(files) > 1:
+                files["bundle.tar.gz"] = artifacts.write_bundle(self.out_dir)
+        except artifacts.ArtifactWriteError as error:  # the disk is full: the job cannot deliver
+            status, reason = JobState.failed, f"{reason}; {error}" if reason else str(error)
+            files = {name: path for name, path in files.items() if path.is_file()}
+            report = report.model_copy(update={"status": status, "reason": reason, "graph_shape_hash": None,
+                                               "bug": None, "artifacts": sorted(files)})
         self._emit(force=True, status=status, message=reason or status.value)
         return MinifyResult(status, reason, report, files)
 

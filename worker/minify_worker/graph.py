@@ -468,6 +468,42 @@ def _hash_text(value: Any, index: dict[fx.Node, int]) -> str:
     return repr(value)
 
 
+def graph_shape_hash(graph: fx.Graph) -> str:
+    """Hash of what a bug is made of, not of one instance of it: the ops, the edges between them, and
+    each input's kind, dtype and device; not node names, not the inputs' value keys, not tensor sizes
+    (an int or a float argument counts by its type, so a view to another size is the same shape).
+    Two programs that minimize to the same graph at other sizes share it (minify_client.bugs)."""
+    index: dict[fx.Node, int] = {}
+    lines = []
+    for position, node in enumerate(graph.nodes):
+        index[node] = position
+        if node.op == "placeholder":
+            tensor = node.meta.get(META_TENSOR) or {}
+            lines.append(f"placeholder {node.meta.get(META_KIND)} {tensor.get('dtype')} {tensor.get('device')} "
+                         f"{node.meta.get(META_SCALAR)}")
+        elif node.op == "call_function":
+            lines.append(f"call {target_name(node.target)} {_shape_text(node.args, index)} "
+                         f"{_shape_text(node.kwargs, index)}")
+        elif node.op == "get_attr":
+            lines.append(f"subgraph {graph_shape_hash(subgraph_of(node))}")
+        else:
+            lines.append(f"{node.op} {_shape_text(node.args, index)}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _shape_text(value: Any, index: dict[fx.Node, int]) -> str:
+    """`_hash_text` with every int and float replaced by its type: sizes, offsets and constants drop out."""
+    if isinstance(value, fx.Node):
+        return f"%{index[value]}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ",".join(_shape_text(item, index) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key!r}:{_shape_text(item, index)}" for key, item in value.items()) + "}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return type(value).__name__
+    return repr(value)
+
+
 def count_ops(graph: fx.Graph) -> int:
     """The node count users see: call_function nodes, those of subgraphs included."""
     return sum(1 if node.op == "call_function" else count_ops(subgraph_of(node))

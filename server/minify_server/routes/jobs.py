@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import time
 import uuid
 from datetime import datetime
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +23,7 @@ from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
 from minify_server.records import JobRecords, now_iso, ticket_keys, to_job_status
-from minify_server.store import ArtifactStore, Blob, UnknownArtifact, UploadTooLarge
+from minify_server.store import ArtifactStore, Blob, StorageFull, UnknownArtifact, UploadTooLarge
 from minify_server.uploads import BadUpload, JobUpload, receive_job_upload
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
@@ -35,6 +38,8 @@ _UPLOAD_FORM = {
                 "program": {"type": "string", "format": "binary", "description": ".pt2 from torch.export.save"},
                 "inputs": {"type": "string", "format": "binary", "description": "optional .pt from torch.save"},
                 "spec": {"type": "string", "description": "the JobSpec as JSON"},
+                "force": {"type": "string", "description": "'true': a new job even when an identical "
+                                                           "submission's job is queued, running or succeeded"},
             },
         }}},
     }
@@ -105,6 +110,23 @@ def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
     return spec
 
 
+def submission_digest(program_sha256: str, inputs_sha256: str | None, spec: JobSpec) -> str:
+    """What makes two submissions identical: the program's bytes, the inputs' bytes and the spec as
+    canonical JSON (defaults filled in, keys sorted), so `{}` and the defaults spelled out are one."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    text = f"program {program_sha256}\ninputs {inputs_sha256 or '-'}\nspec {canonical}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _storage_full(error: StorageFull) -> ApiError:
+    return ApiError(507, f"the server could not store the upload: its disk is full ({error}); nothing was "
+                         "kept, retry once space is freed", detail={"cause": str(error)})
+
+
 def _check_files(upload: JobUpload, allow_pickle: bool) -> None:
     if "program" not in upload.files:
         raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
@@ -138,8 +160,12 @@ def _is_pickled_module(upload: JobUpload, allow_pickle: bool) -> bool:
 
 
 @router.post("", status_code=201, response_model=JobCreated, openapi_extra=_UPLOAD_FORM,
-             summary="Submit a failing program")
-async def create_job(request: Request) -> JobCreated:
+             summary="Submit a failing program",
+             responses={200: {"model": JobCreated, "description": "an identical submission's job (deduplicated)"},
+                        507: {"description": "the server's disk is full; nothing was stored"}})
+async def create_job(request: Request, response: Response,
+                     force: bool = Query(False, description="a new job even for an identical submission"),
+                     ) -> JobCreated:
     settings = request.app.state.settings
     store = _store(request)
     content_length = request.headers.get("content-length")
@@ -153,20 +179,39 @@ async def create_job(request: Request) -> JobCreated:
         raise ApiError(413, str(error)) from error
     except BadUpload as error:
         raise ApiError(400, str(error)) from error
+    except StorageFull as error:
+        raise _storage_full(error) from error
     try:
         spec = _parse_spec(upload, settings.allowed_backends)
         _check_files(upload, settings.allow_pickle)
     except ApiError:
         upload.discard()
         raise
-    blobs: dict[str, Blob] = {name: store.commit(writer) for name, writer in upload.files.items()}
+    inputs = upload.files.get("inputs")
+    digest = submission_digest(upload.files["program"].sha256, inputs.sha256 if inputs else None, spec)
     job_id = uuid.uuid4().hex
+    try:
+        existing = await _existing_job(request, digest, job_id, force or _is_true(upload.texts.get("force")))
+    except BaseException:
+        upload.discard()
+        raise
+    if existing is not None:
+        upload.discard()
+        response.status_code = 200
+        return JobCreated(id=existing.id, status=existing.status, links=_links(existing.id, []), deduplicated=True,
+                          warnings=existing.warnings)
+    try:
+        blobs = await run_in_threadpool(_commit_all, store, upload)
+    except StorageFull as error:
+        await _records(request).release(digest, job_id)
+        raise _storage_full(error) from error
     out_dir = store.out_dir(job_id)
     program_name = Path(upload.filenames.get("program") or "program.pt2").name
     await _records(request).create(job_id, {
         "id": job_id, "status": JobState.queued.value, "spec": spec.model_dump_json(),
         "created_at": now_iso(), "attempts": "0", "program_name": program_name,
-        "program_sha256": blobs["program"].sha256, "queue": spec.device_class,
+        "program_sha256": blobs["program"].sha256, "queue": spec.device_class, "content": digest,
+        **({"inputs_sha256": blobs["inputs"].sha256} if "inputs" in blobs else {}),
     })
     ticket = {
         "job_id": job_id,
@@ -181,6 +226,34 @@ async def create_job(request: Request) -> JobCreated:
     warning = await _unserved_queue_warning(request, spec.device_class, None)
     return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []),
                       warnings=[warning] if warning else [])
+
+
+def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
+    """Every uploaded file into the blob store, or none: on a full disk the blobs this upload created go."""
+    blobs: dict[str, Blob] = {}
+    try:
+        for name, writer in upload.files.items():
+            blobs[name] = store.commit(writer)
+    except BaseException:
+        upload.discard()
+        for blob in blobs.values():
+            if blob.new:
+                blob.path.unlink(missing_ok=True)
+        raise
+    return blobs
+
+
+async def _existing_job(request: Request, digest: str, job_id: str, force: bool) -> JobStatus | None:
+    """The job of an identical earlier submission that is queued, running or succeeded; None when
+    `job_id` is to be created (it then owns the submission's content key, records.JobRecords.claim)."""
+    records = _records(request)
+    while True:
+        owner = await records.claim(digest, job_id, force)
+        if owner == job_id:
+            return None
+        if await records.get(owner) is not None:
+            return await _job(request, owner)
+        await asyncio.sleep(0.05)  # the identical submission is still writing its record
 
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import Health
 from minify_server import metrics, queue
@@ -54,5 +55,7 @@ async def prometheus_metrics(request: Request) -> Response:
         await queue.queue_depths(redis),
         await queue.live_workers(redis),
         await records.counters(),
+        await request.app.state.bugs.count(),
+        await run_in_threadpool(request.app.state.store.size_bytes),
     )
     return Response(body, media_type="text/plain; version=0.0.4")

@@ -2,9 +2,12 @@
 //   #/jobs[?status=S&offset=N]   every job
 //   #/jobs/ID                    one job, live
 //   #/submit                     upload a program
+//   #/bugs[?offset=N]            bugs: jobs grouped by signature and graph shape
+//   #/bugs/ID                    one bug and its jobs
 //   /?job=ID                     what the client links to: the same as #/jobs/ID
 
 import { initTokenControls } from "./api.js";
+import { renderBug, renderBugs } from "./bugs.js";
 import { renderJob } from "./job.js";
 import { renderJobs } from "./jobs.js";
 import { renderSubmit } from "./submit.js";
@@ -27,6 +30,10 @@ function route() {
   if (parts[0] === "jobs" && parts[1]) {
     stopCurrent = renderJob(view, decodeURIComponent(parts[1]));
     document.title = `minify · job ${decodeURIComponent(parts[1]).slice(0, 12)}`;
+  } else if (parts[0] === "bugs") {
+    section = "bugs";
+    stopCurrent = parts[1] ? renderBug(view, decodeURIComponent(parts[1])) : renderBugs(view, query);
+    document.title = parts[1] ? `minify · bug ${decodeURIComponent(parts[1]).slice(0, 12)}` : "minify · bugs";
   } else if (parts[0] === "submit") {
     section = "submit";
     stopCurrent = renderSubmit(view);

@@ -169,6 +169,7 @@ export function renderJob(root, id) {
       ["Submitted", formatClock(parseTime(job.created_at))],
       ["Worker", job.worker || "–"],
     ];
+    if (job.bug) rows.push(["Bug", h("a", { href: `#/bugs/${encodeURIComponent(job.bug)}`, id: "job-bug" }, h("code", {}, job.bug))]);
     const result = job.result;
     if (result?.torch_version) rows.push(["Torch", result.torch_version]);
     if (result?.candidate_timeout_s) rows.push(["Candidate timeout", formatDuration(result.candidate_timeout_s)]);

@@ -1,0 +1,21 @@
+"""The key of a bug: which succeeded jobs found the same compiler bug.
+
+One pure function, the only place the key is computed: the worker writes it into report.json,
+the server files the job under it. A bug is the root-cause signature (as report.json records it,
+already normalized by minify_worker/signatures.py: paths, numbers and generated names taken out)
+together with the shape of the minimal graph (`graph_shape_hash`: its ops, edges, dtypes and
+devices, not its tensor sizes). As ClusterFuzz groups crashes by crash state, two programs that
+minimize to the same ops failing the same way are one bug, whatever their sizes or names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+BUG_ID_LENGTH = 24
+
+
+def bug_key(signature: str, graph_shape_hash: str) -> str:
+    """The bug id (24 hex digits) of a minimal graph of shape `graph_shape_hash` failing with `signature`."""
+    text = f"minify-bug-v1\n{signature.strip()}\n{graph_shape_hash}"
+    return hashlib.sha256(text.encode()).hexdigest()[:BUG_ID_LENGTH]

@@ -1,0 +1,35 @@
+"""/v1/bugs: succeeded jobs grouped by root-cause signature and minimal graph shape."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from minify_client.models import Bug, BugList
+from minify_server.auth import require_token
+from minify_server.bugs import BugIndex
+from minify_server.errors import ApiError
+
+router = APIRouter(prefix="/v1/bugs", tags=["bugs"], dependencies=[Depends(require_token)])
+
+_BUG_ID = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+def _bugs(request: Request) -> BugIndex:
+    return request.app.state.bugs
+
+
+@router.get("", response_model=BugList, summary="Bugs, most recently seen first")
+async def list_bugs(request: Request, offset: int = Query(0, ge=0),
+                    limit: int = Query(50, ge=1, le=500)) -> BugList:
+    bugs, total = await _bugs(request).page(offset, limit)
+    return BugList(bugs=bugs, total=total, offset=offset, limit=limit)
+
+
+@router.get("/{bug_id}", response_model=Bug, summary="A bug: its signature, jobs and representative repro")
+async def get_bug(request: Request, bug_id: str) -> Bug:
+    bug = await _bugs(request).get(bug_id) if _BUG_ID.match(bug_id) else None
+    if bug is None:
+        raise ApiError(404, f"no bug {bug_id!r}")
+    return bug

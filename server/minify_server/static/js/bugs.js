@@ -1,0 +1,121 @@
+// Bugs page: succeeded jobs grouped by root-cause signature and minimal graph shape, most recently
+// seen first; one bug's page lists its jobs. Polled every 5 s.
+
+import { api, downloadWithToken, storedToken } from "./api.js";
+import { formatAgo, formatClock, h, parseTime } from "./dom.js";
+
+const PAGE_SIZE = 25;
+const POLL_MS = 5000;
+
+function reproLink(bug) {
+  const name = "repro.py";
+  const path = bug.repro.replace(/^\//, ""); // relative, as every API path of the dashboard
+  return h("a", {
+    class: "repro-link", href: path, download: name, title: `the repro of job ${bug.representative}`,
+    onclick: (event) => {
+      // A plain link cannot carry the Authorization header; fetch it instead.
+      if (!storedToken()) return;
+      event.preventDefault();
+      downloadWithToken(path, name).catch(() => {});
+    },
+  }, "repro.py");
+}
+
+function row(bug, now) {
+  const lastSeen = parseTime(bug.last_seen);
+  return h("tr", { class: "bug-row", "data-bug-id": bug.id },
+    h("td", { "data-label": "Bug" }, h("a", { href: `#/bugs/${encodeURIComponent(bug.id)}`, class: "bug-link" },
+      h("code", {}, bug.id.slice(0, 12)))),
+    h("td", { "data-label": "Jobs", class: "num bug-count" }, String(bug.count)),
+    h("td", { "data-label": "Last seen", title: formatClock(lastSeen), class: "bug-last-seen" }, formatAgo(lastSeen, now)),
+    h("td", { "data-label": "Signature" }, h("code", { class: "bug-signature" }, bug.signature),
+      h("div", { class: "muted small" }, `${bug.failure_kind || "failure"} · ${bug.backend} on ${bug.device}`)),
+    h("td", { "data-label": "Repro" }, reproLink(bug),
+      h("div", { class: "muted small" }, h("a", { href: `#/jobs/${encodeURIComponent(bug.representative)}` },
+        `job ${bug.representative.slice(0, 12)}`))),
+  );
+}
+
+function poller(refresh) {
+  let stopped = false;
+  let timer = 0;
+  async function tick() {
+    if (!document.hidden) await refresh(() => stopped);
+    if (!stopped) timer = setTimeout(tick, POLL_MS);
+  }
+  tick();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+/** Render the bugs page into `root`; returns a function that stops its polling. */
+export function renderBugs(root, query) {
+  const offset = Math.max(0, Number.parseInt(query.get("offset") || "0", 10) || 0);
+  const tbody = h("tbody");
+  const table = h("table", { class: "jobs bugs" },
+    h("thead", {}, h("tr", {}, ["Bug", "Jobs", "Last seen", "Signature", "Repro"].map((name) =>
+      h("th", { class: name === "Jobs" ? "num" : null }, name)))),
+    tbody);
+  const empty = h("p", { class: "empty", hidden: true }, "No bugs yet: a job that succeeds files its minimal program under one.");
+  const pager = h("div", { class: "pager" });
+  const error = h("p", { class: "error", hidden: true });
+  root.replaceChildren(h("section", { class: "page-head" }, h("h1", {}, "Bugs")),
+    error, h("div", { class: "table-wrap" }, table), empty, pager);
+  return poller(async (stopped) => {
+    try {
+      const list = await api(`v1/bugs?offset=${offset}&limit=${PAGE_SIZE}`);
+      if (stopped()) return;
+      const now = new Date();
+      tbody.replaceChildren(...list.bugs.map((bug) => row(bug, now)));
+      table.hidden = list.bugs.length === 0;
+      empty.hidden = list.bugs.length !== 0;
+      const last = Math.min(offset + list.bugs.length, list.total);
+      pager.replaceChildren(h("span", {},
+        h("span", { class: "muted" }, list.total ? `${offset + 1}–${last} of ${list.total}` : ""), " ",
+        offset > 0 ? h("a", { class: "button", href: `#/bugs?offset=${Math.max(0, offset - PAGE_SIZE)}` }, "← Newer") : null, " ",
+        last < list.total ? h("a", { class: "button", href: `#/bugs?offset=${offset + PAGE_SIZE}` }, "Older →") : null));
+      error.hidden = true;
+    } catch (failure) {
+      if (stopped()) return;
+      error.hidden = false;
+      error.textContent = `Could not load bugs: ${failure.message}`;
+    }
+  });
+}
+
+/** One bug: what it is, its representative repro and its jobs. */
+export function renderBug(root, id) {
+  const details = h("dl", { class: "spec", id: "bug-details" });
+  const jobs = h("ul", { class: "bug-jobs", id: "bug-jobs" });
+  const error = h("p", { class: "error", hidden: true });
+  root.replaceChildren(
+    h("section", { class: "page-head" }, h("h1", {}, "Bug ", h("code", {}, id.slice(0, 12))),
+      h("a", { href: "#/bugs", class: "button" }, "All bugs")),
+    error,
+    h("section", { class: "card" }, details),
+    h("section", { class: "card" }, h("h2", {}, "Jobs"), jobs));
+  return poller(async (stopped) => {
+    try {
+      const bug = await api(`v1/bugs/${encodeURIComponent(id)}`);
+      if (stopped()) return;
+      const rows = [
+        ["Signature", h("code", { class: "bug-signature" }, bug.signature)],
+        ["Failure", bug.failure_kind || "–"], ["Backend", `${bug.backend} on ${bug.device}`],
+        ["Jobs", String(bug.count)],
+        ["First seen", formatClock(parseTime(bug.first_seen))], ["Last seen", formatClock(parseTime(bug.last_seen))],
+        ["Repro", h("span", {}, reproLink(bug), " of ",
+          h("a", { href: `#/jobs/${encodeURIComponent(bug.representative)}` }, `job ${bug.representative.slice(0, 12)}`))],
+      ];
+      details.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
+      jobs.replaceChildren(...bug.job_ids.map((jobId) =>
+        h("li", {}, h("a", { href: `#/jobs/${encodeURIComponent(jobId)}` }, h("code", {}, jobId.slice(0, 12))))));
+      error.hidden = true;
+    } catch (failure) {
+      if (stopped()) return;
+      error.hidden = false;
+      error.textContent = failure.status === 404 ? `No bug ${id}.` : `Could not load the bug: ${failure.message}`;
+    }
+  });
+}
