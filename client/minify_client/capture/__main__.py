@@ -1,0 +1,69 @@
+"""`python -m minify_client.capture [options] script.py [args...]`: run a script as `python
+script.py args...` would (runpy as `__main__`, its argv, its exit code, as cProfile does) and
+capture every failing torch.compile graph and aoti_compile_and_package call it makes, into
+`--dir` (default `$MINIFY_CAPTURE_DIR` or ./minify-captures) with a manifest `captures.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+
+from .session import CaptureSession, safe_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m minify_client.capture",
+        description="Run a Python script and capture every failing torch.compile graph it makes for minify.")
+    parser.add_argument("--dir", help="capture directory (default: $MINIFY_CAPTURE_DIR or ./minify-captures)")
+    parser.add_argument("--level", choices=["dynamo", "aot"], help="the graph to capture: the one dynamo handed "
+                        "the backend (default) or the one inductor received after AOT autograd")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="also check each compiled graph's first outputs against eager (fp64 reference)")
+    parser.add_argument("script", help="the script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    options = parser.parse_args(argv)
+
+    if options.dir:
+        os.environ["MINIFY_CAPTURE_DIR"] = options.dir
+    if options.level:
+        os.environ["MINIFY_CAPTURE_LEVEL"] = options.level
+    if options.accuracy:
+        os.environ["MINIFY_CAPTURE_ACCURACY"] = "1"
+    session = CaptureSession.from_environment()
+    session.start()
+    session.begin(safe_name(options.script))
+    sys.argv = [options.script, *options.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+    try:
+        runpy.run_path(options.script, run_name="__main__")
+    except SystemExit as exit_:
+        session.finish()
+        return _exit_code(exit_.code)
+    except BaseException as error:
+        session.finish(error)
+        traceback.print_exc()  # with the note saying where the capture went
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    else:
+        session.finish()
+        return 0
+    finally:
+        session.stop()
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter would exit with for `sys.exit(code)`."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
