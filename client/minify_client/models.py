@@ -190,6 +190,11 @@ class Culprit(BaseModel):
     detail: str | None = Field(None, description="what that application was, e.g. the op lowered ('relu')")
     graph: Literal["forward", "backward"] | None = Field(
         None, description="which compiled graph failed, when the program has a backward graph too")
+    probes: int = Field(0, description="probes the bisection ran, each in a sandbox child")
+    notes: list[str] = Field(
+        default_factory=list,
+        description="probes that neither passed nor failed the same way (crashed, hung, failed otherwise): each "
+                    "counted as not failing the same way, and cost that probe")
 
 
 class Workaround(BaseModel):
@@ -253,6 +258,10 @@ class Report(BaseModel):
     culprit_reason: str | None = Field(None, description="why there is no culprit (not run, not found, ...)")
     workarounds: list[Workaround] = Field(
         default_factory=list, description="settings verified to avoid the bug on the original; empty when none")
+    workarounds_tried: dict[str, str] = Field(
+        default_factory=dict,
+        description="settings tried that are not workarounds, and what happened: 'KEY=VALUE' -> outcome on the "
+                    "minimal program (or the original), or why it was not tried")
     graph_shape_hash: str | None = Field(
         None, description="structural hash of the minimal graph ignoring tensor sizes (ops, edges, dtypes, devices): "
                           "with the signature, the key of the job's bug")

@@ -114,12 +114,14 @@ def write_program_artifacts(
     spec_json: str,
     signature: dict[str, Any] | None = None,
     environment: Mapping[str, str] | None = None,
+    culprit_lines: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write minimized.pt2, inputs.pt and repro.py for the minimized graph: a `SandboxPool.call` target.
 
     `context.values` is the value store the sandbox child holds; `wire_graph` is `graph_to_wire`'s
     form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict),
-    `environment` the worker's (`environment.collect`), for repro.py's header.
+    `environment` the worker's (`environment.collect`), for repro.py's header, as are
+    `culprit_lines` (the culprit phase's finding: `culprit.header_lines`).
     Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
     refuses still gets its inputs.pt and repro.py. `out_dir` must be absolute (nothing is
     written otherwise, and every file is an error). A write the storage refused (a full disk)
@@ -134,7 +136,7 @@ def write_program_artifacts(
     spec = JobSpec.model_validate_json(spec_json)
     target = signature_from_dict(signature) if signature is not None else None
     try:
-        return write_program_files(graph, context.values, Path(out_dir), spec, target, environment)
+        return write_program_files(graph, context.values, Path(out_dir), spec, target, environment, culprit_lines)
     except ArtifactWriteError as error:
         cause = error.__cause__
         assert isinstance(cause, OSError)
@@ -149,6 +151,7 @@ def write_program_files(
     spec: JobSpec,
     signature: Signature | None = None,
     environment: Mapping[str, str] | None = None,
+    culprit_lines: list[str] | None = None,
 ) -> dict[str, Any]:
     """`write_program_artifacts` over an in-memory graph and value store."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +161,7 @@ def write_program_files(
 
     _write_artifact(out_dir / INPUTS, _saved(torch.save, inputs))
     files.append(INPUTS)
-    repro = render_repro(graph, spec, signature, torch.__version__, environment)
+    repro = render_repro(graph, spec, signature, torch.__version__, environment, culprit_lines)
     _write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
     try:
@@ -212,7 +215,7 @@ def _to_device(value: InputValue, device: str) -> InputValue:
 
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
-                 environment: Mapping[str, str] | None = None) -> str:
+                 environment: Mapping[str, str] | None = None, culprit_lines: list[str] | None = None) -> str:
     """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
 
     `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
@@ -224,7 +227,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     shapes = dynamic_shapes_of(graph, spec.dynamic)
     classes, imports = _module_classes(graph, "Repro")
     preamble = [
-        _header(spec, kind, signature, torch_version, environment or {}),
+        _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or []),
         _IMPORTS,
         *([imports] if imports else []),
         _config_lines(spec.config),
@@ -256,7 +259,7 @@ _EXPECTATIONS = {
 
 
 def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
-            environment: Mapping[str, str]) -> str:
+            environment: Mapping[str, str], culprit_lines: list[str] | None = None) -> str:
     failure = spec.failure
     lines = [
         "Minimized repro written by minify (plain torch; no minify import).",
@@ -277,6 +280,8 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if spec.backend not in BUILTIN_BACKENDS:
         module = spec.backend.split(":")[0]
         lines.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
+    if culprit_lines:
+        lines += ["", *culprit_lines]
     if environment:
         lines += ["", "Environment it failed in (torch.utils.collect_env, on the worker):"]
         lines += [f"  {key}: {'; '.join(value.splitlines())[:_MAX_HEADER_TEXT]}" for key, value in environment.items()]

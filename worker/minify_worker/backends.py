@@ -39,6 +39,9 @@ Compiled = Callable[..., Any]
 Backend = Callable[[fx.GraphModule, list[Any]], Compiled]
 
 ALLOWED_BACKENDS_ENV = "MINIFY_ALLOWED_BACKENDS"
+# torch.compile's debug backends a candidate may use: the spec's two, and the stages between them
+# that the compiler bisector probes (the culprit phase; never a spec's backend).
+REGISTERED_BACKENDS = ("aot_eager", "eager", "aot_eager_decomp_partition", "aot_eager_decomp_partition_crossref")
 
 
 class BackendError(Exception):
@@ -129,7 +132,7 @@ def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = Non
         return _aot_inductor(workdir, shapes)
     if name == "inductor":
         backend = _inductor
-    elif name in ("aot_eager", "eager"):
+    elif name in REGISTERED_BACKENDS:
         backend = _registered(name)
     elif ":" in name:
         backend = load_custom_backend(name)

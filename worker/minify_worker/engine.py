@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
-from minify_worker import artifacts, environment, oracle, shrink, strategies
+from minify_worker import artifacts, culprit, environment, oracle, shrink, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
@@ -226,6 +226,7 @@ class _Run:
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
         self._unshrunk: fx.Graph | None = None  # the minimal graph the shrink phase started from
+        self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._original_run: Future[Outcome] | None = None  # compiled once, run ORIGINAL_RUNS times
@@ -325,6 +326,13 @@ class _Run:
                     self._record_point()
                     self._emit(force=True, graph=graph, message=str(restart))
             self._shrink_inputs()
+            if self.spec.culprit:
+                self._enter_phase("culprit")
+                self.culprit_found = culprit.find(
+                    evaluator.live_pool(), original=self._original, minimal=self.best, target=self.signature,
+                    spec=self.spec, timeout_s=self.candidate_timeout_s or self._first_timeout(),
+                    budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
+                    say=lambda message: self._emit(force=True, message=message))
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
                 self._cancel_original_runs()
@@ -523,6 +531,7 @@ class _Run:
                 "spec_json": self.spec.model_dump_json(),
                 "signature": asdict(self.signature) if self.signature else None,
                 "environment": self._environment(),
+                "culprit_lines": culprit.header_lines(self.culprit_found),
             },
             timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
         )
@@ -582,6 +591,7 @@ class _Run:
             sandbox_start=self.sandbox_start,
             input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
             input_shapes_final=shrink.input_shapes(best) if succeeded else {},
+            **culprit.report_fields(self.culprit_found, self.spec),
         )
         if succeeded:
             artifacts.file_under_bug(report, best)
