@@ -19,6 +19,9 @@ DYNAMIC_MODES = ("as_exported", "auto", "static")
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+# A name torch.compile backends are registered under (`torch._dynamo.list_backends()`): "tensorrt",
+# "openxla". Which names exist depends on what the worker has installed: only the shape is checked here.
+_REGISTERED_BACKEND = re.compile(r"^[A-Za-z_]\w*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 # The longest a job or one candidate may be given: a week. Far larger values overflow the timers
 # they become (RQ's alarm, thread waits) and every attempt dies, so they are refused up front.
@@ -101,11 +104,12 @@ class JobSpec(_Strict):
     @field_validator("backend")
     @classmethod
     def _backend_known(cls, value: str) -> str:
-        if value in BUILTIN_BACKENDS or _CUSTOM_BACKEND.match(value):
+        if value in BUILTIN_BACKENDS or _CUSTOM_BACKEND.match(value) or _REGISTERED_BACKEND.match(value):
             return value
         raise ValueError(
-            f"backend {value!r} is neither one of {', '.join(BUILTIN_BACKENDS)} "
-            "nor a 'pkg.module:callable' torch.compile backend"
+            f"backend {value!r} is neither one of {', '.join(BUILTIN_BACKENDS)}, nor the name of a registered "
+            "torch.compile backend (an identifier, as torch._dynamo.list_backends() lists them), nor a "
+            "'pkg.module:callable' torch.compile backend"
         )
 
     @field_validator("device")

@@ -30,7 +30,13 @@ from minify_client import signatures
 from minify_client.bugs import bug_key
 from minify_client.models import BUILTIN_BACKENDS, JobSpec, Report
 
-from .backends import DynamicShapes, dynamic_shapes_of, export_dynamic_shapes
+from .backends import (
+    DynamicShapes,
+    as_torch_functions,
+    dynamic_shapes_of,
+    export_dynamic_shapes,
+    uses_torch_functions,
+)
 from .graph import (
     META_NARROW,
     META_VALUE,
@@ -161,7 +167,9 @@ def write_program_files(
 
     _write_artifact(out_dir / INPUTS, _saved(torch.save, inputs))
     files.append(INPUTS)
-    repro = render_repro(graph, spec, signature, torch.__version__, environment, culprit_lines)
+    # A registered backend receives candidates as dynamo's form (torch functions): so does the repro's.
+    shown = as_torch_functions(to_graph_module(graph), inputs).graph if uses_torch_functions(spec.backend) else graph
+    repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines)
     _write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
     try:
@@ -277,9 +285,12 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if kind == "accuracy":
         compared = "every output (strict)" if failure.strict_accuracy else "floating-point outputs"
         lines.append(f"Accuracy:         tolerance {failure.tolerance}, {compared} compared")
-    if spec.backend not in BUILTIN_BACKENDS:
+    if ":" in spec.backend:
         module = spec.backend.split(":")[0]
         lines.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
+    elif spec.backend not in BUILTIN_BACKENDS:
+        lines.append(f"Backend package:  the one that registers {spec.backend!r} with torch.compile must be "
+                     "installed (torch._dynamo.list_backends())")
     if culprit_lines:
         lines += ["", *culprit_lines]
     if environment:
@@ -461,7 +472,7 @@ def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
     elif backend == "aot_inductor":
         body = _COMPILE_BODIES[backend].replace(
             "{dynamic_shapes}", ", dynamic_shapes=export_dynamic_shapes()" if shapes is not None else "")
-    elif backend in BUILTIN_BACKENDS:
+    elif ":" not in backend:
         body = _COMPILE_BODIES["registered"].format(backend=backend)
     else:
         module, attribute = backend.split(":")

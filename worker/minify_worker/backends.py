@@ -10,6 +10,13 @@ callable raising means a runtime error. Runs in sandbox children only.
 - `"pkg.module:callable"`: a torch.compile backend `fn(gm, example_inputs) -> callable`, imported
   only when its module path starts with one of the comma-separated prefixes in
   `MINIFY_ALLOWED_BACKENDS`.
+- any other name: a torch.compile backend registered on this worker (`torch._dynamo.list_backends`,
+  torch's own and those of the `torch_dynamo_backends` entry point: `tensorrt`, `openxla`, ...),
+  looked up with `torch._dynamo.lookup_backend`. Installing the package is what allows it. Such a
+  backend is written against the graphs dynamo hands it, whose ops are torch functions
+  (`torch.relu`), while a candidate's ops are aten overloads (`aten.relu.default`): it receives
+  the candidate with each aten op that torch has a function for called through that function
+  (`as_torch_functions`), as it would receive a user's program.
 
 Dynamic shapes (`DynamicShapes`, from the placeholders' `minify_tensor["dynamic"]` and the spec's
 `dynamic`): a candidate with dims to keep symbolic goes through `torch.compile(gm, backend=...,
@@ -34,6 +41,8 @@ from typing import Any
 
 import torch
 from torch import fx
+
+from minify_client.models import BUILTIN_BACKENDS
 
 Compiled = Callable[..., Any]
 Backend = Callable[[fx.GraphModule, list[Any]], Compiled]
@@ -125,6 +134,28 @@ def _registered(name: str) -> Backend:
     return compile_registered
 
 
+def registered_backend(name: str) -> Backend:
+    """A torch.compile backend registered on this worker under `name`, given each candidate in
+    dynamo's form (`as_torch_functions`); `BackendError` naming the registered ones if there is none."""
+    from torch._dynamo.backends.registry import list_backends
+
+    registered = list_backends(exclude_tags=())
+    if name not in registered:
+        raise BackendError(f"backend {name!r} is not registered on this worker; it has: {', '.join(registered)}")
+    compile_fn = _registered(name)
+
+    def compile_torch_functions(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
+        return compile_fn(as_torch_functions(gm, inputs), inputs)
+
+    return compile_torch_functions
+
+
+def uses_torch_functions(name: str) -> bool:
+    """Whether the backend `name` receives candidates in dynamo's form (`as_torch_functions`):
+    the registered backends other than the built-in ones, which compile aten graphs as they are."""
+    return name not in BUILTIN_BACKENDS and ":" not in name
+
+
 def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = None) -> Backend:
     """The compile function for the spec's `backend` (raises `BackendError` if it cannot be used),
     compiling the dims in `shapes` symbolically (see the module's docstring)."""
@@ -137,8 +168,91 @@ def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = Non
     elif ":" in name:
         backend = load_custom_backend(name)
     else:
-        raise BackendError(f"unknown backend {name!r}")
+        backend = registered_backend(name)
     return backend if shapes is None else _through_dynamo(backend, shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamo's form of a graph, for registered backends
+
+
+def _torch_function(target: Any) -> Callable[..., Any] | None:
+    """The torch function a user calls for the aten op `target` (`torch.relu` for
+    `aten.relu.default`): the same-named function of torch's generated bindings, which dispatch
+    to that op's overloads; None where torch has none (methods such as `view`, Python wrappers
+    such as `torch.split`, ops of other namespaces)."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    name = target.overloadpacket.__name__
+    function = getattr(torch, name, None)
+    return function if function is not None and getattr(torch._C._VariableFunctions, name, None) is function else None
+
+
+def as_torch_functions(gm: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphModule:
+    """A copy of `gm` whose aten ops call their torch function (`_torch_function`) where it gives
+    what the op gives: each swap is checked by running both on fake copies of `inputs` (same
+    shapes, dtypes and devices, no computation); an op whose function binds other arguments or
+    gives other results keeps its aten overload. `gm` itself when nothing is swapped, or when the
+    graph cannot run on fake tensors (a data-dependent op): dynamo's form is a courtesy to
+    backends written against it, never a reason for a candidate to fail differently."""
+    swaps = {node.name: function for node in gm.graph.nodes
+             if node.op == "call_function" and (function := _torch_function(node.target)) is not None}
+    if not swaps:
+        return gm
+    try:
+        agreeing = _agreeing_swaps(gm, inputs, swaps)
+    except Exception:
+        return gm
+    if not agreeing:
+        return gm
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for node, copied in copies.items():
+        if node.name in agreeing:
+            copied.target = agreeing[node.name]
+    return fx.GraphModule(gm, graph)
+
+
+def _agreeing_swaps(gm: fx.GraphModule, inputs: Sequence[Any],
+                    swaps: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """The swaps whose torch function, called with the node's own arguments on fake tensors, gives
+    results of the same structure, shapes, dtypes and devices as its aten op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.utils._pytree import tree_leaves
+
+    def same(left: Any, right: Any) -> bool:
+        lefts, rights = tree_leaves(left), tree_leaves(right)
+        if len(lefts) != len(rights):
+            return False
+        for a, b in zip(lefts, rights, strict=True):
+            if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+                return False
+            if isinstance(a, torch.Tensor) and (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+                return False
+        return True
+
+    agreeing: dict[str, Callable[..., Any]] = {}
+
+    class Check(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            result = super().run_node(node)
+            if node.name in swaps:
+                args, kwargs = self.fetch_args_kwargs_from_env(node)
+                try:
+                    swapped = swaps[node.name](*args, **kwargs)
+                except Exception:
+                    return result
+                if same(result, swapped):
+                    agreeing[node.name] = swaps[node.name]
+            return result
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    with mode, torch.no_grad():
+        fakes = [mode.from_tensor(value) if isinstance(value, torch.Tensor) else value for value in inputs]
+        Check(gm).run(*fakes)
+    return agreeing
 
 
 # ---------------------------------------------------------------------------------------------
