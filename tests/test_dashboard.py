@@ -28,6 +28,7 @@ from tests.test_dashboard_support import (
 pytestmark = [pytest.mark.browser, needs_chromium]
 
 FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
+PATTERN_MATCHER_BUG = "tests.support.backends:fail_on_relu_unless_pattern_matcher_off"
 JOB_TIMEOUT_MS = 120_000
 
 
@@ -325,3 +326,33 @@ def test_the_job_page_shows_the_root_cause_and_the_exception_chain(
     assert "InductorError: RuntimeError: Failed to import" in shown
     assert errors == []
     page.close()
+
+
+def test_the_job_page_shows_the_culprit_card_above_the_graph_and_the_bug_report_has_it(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    # A custom backend whose bug goes away with inductor's pattern matcher off: no stages to
+    # bisect, one workaround verified on the original (tests/test_culprit.py has the details).
+    with service.client() as client:
+        job_id = _submit(client, program_dir / "relu_cos.pt2", PATTERN_MATCHER_BUG)
+        wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+        report = client.get(f"/v1/jobs/{job_id}").json()["result"]
+    assert report["culprit"] is None and report["workarounds"][0]["setting"] == "pattern_matcher"
+    context = browser.new_context(viewport=LAPTOP, permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    errors = watch_for_errors(page)
+    page.goto(f"{service.url}/#/jobs/{job_id}")
+
+    page.wait_for_selector("#culprit-card:not([hidden])")
+    shown = page.inner_text("#culprit")
+    assert f"none ({report['culprit_reason']})" in shown
+    assert "pattern_matcher = false  (original program: compiles and runs)" in shown
+    assert "freezing=True: minimal program: crashed" in shown
+    assert page.evaluate("document.querySelector('#culprit-card').nextElementSibling.id") == "graph-card"
+    page.click("#copy-bug-report")
+    page.wait_for_selector("#copy-bug-report:text('Copied')")
+    markdown = page.evaluate("navigator.clipboard.readText()")
+    assert f"Culprit (torch's compiler bisector on the minimal program): none ({report['culprit_reason']})" in markdown
+    assert "Workarounds (verified on the original program): `pattern_matcher=false`" in markdown
+    screenshot(page, "job-culprit-laptop")
+    assert errors == []
+    context.close()

@@ -24,7 +24,7 @@ from minify_client.client import (
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import JobState, Report
-from minify_client.progress import progress_view, shrunk_inputs, summary
+from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_OK = 0
@@ -331,6 +331,8 @@ def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path
     print(summary(status.model_copy(update={"result": report})))
     if status.status == JobState.succeeded and report is not None and (inputs := shrunk_inputs(report)):
         print(inputs)
+    if status.status == JobState.succeeded and report is not None and (found := culprit_summary(report)):
+        print(found)
     if status.status == JobState.succeeded and report is not None and report.graph_code:
         print("\nminimized graph:")
         print(report.graph_code.rstrip())

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TextIO
 
-from minify_client.models import JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import Culprit, JobState, JobStatus, ProgressEvent, Report
 
 
 class ProgressView(Protocol):
@@ -144,6 +144,28 @@ def shrunk_inputs(report: Report) -> str | None:
                for name, before in report.input_shapes_original.items()
                if (after := report.input_shapes_final.get(name)) is not None and after.shape != before.shape]
     return f"inputs shrunk: {', '.join(changes)}" if changes else None
+
+
+def culprit_text(culprit: Culprit) -> str:
+    """`inductor / lowerings #0: relu`: the stage, the subsystem, which application, what it was."""
+    text = " / ".join(part for part in (culprit.backend, culprit.subsystem) if part)
+    if culprit.bisect_number is not None and culprit.detail != culprit.subsystem:
+        text += f" #{culprit.bisect_number}"
+    if culprit.detail:
+        text += f": {culprit.detail}"
+    return text
+
+
+def culprit_summary(report: Report) -> str | None:
+    """`culprit: inductor / lowerings #0: relu; workarounds: backend='aot_eager'`, or None when the
+    culprit phase did not run (nothing to say about either)."""
+    if report.culprit is None and report.culprit_reason is None:
+        return None
+    found = culprit_text(report.culprit) if report.culprit else "none"
+    if report.culprit_reason:
+        found += f" ({report.culprit_reason})"
+    flips = ", ".join(f"{w.setting}={w.value!r}" for w in report.workarounds) or "none verified"
+    return f"culprit: {found}; workarounds: {flips}"
 
 
 def summary(status: JobStatus) -> str:

@@ -400,3 +400,22 @@ fail_on_tanh_and_layer_norm = raise_on_all("tanh", "native_layer_norm")
 FIVE_BUG_OPS = ("relu", "sigmoid", "tanh", "exp", "neg")
 # Fails compiling a graph with any of the five ops, naming it: each op is a bug of its own.
 fail_on_each_of_five = first_match(*((op, raise_on(op)) for op in FIVE_BUG_OPS))
+
+
+# -- Settings that avoid a bug, for the culprit phase's workarounds (tests/test_culprit.py) -------
+
+
+def fail_on_relu_unless_pattern_matcher_off(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails compiling a graph with relu while inductor's `pattern_matcher` is on (its default): a
+    bug that flipping one setting avoids. With inductor's `freezing` on, the compiling process dies
+    by SIGSEGV instead: a probe that crashes."""
+    import torch._inductor.config as inductor_config
+
+    if has_op(gm, "relu"):
+        if inductor_config.freezing:
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(60)
+        if inductor_config.pattern_matcher:
+            raise RuntimeError("injected failure on relu while the pattern matcher is on")
+    return _eager(gm)

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from minify_client.models import JobState, ProgressEvent
-from minify_client.progress import shrunk_inputs
+from minify_client.progress import culprit_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -101,6 +101,9 @@ def _print_summary(result, out_dir: Path) -> None:
     inputs = shrunk_inputs(report)
     if inputs:
         print(inputs)
+    found = culprit_summary(report)
+    if found:
+        print(found)
     if report.graph_code:
         print(report.graph_code.rstrip())
     if result.artifacts:

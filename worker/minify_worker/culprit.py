@@ -4,7 +4,9 @@ settings a user can flip avoid the bug (docs/internals.md, "The culprit phase").
 - Culprit: torch's compiler bisector (`bisector.py`) on the *minimal* graph; each of its probes
   runs in a sandbox child (`probe_in_child`), so a probe that crashes or hangs costs that probe.
   A probe counts as failing when it fails the way the job's target does (`oracle.still_fails`,
-  as every candidate); one that crashed, hung or failed otherwise is named in `Culprit.notes`.
+  as every candidate), and as working when it passes or fails with another exception; one that
+  hung, crashed or ran out of memory otherwise runs once more with twice the time, and twice
+  stops the bisection (a partial culprit, and why) rather than guess. `Culprit.notes` names each.
 - Workarounds: each setting (`settings`) is first tried on the minimal program, in the slots
   the bisection (one probe at a time) leaves idle, sharing the probes the bisection runs anyway
   (its config changes, its aot_eager stage); a setting that made the minimal program pass is
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import tempfile
 import threading
@@ -29,12 +32,14 @@ from typing import Any
 
 import torch.fx as fx
 
-from minify_client.models import Culprit, JobSpec, Workaround
+from minify_client.models import Culprit, JobSpec, JobState, Report, Workaround
+from minify_client.progress import culprit_summary, culprit_text
 from minify_worker import bisector, oracle
 from minify_worker.backends import CONFIG_MODULES
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import (
     Crashed,
+    Fails,
     Invalid,
     Outcome,
     OutOfMemory,
@@ -53,6 +58,7 @@ CALL_TARGET = "minify_worker.culprit:probe_in_child"
 # bisection is a dozen probes of the minimal graph, about a second each in a warm child).
 BUDGET_FRACTION = 0.2
 MIN_BUDGET_S = 20.0
+MIN_BUDGET_ENV = "MINIFY_CULPRIT_MIN_BUDGET_S"
 BACKEND = "backend"  # a workaround that changes the backend, not a config key
 
 # Settings tried beside the bisector's config changes (bisector.config_changes), and why:
@@ -118,8 +124,10 @@ def no_stages(spec: JobSpec) -> str | None:
 
 
 def budget_s(elapsed_s: float) -> float:
-    """How long the phase may take, after a job that took `elapsed_s` so far."""
-    return max(MIN_BUDGET_S, BUDGET_FRACTION * elapsed_s)
+    """How long the phase may take, after a job that took `elapsed_s` so far: a share of it, and
+    at least the floor (`MINIFY_CULPRIT_MIN_BUDGET_S` where the operator sets one)."""
+    floor = float(os.environ.get(MIN_BUDGET_ENV) or MIN_BUDGET_S)
+    return max(floor, BUDGET_FRACTION * elapsed_s)
 
 
 def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
@@ -130,23 +138,6 @@ def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
         return {"culprit": None, "culprit_reason": reason, "workarounds": [], "workarounds_tried": {}}
     return {"culprit": found.culprit, "culprit_reason": found.reason, "workarounds": found.workarounds,
             "workarounds_tried": found.tried}
-
-
-def summary(culprit: Culprit | None, reason: str | None, workarounds: list[Workaround]) -> str:
-    """One line: the culprit and the workarounds (the phase's last progress message)."""
-    text = f"culprit: {culprit_text(culprit)}" if culprit else f"culprit: none ({reason})"
-    flips = ", ".join(f"{w.setting}={w.value}" for w in workarounds) or "none verified"
-    return f"{text}; workarounds: {flips}"
-
-
-def culprit_text(culprit: Culprit) -> str:
-    """`inductor / lowerings #0: relu`: the stage, the subsystem, which application, what it was."""
-    text = " / ".join(part for part in (culprit.backend, culprit.subsystem) if part)
-    if culprit.bisect_number is not None and culprit.detail != culprit.subsystem:
-        text += f" #{culprit.bisect_number}"
-    if culprit.detail:
-        text += f": {culprit.detail}"
-    return text
 
 
 def header_lines(found: Found | None) -> list[str]:
@@ -194,12 +185,18 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
         found.workarounds = _verify(prober, graph_to_wire(original), passing, spec, found.tried)
     finally:
         prober.close()
-    say(summary(found.culprit, found.reason, found.workarounds))
+    say(culprit_summary(Report(status=JobState.succeeded, backend=spec.backend, device=spec.device,
+                               **report_fields(found, spec))) or "")
     return found
 
 
 class _OutOfBudget(Exception):
     """The phase's budget ran out: the probes left are not run."""
+
+
+class _Inconclusive(Exception):
+    """A bisection probe hung, crashed or ran out of memory (not the job's failure) twice: the
+    bisection stops there rather than guess which way it went."""
 
 
 def _name(setting: tuple[str, Any]) -> str:
@@ -249,8 +246,8 @@ class _Prober:
         self._lock = threading.RLock()
 
     def submit(self, key: _Key, wire_graph: dict[str, Any], state_dir: Path | None = None, *,
-               again: bool = False) -> Future[Outcome]:
-        """The probe's outcome: memoized unless `again` (the bisector's state differs each time)."""
+               again: bool = False, patience: float = 1.0) -> Future[Outcome]:
+        """The probe's outcome: memoized unless `again` (run once more); `patience` multiplies its timeout."""
         with self._lock:
             if key in self.futures and not again:
                 return self.futures[key]
@@ -259,8 +256,9 @@ class _Prober:
             self.futures[key] = outer
         kwargs = {"wire_graph": wire_graph, "backend": key.backend, "config": dict(key.config),
                   "bisect_env": dict(key.bisect_env) or None, "state_dir": str(state_dir) if state_dir else None}
-        inner = self.pool.submit_call(CALL_TARGET, kwargs, timeout_s=self.timeout_s, purpose="culprit probe")
-        inner.add_done_callback(lambda done: _settle_outcome(outer, done, self.timeout_s))
+        timeout_s = self.timeout_s * patience
+        inner = self.pool.submit_call(CALL_TARGET, kwargs, timeout_s=timeout_s, purpose="culprit probe")
+        inner.add_done_callback(lambda done: _settle_outcome(outer, done, timeout_s))
         outer.add_done_callback(lambda done: self.pool.cancel(inner) if done.cancelled() else self._start_ahead())
         return outer
 
@@ -352,11 +350,23 @@ def _bisect(prober: _Prober, wire_graph: dict[str, Any], spec: JobSpec,
 
     def works(probe: bisector.Probe) -> bool:
         key = _probe_key(probe, spec)
+        state = state_dir if key.bisect_env else None
         # Counting and bisecting read and write the bisector's state files: run every time.
         counting = probe.run_state in ("find_max_bounds", "bisect")
-        future = prober.submit(key, wire_graph, state_dir if key.bisect_env else None, again=counting)
+        future = prober.submit(key, wire_graph, state, again=counting)
         prober.wait([future])
         outcome = future.result()
+        if _inconclusive(outcome):
+            # A hang, a crash or an out-of-memory that is not the job's failure may be the machine's
+            # doing (a loaded box, a slow compile): once more, with twice the time, before it counts.
+            prober.notes.append(f"probe {probe.describe()}: {_describe(outcome)}; run again")
+            future = prober.submit(key, wire_graph, state, again=True, patience=2.0)
+            prober.wait([future])
+            outcome = future.result()
+            if _inconclusive(outcome):
+                prober.notes.append(f"probe {probe.describe()}: {_describe(outcome)} again")
+                raise _Inconclusive(f"probe {probe.describe()} neither passed nor failed the same way twice "
+                                    f"({_describe(outcome)})")
         failing = prober.fails(outcome)
         if not failing and not isinstance(outcome, Passes):
             prober.notes.append(f"probe {probe.describe()}: {_describe(outcome)}; counted as not failing the same way")
@@ -366,10 +376,15 @@ def _bisect(prober: _Prober, wire_graph: dict[str, Any], spec: JobSpec,
             known["subsystem"] = probe.subsystem
         return not failing
 
+    def _inconclusive(outcome: Outcome) -> bool:
+        return not isinstance(outcome, Passes | Fails) and not prober.fails(outcome)
+
     try:
         result = bisector.bisect(works, state_dir)
     except _OutOfBudget:
         return _partial(known, prober, "the phase's time budget ran out")
+    except _Inconclusive as inconclusive:
+        return _partial(known, prober, str(inconclusive))
     except RuntimeError as error:  # the bisector's own consistency checks (a probe that flipped)
         return _partial(known, prober, f"the bisector stopped: {error}")
     if result is None:

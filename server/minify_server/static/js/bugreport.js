@@ -9,6 +9,15 @@ export function fenced(text, language = "") {
   return `${fence}${language}\n${text.replace(/\n+$/, "")}\n${fence}`;
 }
 
+/** "inductor / lowerings #0: relu": the stage, the subsystem, which application, what it was; or "none (why)". */
+export function culpritText(culprit, reason) {
+  if (!culprit) return `none${reason ? ` (${reason})` : ""}`;
+  let text = [culprit.backend, culprit.subsystem].filter(Boolean).join(" / ");
+  if (culprit.bisect_number != null && culprit.detail !== culprit.subsystem) text += ` #${culprit.bisect_number}`;
+  if (culprit.detail) text += `: ${culprit.detail}`;
+  return reason ? `${text} (${reason})` : text;
+}
+
 /** The Markdown for `job` (the API's job status, with its `result` report) and `repro` (repro.py's text, or null). */
 export function bugReportMarkdown(job, repro) {
   const result = job.result || {};
@@ -28,6 +37,13 @@ export function bugReportMarkdown(job, repro) {
   if (result.nodes_original != null && result.nodes_final != null) {
     lines.push(`Minimized by minify from ${result.nodes_original} to ${result.nodes_final} ops ` +
       `(${result.checks_total ?? 0} checks, every candidate in its own process).`, "");
+  }
+  if (result.culprit || result.culprit_reason) {
+    lines.push(`Culprit (torch's compiler bisector on the minimal program): ${culpritText(result.culprit, result.culprit_reason)}`);
+    const workarounds = result.workarounds || [];
+    lines.push(workarounds.length
+      ? `Workarounds (verified on the original program): ${workarounds.map((w) => `\`${w.setting}=${JSON.stringify(w.value)}\``).join(", ")}`
+      : "Workarounds: none verified", "");
   }
   if (repro) {
     lines.push("Repro (`python repro.py`; it reads its inputs from `inputs.pt`, attached):", "", fenced(repro, "python"), "");

@@ -2,7 +2,7 @@
 // first one), then its result: the minimized graph, repro.py, the artifacts, how to rerun.
 
 import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
-import { bugReportMarkdown } from "./bugreport.js";
+import { bugReportMarkdown, culpritText } from "./bugreport.js";
 import { NodeChart } from "./chart.js";
 import {
   FINISHED, copyButton, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge,
@@ -110,6 +110,12 @@ export function renderJob(root, id) {
     h("div", { class: "card-head" }, h("h2", {}, "Environment"),
       h("span", { class: "muted small" }, "the worker's, as torch.utils.collect_env reports it")),
     environmentList);
+  const culpritList = h("dl", { class: "spec", id: "culprit" });
+  const culpritCard = h("section", { class: "card", id: "culprit-card", hidden: true },
+    h("div", { class: "card-head" }, h("h2", {}, "Culprit and workarounds"),
+      h("span", { class: "muted small" },
+        "torch's compiler bisector on the minimal program; settings verified on the original")),
+    culpritList);
   const graphHeading = h("h2", {}, "Current best graph");
   const graphNote = h("span", { class: "muted small" });
   const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
@@ -139,6 +145,7 @@ export function renderJob(root, id) {
       h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
     resultSection,
     environmentCard,
+    culpritCard,
     graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
@@ -199,6 +206,23 @@ export function renderJob(root, id) {
     const rows = Object.entries(job.result?.environment || {});
     environmentCard.hidden = !rows.length;
     environmentList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
+  }
+
+  /** The culprit phase's finding (report.json's culprit, culprit_reason, workarounds), once the job has a result. */
+  function renderCulprit() {
+    const result = job.result;
+    culpritCard.hidden = !result || (!result.culprit && !result.culprit_reason);
+    if (culpritCard.hidden) return;
+    const rows = [["Culprit", culpritText(result.culprit, result.culprit_reason)]];
+    if (result.culprit?.probes) rows.push(["Probes", `${result.culprit.probes}, each in its own process`]);
+    for (const note of result.culprit?.notes || []) rows.push(["Probe", note]);
+    const workarounds = result.workarounds || [];
+    rows.push(["Workarounds", workarounds.length
+      ? workarounds.map((w) => `${w.setting} = ${JSON.stringify(w.value)}  (${w.verified_on})`).join("\n")
+      : "none verified"]);
+    const tried = Object.entries(result.workarounds_tried || {});
+    if (tried.length) rows.push(["Also tried", tried.map(([setting, what]) => `${setting}: ${what}`).join("\n")]);
+    culpritList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
   }
 
   function renderProgress() {
@@ -351,6 +375,7 @@ export function renderJob(root, id) {
     renderHeader();
     renderSpec();
     renderEnvironment();
+    renderCulprit();
     renderProgress();
     renderElapsed();
   }

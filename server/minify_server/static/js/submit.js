@@ -52,6 +52,7 @@ function specFrom(form) {
     config: parseConfigLines(String(data.get("config") || "")),
     limits,
     shrink: data.get("shrink") === "on",
+    culprit: data.get("culprit") === "on",
   };
 }
 
@@ -79,6 +80,8 @@ export function renderSubmit(root) {
       h("label", { class: "field checkbox" }, h("input", { type: "checkbox", name: "strict_accuracy" }), "Strict accuracy"),
       h("label", { class: "field checkbox" }, h("input", { type: "checkbox", name: "shrink", checked: true }),
         "Shrink the inputs once minimal"),
+      h("label", { class: "field checkbox" }, h("input", { type: "checkbox", name: "culprit", checked: true }),
+        "Find the culprit and workarounds"),
     ),
     h("datalist", { id: "backend-names" }, BACKENDS.map((name) => h("option", { value: name }))),
     h("datalist", { id: "device-names" }, ["cpu", "cuda", "cuda:0"].map((name) => h("option", { value: name }))),
