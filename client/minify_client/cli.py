@@ -23,7 +23,7 @@ from minify_client.client import (
     retry_for_from_environment,
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
-from minify_client.models import JobState, Report
+from minify_client.models import JobSpec, JobState, Report
 from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     bugs.add_argument("bug_id", nargs="?", metavar="ID", help="one bug, with its jobs")
     bugs.add_argument("--limit", type=int, default=20)
     bugs.set_defaults(run=_bugs)
+
+    captures = commands.add_parser(
+        "submit-captures", parents=[connection], help="post every failing program a capture run saved",
+        description="Post each capture listed in DIR/captures.json (pytest plugin, python -m minify_client.capture) "
+        "with its spec and inputs. Exit code: 1 if a job failed, else 3 if one was not reproducible, else 0.")
+    captures.add_argument("directory", type=Path, metavar="DIR")
+    captures.add_argument("--wait", action="store_true", help="follow each job and download its artifacts")
+    captures.add_argument("--out", type=Path, metavar="DIR",
+                          help="where --wait puts the artifacts, one folder per capture (default: ./minify-repros)")
+    captures.set_defaults(run=_submit_captures)
     return parser
 
 
@@ -166,6 +176,27 @@ def _submit(args: argparse.Namespace) -> int:
             return EXIT_OK
         _progress_stream(args).write(f"submitted job {created.id}: {dashboard}\n")
         return _follow(client, created.id, args, args.out or Path(f"minify-{created.id}"))
+
+
+def _submit_captures(args: argparse.Namespace) -> int:
+    from minify_client.capture.session import read_manifest  # imports no torch
+
+    try:
+        entries = read_manifest(args.directory)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read {args.directory / 'captures.json'}: {error}") from error
+    if not entries:
+        print(f"minify-client: no captures in {args.directory}", file=sys.stderr)
+        return EXIT_OK
+    codes = []
+    with _client(args) as client:
+        for entry in entries:
+            spec = JobSpec.model_validate_json((args.directory / entry["spec"]).read_text())
+            created = client.submit(args.directory / entry["program"], spec, inputs=args.directory / entry["inputs"])
+            print(f"{entry['name']}: job {created.id} ({len(entry['tests'])} tests) {client.dashboard_url(created)}")
+            if args.wait:
+                codes.append(_follow(client, created.id, args, (args.out or Path("minify-repros")) / entry["name"]))
+    return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
 
 
 def _warn_if_it_runs_code(program: Path) -> None:
