@@ -217,25 +217,43 @@ def _json_only(options: dict[str, Any]) -> dict[str, Any]:
 
 def backend_name(compiler_fn: Any) -> str:
     """The backend as the user named it: the string given to torch.compile ("inductor" for the
-    default), else `module:qualname` of the callable when that imports back to it, else its repr."""
-    name = getattr(compiler_fn, "_compiler_name", None)  # torch's WrapBackendDebug keeps the string
-    if isinstance(name, str):
+    default), else `module:name` of the callable where that imports back to it (a module-level
+    name bound to it, as `fail_on_relu = raise_on("relu")`), else its repr."""
+    backend = getattr(compiler_fn, "_torchdynamo_orig_backend", compiler_fn)  # torch's WrapBackendDebug
+    function = getattr(backend, "compiler_fn", None)  # torch.compile's _TorchCompileWrapper
+    name = getattr(backend, "compiler_name", None) or getattr(compiler_fn, "_compiler_name", None)
+    if isinstance(name, str) and (function is None or _registered_as(name, function)):
         return name
-    backend = getattr(compiler_fn, "_torchdynamo_orig_backend", compiler_fn)
-    name = getattr(backend, "compiler_name", None)
-    if isinstance(name, str):
-        return name
-    module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
-    if module and qualname and "<" not in qualname:
-        try:
-            found: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError):
-            found = None
-        if found is backend:
-            return f"{module}:{qualname}"
-    return repr(backend)
+    return _import_path(function or backend) or repr(function or backend)
+
+
+def _registered_as(name: str, function: Any) -> bool:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    try:
+        return lookup_backend(name) is function
+    except Exception:  # not a registered name: the wrapper took the function's __name__
+        return False
+
+
+def _import_path(function: Any) -> str | None:
+    module_name, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if not module_name or module_name == "__main__":  # a worker cannot import a script's names
+        return None
+    try:
+        module: Any = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    if "<" not in qualname:
+        found: Any = module
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if found is function:
+            return f"{module_name}:{qualname}"
+    for attribute, value in vars(module).items():
+        if value is function:
+            return f"{module_name}:{attribute}"
+    return None
 
 
 def snapshot(values: Sequence[Any]) -> list[Any]:
@@ -294,11 +312,9 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
 
 
 def _run_compiled(compiled: Any) -> Callable[[list[Any]], Any]:
-    """Call a backend's result as dynamo does: boxed (a list it may clear) or with *args."""
+    """Call a backend's result as dynamo's generated code does: with the inputs as *args."""
 
     def run(inputs: list[Any]) -> Any:
-        if getattr(compiled, "_boxed_call", False):
-            return compiled(list(inputs))
         return compiled(*inputs)
 
     return run
