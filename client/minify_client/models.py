@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from minify_client import signatures
+
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
 FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
 DYNAMIC_MODES = ("as_exported", "auto", "static")
@@ -48,6 +50,14 @@ class FailureSpec(_Strict):
                     "writes it), e.g. from a capture: candidates are judged against it from the first check, "
                     "and an original that fails differently ends the job not_reproducible",
     )
+
+    @field_validator("signature")
+    @classmethod
+    def _signature_shape(cls, value: str | None) -> str | None:
+        if value is not None and signatures.parse_signature(value) is None:
+            raise ValueError(f"failure.signature {value!r} must start with an exception type or a signal name, "
+                             "as report.json's signature writes it: 'ExceptionType: message' or 'SIGSEGV'")
+        return value
 
     @field_validator("match")
     @classmethod
@@ -197,8 +207,8 @@ class Culprit(BaseModel):
     probes: int = Field(0, description="probes the bisection ran, each in a sandbox child")
     notes: list[str] = Field(
         default_factory=list,
-        description="probes that neither passed nor failed the same way (failed otherwise: counted as working; "
-                    "hung, crashed or ran out of memory: run again, and twice stops the bisection)")
+        description="probes that neither passed nor failed the same way (crashed, hung, failed otherwise): each "
+                    "counted as not failing the same way, and cost that probe")
 
 
 class Workaround(BaseModel):

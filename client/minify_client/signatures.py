@@ -100,6 +100,27 @@ def signature_line(error: BaseException) -> str:
     return f"{name}: {key}" if key else name
 
 
+_SIGNATURE_TEXT = re.compile(r"^\s*(?P<type>[A-Za-z_][\w.]*)\s*(?::\s?(?P<rest>.*))?$", re.DOTALL)
+
+
+def parse_signature(text: str) -> tuple[str, str, str] | None:
+    """`(type, key, message)` of a signature given as text: "Type: key" or "Type" as `signature_line`
+    and report.json's `signature` write it. The message is normalized into the key by the same
+    rules, so a key stays itself and the raw "Type: message" of the root cause gives the same key;
+    a dotted type keeps its last part, a wrapper's text ("InductorError: CppCompileError: ...") is
+    unwrapped to what it wraps. None when `text` does not start with a type name."""
+    found = _SIGNATURE_TEXT.match(text)
+    if found is None:
+        return None
+    name, message = found.group("type").rsplit(".", 1)[-1], found.group("rest") or ""
+    for _ in range(_MAX_DEPTH):
+        unwrapped = _unwrap_text(name, message)
+        if unwrapped is None:
+            break
+        name, message = unwrapped
+    return name, normalize_message(message), message.strip()
+
+
 def normalize_message(message: str) -> str:
     """The normalized first meaningful line of `message` (the compiler's first `error:` line if any)."""
     line = _first_compiler_error(message) or first_meaningful_line(message)

@@ -18,10 +18,15 @@ class SpecError(ValueError):
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("job spec")
     group.add_argument("--spec", type=Path, help="a JSON job spec; the flags below override its fields")
-    group.add_argument("--backend", help=f"{' | '.join(BUILTIN_BACKENDS)} | pkg.module:callable")
+    group.add_argument("--backend", help=f"{' | '.join(BUILTIN_BACKENDS)} | a registered torch.compile backend's "
+                                         "name (tensorrt, openxla, ...) | pkg.module:callable")
     group.add_argument("--device", help="cpu | cuda | cuda:N")
     group.add_argument("--failure", choices=FAILURE_KINDS, help="the kind of failure to preserve")
     group.add_argument("--match", help='regex over "ExceptionType: message" a candidate must fail with')
+    group.add_argument("--signature", metavar="TEXT",
+                       help='the failure\'s known root-cause signature, as report.json writes it ("ExceptionType: '
+                            'message"): candidates are judged against it from the first check, and an original '
+                            "that fails otherwise ends the job not_reproducible")
     group.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                        help="torch._inductor.config override, repeatable")
     group.add_argument("--strict-accuracy", action="store_true", default=None,
@@ -38,9 +43,6 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dynamic", choices=DYNAMIC_MODES,
                        help="dims the program marks dynamic: as_exported (default: symbolic, with their "
                             "ranges) | auto (torch.compile's automatic dynamic) | static")
-    group.add_argument("--no-culprit", dest="culprit", action="store_false", default=None,
-                       help="skip the culprit phase (default: once minimal, find the compiler stage to blame and "
-                            "the settings that avoid the bug)")
     group.add_argument("--no-shrink", dest="shrink", action="store_false", default=None,
                        help="keep the minimized program's input sizes (default: halve its tensor inputs' dims "
                             "while the failure holds)")
@@ -56,7 +58,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise SpecError(f"cannot read spec file {args.spec}: {error}") from error
         if not isinstance(data, dict):
             raise SpecError(f"spec file {args.spec} must hold a JSON object")
-    for field in ("backend", "device", "dynamic", "shrink", "culprit"):
+    for field in ("backend", "device", "dynamic", "shrink"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     failure = dict(data.get("failure") or {})
@@ -68,6 +70,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         failure["strict_accuracy"] = True
     if args.tolerance is not None:
         failure["tolerance"] = args.tolerance
+    if args.signature is not None:
+        failure["signature"] = args.signature
     data["failure"] = failure
     config = dict(data.get("config") or {})
     for item in args.config:

@@ -374,7 +374,9 @@ class _Run:
         self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
         # The failure must depend on the program: the program with no ops runs beside it.
         self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
-        self._emit(force=True, message="running the original")
+        given = self.spec.failure.signature
+        self._emit(force=True, message="running the original" + (
+            f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
 
     def _still_fails(self, outcome: Outcome) -> bool:
         if self.signature is None and self._original_run is not None and not self._original_run.done():
@@ -394,12 +396,21 @@ class _Run:
         if signature is None:
             return False  # a pass, or a candidate that could not run: never the failure
         if signature.kind in ("timeout", "oom"):
-            return None
+            # Not the signature the spec gives: never the failure, whatever the original does.
+            return None if self._may_be_target(signature) else False
         if self._provisional is None:
-            self._provisional = _target_of(outcome, self.spec.failure)
+            guess = _target_of(outcome, self.spec.failure)
+            self._provisional = guess if guess is not None and self._may_be_target(guess) else None
         verdict = self._provisional is not None and oracle.still_fails(outcome, self._provisional, self.spec.failure)
         self._provisional_verdicts.add((outcome, verdict))
         return verdict
+
+    def _may_be_target(self, signature: Signature) -> bool:
+        """Whether `signature` may be the original's: any, unless the spec gives the signature
+        (`failure.signature`), which then is the target from the first check: only a failure with
+        it becomes the guess, so candidates are judged against it before any has failed."""
+        given = self.spec.failure.signature
+        return given is None or oracle.matches_given(signature, given)
 
     def _target(self) -> Signature:
         """The original's signature: waits for its run. Raises `_Unreproduced` when it did not fail
@@ -412,6 +423,10 @@ class _Run:
         outcome = self._original_run.result()
         target = _target_of(outcome, failure)
         self.original_runs = getattr(outcome, "runs", 1)
+        if target is not None and not self._may_be_target(target):
+            raise _Unreproduced(self._finish(JobState.not_reproducible, (
+                f"the original program fails with {target}, not with the signature the spec gives "
+                f"({failure.signature}), on backend {self.spec.backend} ({self.spec.device})")))
         if target is None and outcome.kind == "invalid":
             raise _Unreproduced(self._finish(
                 JobState.failed, f"the program could not be run: {outcome.message}"))  # type: ignore[union-attr]
@@ -707,6 +722,8 @@ def _not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
     wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
     if spec.failure.match:
         wanted += f" matching {spec.failure.match!r}"
+    if spec.failure.signature:
+        wanted += f" with the signature the spec gives ({spec.failure.signature})"
     reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
     if failure is not None and spec.failure.kind != "any":
         reason += f"; it failed differently: {failure.text or failure}"

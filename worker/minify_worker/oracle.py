@@ -81,6 +81,19 @@ def exit_signature(code: int) -> Signature:
     return Signature(kind="crash", exc_type="ExitStatus", key=str(code), text=f"ExitStatus: {code}")
 
 
+def matches_given(signature: Signature, given: str) -> bool:
+    """Whether an observed `signature` is the one a spec gives (`failure.signature`, text as
+    report.json's `signature` writes it, `str(signature)`): the same exception type (or signal
+    name) and the same key, the given message normalized by the same rules
+    (`signatures.parse_signature`; an exit status compares as written). The kind is not part of
+    the text: `failure.kind` says which kinds count."""
+    parsed = signatures.parse_signature(given)
+    if parsed is None:
+        return False
+    exc_type, key, message = parsed
+    return exc_type == signature.exc_type and signature.key in (key, message)
+
+
 TIMEOUT_SIGNATURE = Signature(kind="timeout", exc_type="TimedOut", key="", text="TimedOut")
 OOM_SIGNATURE = Signature(kind="oom", exc_type="OutOfMemory", key="", text="OutOfMemory")
 
