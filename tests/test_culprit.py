@@ -7,6 +7,7 @@ The custom-backend tests are cheap (no compiler); the inductor ones compile for 
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 import torch
 
 from examples import programs
-from minify_client.models import JobSpec, JobState, Workaround
+from minify_client.models import Culprit, JobSpec, JobState, Report, Workaround
+from minify_client.progress import culprit_summary
+from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import culprit
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.sandbox.warmup import compile_cache_dir
@@ -101,6 +104,31 @@ def test_settings_fit_the_backend() -> None:
     assert culprit.settings(JobSpec(backend="eager")) == []
     # A setting the job already has is no workaround.
     assert "pattern_matcher" not in dict(culprit.settings(JobSpec(config={"pattern_matcher": False})))
+
+
+def test_no_culprit_flag_turns_the_phase_off_in_the_spec() -> None:
+    parser = argparse.ArgumentParser()
+    add_spec_arguments(parser)
+
+    assert spec_from_args(parser.parse_args(["--no-culprit"])).culprit is False
+    assert spec_from_args(parser.parse_args([])).culprit is True
+
+
+def test_summary_line_and_repro_header_say_culprit_and_workarounds() -> None:
+    found = culprit.Found(
+        culprit=Culprit(backend="inductor", subsystem="lowerings", bisect_number=0, detail="relu"),
+        workarounds=[Workaround(setting="backend", value="aot_eager",
+                                verified_on="original program: compiles and runs")])
+    report = Report(status=JobState.succeeded, backend="inductor", device="cpu",
+                    **culprit.report_fields(found, JobSpec()))
+    nothing = Report(status=JobState.succeeded, backend="x:y", device="cpu",
+                     **culprit.report_fields(culprit.Found(reason="no stages"), JobSpec()))
+
+    assert culprit_summary(report) == "culprit: inductor / lowerings #0: relu; workarounds: backend='aot_eager'"
+    assert culprit_summary(nothing) == "culprit: none (no stages); workarounds: none verified"
+    assert culprit.header_lines(found) == [
+        "Culprit:          inductor / lowerings #0: relu (torch's compiler bisector, on this program)",
+        "Workaround:       backend='aot_eager' (original program: compiles and runs)"]
 
 
 # -- real inductor ------------------------------------------------------------------------------

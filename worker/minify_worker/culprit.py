@@ -49,7 +49,7 @@ from minify_worker.outcomes import (
     outcome_from_dict,
     outcome_to_dict,
 )
-from minify_worker.sandbox import SandboxCallError, SandboxPool
+from minify_worker.sandbox import SandboxCallError, SandboxError, SandboxPool
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,9 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
         if passing:
             say(f"workarounds: trying {', '.join(_name(setting) for setting in passing)} on the original")
         found.workarounds = _verify(prober, graph_to_wire(original), passing, spec, found.tried)
+    except SandboxError as error:  # the fork server died under a probe: the phase ends, the job does not
+        log.warning("the culprit phase lost its sandbox: %s", error)
+        found.culprit, found.reason = None, f"the sandbox's fork server died during the culprit phase: {error}"
     finally:
         prober.close()
     say(culprit_summary(Report(status=JobState.succeeded, backend=spec.backend, device=spec.device,
