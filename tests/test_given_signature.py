@@ -5,12 +5,16 @@ against it from the first check, ending `not_reproducible` when the original fai
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from pydantic import ValidationError
 
+from examples import programs
 from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import oracle
@@ -127,3 +131,23 @@ def test_an_original_that_fails_otherwise_is_not_reproducible_naming_both(
     assert result.status is JobState.not_reproducible
     assert "fails with RuntimeError: injected failure on relu" in (result.reason or "")
     assert "not with the signature the spec gives (ValueError: injected failure on cos)" in (result.reason or "")
+
+
+@pytest.mark.inductor
+def test_the_offline_command_takes_inductors_signature_as_report_json_wrote_it(tmp_path: Path) -> None:
+    # What report.json and repro.py say for inductor's C++ relu bug, with the message as the
+    # compiler printed it: the given text is normalized by the same rules.
+    program = tmp_path / "relu_cos.pt2"
+    torch.export.save(programs.relu_cos()[0], program)
+    given = ("torch._inductor.exc.CppCompileError: /tmp/x/c3.cpp:12:20: error: \u2018compile\u2019 was not "
+             "declared in this scope")
+
+    done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program),
+                           "--config", "cpp.inject_relu_bug_TESTING_ONLY=compile_error", "--signature", given,
+                           "--no-shrink", "--no-culprit", "--out", str(tmp_path / "out"), "--json"],
+                          capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["signature"] == "CppCompileError: \u2018compile\u2019 was not declared in this scope"
+    assert ops_of(report["graph_code"]) == ["relu"]
