@@ -36,7 +36,7 @@ def failing_compile(model: torch.nn.Module, *args: torch.Tensor, **kwargs: torch
     torch.compile(model, backend=broken_backend)(*args, **kwargs)
 
 
-def test_a_failing_compile_is_saved_as_program_spec_and_inputs_and_the_error_reraised(tmp_path: Path):
+def test_a_failing_compile_saves_the_graph_the_backend_received_with_spec_and_inputs_and_reraises(tmp_path: Path):
     model, x = ReluCos(), torch.randn(3, 4)
     spec = {"config": {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}}
 
@@ -48,11 +48,16 @@ def test_a_failing_compile_is_saved_as_program_spec_and_inputs_and_the_error_rer
     directory = tmp_path / "capture"
     assert sorted(p.name for p in directory.iterdir()) == ["ReluCos.pt2", "inputs.pt", "spec.json"]
     program = torch.export.load(directory / "ReluCos.pt2")
-    assert torch.equal(program.module()(x), model(x))
-    assert JobSpec.model_validate_json((directory / "spec.json").read_text()) == JobSpec.model_validate(spec)
+    (output,) = program.module()(x)  # dynamo's graph: its outputs as a tuple
+    assert torch.equal(output, model(x))
+    assert JobSpec.model_validate_json((directory / "spec.json").read_text()) == JobSpec.model_validate({
+        **spec, "backend": f"{broken_backend.__module__}:broken_backend",
+        "failure": {"kind": "compile_error", "signature": "CompilerBug: the compiler crashed on relu"},
+    })
     args, kwargs = torch.load(directory / "inputs.pt")
     assert torch.equal(args[0], x) and kwargs == {}
     assert captured.captured is not None and captured.captured.program == directory / "ReluCos.pt2"
+    assert captured.captured.chain[-1] == "CompilerBug: the compiler crashed on relu"
     assert any(f"minify-client submit {directory / 'ReluCos.pt2'}" in note
                for note in getattr(raised.value, "__notes__", []))
 

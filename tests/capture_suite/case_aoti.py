@@ -1,0 +1,15 @@
+"""(c) An AOTInductor package build that fails on inductor's relu bug."""
+
+import torch
+
+
+class ReluCos(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(torch.relu(x))
+
+
+def test_aoti_package_builds(tmp_path) -> None:
+    program = torch.export.export(ReluCos(), (torch.randn(4, 4),))
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=str(tmp_path / "model.pt2"),
+        inductor_configs={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})

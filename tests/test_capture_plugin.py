@@ -1,0 +1,274 @@
+"""Capture with no code change: a sample test suite (tests/capture_suite) run by a real pytest with
+minify's plugin on, every failing compile in it captured once per bug, each capture minimized by
+the offline engine to the relu that breaks the compiler.
+
+The suite runs once per module (inductor compiles cost seconds each); the tests read its outcomes
+(junit XML), its capture directory and the engine's reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = REPO / "tests" / "capture_suite"
+RELU_BUG = re.compile(r"^CppCompileError: .compile. was not declared in this scope$")  # g++'s quotes follow the locale
+
+pytestmark = pytest.mark.inductor
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    outcomes: dict[str, str]  # test id -> passed / failed
+    reports: dict[str, str]  # test id -> the failure's text, as pytest reports it
+    directory: Path
+    captures: dict[str, dict]  # the test id that first hit a bug -> its captures.json entry
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("MINIFY_", "PYTEST_"))}
+    environment["PYTHONPATH"] = str(REPO)
+    environment.update(extra)
+    return environment
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    work = tmp_path_factory.mktemp("suite")
+    directory = work / "captures"
+    junit = work / "junit.xml"
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE), "-q", f"--junitxml={junit}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=_environment(MINIFY_CAPTURE_DIR=str(directory), MINIFY_CAPTURE_ACCURACY="1"))
+    outcomes, reports = {}, {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
+        failure = case.find("failure")
+        outcomes[test_id] = "failed" if failure is not None else "passed"
+        reports[test_id] = (failure.text or "") if failure is not None else ""
+    manifest = json.loads((directory / "captures.json").read_text())["captures"]
+    captures = {entry["tests"][0]: entry for entry in manifest}
+    return SuiteRun(ran.returncode, ran.stdout + ran.stderr, outcomes, reports, directory, captures)
+
+
+def _capture(suite: SuiteRun, test_id: str) -> dict:
+    assert test_id in suite.captures, f"no capture first hit by {test_id}: {sorted(suite.captures)}"
+    return suite.captures[test_id]
+
+
+def _program(suite: SuiteRun, entry: dict) -> torch.export.ExportedProgram:
+    return torch.export.load(suite.directory / entry["program"])
+
+
+def _ops(program: torch.export.ExportedProgram) -> list[str]:
+    return [node.target.__name__ for node in program.graph.nodes if node.op == "call_function"]
+
+
+def _spec(suite: SuiteRun, entry: dict) -> dict:
+    return json.loads((suite.directory / entry["spec"]).read_text())
+
+
+GRAPH_BREAKS = "case_graph_breaks.py::test_graph_breaks_model_compiles"
+BLOCK = "case_graph_breaks.py::test_graph_breaks_model_in_a_capture_block"
+BERT = "case_transformer.py::test_bert_compiles"
+AOTI = "case_aoti.py::test_aoti_package_builds"
+ACCURACY = "case_accuracy.py::test_wrong_values_go_unnoticed_by_the_test"
+ONE_BUG = [f"case_one_bug.py::test_same_bug[{seed}]" for seed in range(10)]
+TRAINING = "case_training.py::test_training_step"
+PASSING = "case_passing.py::test_inductor_compile_matches_eager"
+OWN_ASSERTION = "case_passing.py::test_a_failing_assertion_stays_the_tests_own"
+
+
+def test_every_test_keeps_its_outcome(suite: SuiteRun):
+    failing = {GRAPH_BREAKS, BLOCK, BERT, AOTI, *ONE_BUG, TRAINING, OWN_ASSERTION}
+    assert suite.outcomes == {test_id: "failed" if test_id in failing else "passed"
+                              for test_id in [*failing, ACCURACY, PASSING]}, suite.output[-3000:]
+    assert suite.returncode == 1
+
+
+def test_a_failing_test_keeps_its_error_with_a_note_on_where_its_capture_went(suite: SuiteRun):
+    report = suite.reports[GRAPH_BREAKS]
+    assert "InductorError" in report and "CppCompileError" in report
+    entry = _capture(suite, GRAPH_BREAKS)
+    assert RELU_BUG.match(entry["signature"])
+    where = suite.directory / entry["name"]
+    assert f"minify: captured the failing dynamo graph ({entry['signature']}) in {where}" in report
+    assert f"minify-client submit-captures {suite.directory}" in report
+
+
+def test_passing_compiles_and_the_tests_own_failures_capture_nothing(suite: SuiteRun):
+    hit = {test_id for entry in suite.captures.values() for test_id in entry["tests"]}
+    assert PASSING not in hit and OWN_ASSERTION not in hit
+    assert "AssertionError: the test's own assertion" in suite.reports[OWN_ASSERTION]
+    assert "minify" not in suite.reports[OWN_ASSERTION]
+
+
+def test_with_graph_breaks_only_the_graph_that_failed_is_captured(suite: SuiteRun):
+    entry = _capture(suite, GRAPH_BREAKS)
+    assert entry["level"] == "dynamo" and RELU_BUG.match(entry["signature"])
+    assert _ops(_program(suite, entry)) == ["relu.default", "cos.default"]  # not the linear of the first graph
+    args, kwargs = torch.load(suite.directory / entry["inputs"], weights_only=True)
+    assert [arg.shape for arg in args] == [(4, 8)] and kwargs == {}
+
+
+def test_the_spec_records_the_backend_the_settings_and_the_signature(suite: SuiteRun):
+    spec = _spec(suite, _capture(suite, GRAPH_BREAKS))
+    assert spec["backend"] == "inductor"
+    assert spec["config"] == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+    assert spec["failure"]["kind"] == "compile_error" and RELU_BUG.match(spec["failure"]["signature"])
+
+
+def test_capture_failures_takes_the_failing_graph_too(suite: SuiteRun):
+    program = torch.export.load(suite.directory / "block" / "GraphBreaks.pt2")
+    assert _ops(program) == ["relu.default", "cos.default"]
+    # The plugin saw the same bug again: one capture, both tests listed.
+    assert _capture(suite, GRAPH_BREAKS)["tests"] == [GRAPH_BREAKS, BLOCK]
+
+
+def test_ten_tests_that_hit_one_bug_are_captured_once_with_every_test_id(suite: SuiteRun):
+    entry = _capture(suite, ONE_BUG[0])
+    assert entry["tests"] == ONE_BUG
+    assert [entry for entry in suite.captures.values() if "one_bug" in entry["name"]] == [entry]
+    assert _spec(suite, entry)["backend"] == "tests.support.backends:fail_on_relu"
+    for test_id in ONE_BUG[1:]:
+        assert f"(first hit by {ONE_BUG[0]})" in suite.reports[test_id]
+
+
+def test_a_real_architecture_is_captured(suite: SuiteRun):
+    entry = _capture(suite, BERT)
+    ops = _ops(_program(suite, entry))
+    assert RELU_BUG.match(entry["signature"]) and "relu.default" in ops and len(ops) > 20
+
+
+def test_a_failing_aoti_build_captures_its_exported_program(suite: SuiteRun):
+    entry = _capture(suite, AOTI)
+    spec = _spec(suite, entry)
+    assert entry["level"] == "aoti" and spec["backend"] == "aot_inductor"
+    assert spec["config"] == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+    assert _ops(_program(suite, entry)) == ["relu.default", "cos.default"]
+
+
+def test_an_accuracy_mismatch_is_captured_when_asked(suite: SuiteRun):
+    entry = _capture(suite, ACCURACY)
+    spec = _spec(suite, entry)
+    assert entry["kind"] == "accuracy" and spec["failure"]["kind"] == "accuracy"
+    assert spec["failure"]["signature"] == "AccuracyError"
+    assert spec["config"] == {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}
+
+
+def test_a_backward_compile_failure_is_captured_as_the_backward_graph(suite: SuiteRun):
+    entry = _capture(suite, TRAINING)
+    assert entry["level"] == "aot (backward)" and RELU_BUG.match(entry["signature"])
+    program = _program(suite, entry)
+    placeholders = [node.name for node in program.graph.nodes if node.op == "placeholder"]
+    assert any(name.startswith("tangents") for name in placeholders), placeholders
+    assert "relu.default" in _ops(program) and "mm.default" in _ops(program)
+
+
+@pytest.fixture(scope="module")
+def minimized(suite: SuiteRun, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every capture through the offline engine, all at once; report.json by capture name."""
+    work = tmp_path_factory.mktemp("minimized")
+    running = {}
+    for entry in suite.captures.values():
+        # The culprit and shrink phases come after minimality: not what is checked here.
+        spec = {**_spec(suite, entry), "culprit": False, "shrink": False}
+        (work / f"{entry['name']}.json").write_text(json.dumps(spec))
+        running[entry["name"]] = subprocess.Popen(
+            [sys.executable, "-m", "minify_worker.cli", "minify", str(suite.directory / entry["program"]),
+             "--spec", str(work / f"{entry['name']}.json"), "--inputs", str(suite.directory / entry["inputs"]),
+             "--out", str(work / entry["name"])],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=_environment(MINIFY_ALLOWED_BACKENDS="tests.support.backends"))
+    reports = {}
+    for name, process in running.items():
+        _, errors = process.communicate(timeout=590)
+        report = work / name / "report.json"
+        reports[name] = json.loads(report.read_text()) if report.is_file() else {"status": "missing", "log": errors}
+        reports[name]["out"] = str(work / name)
+    return reports
+
+
+@pytest.mark.parametrize("test_id", [GRAPH_BREAKS, BERT, AOTI, ACCURACY, ONE_BUG[0], TRAINING])
+def test_each_capture_minimizes_to_the_relu(suite: SuiteRun, minimized: dict[str, dict], test_id: str):
+    report = minimized[_capture(suite, test_id)["name"]]
+    assert report["status"] == "succeeded", str(report)[-3000:]
+    assert report["nodes_final"] == 1
+    assert _ops(torch.export.load(Path(report["out"]) / "minimized.pt2")) == ["relu.default"]
+
+
+def test_the_plugin_module_imports_nothing_until_capture_is_on():
+    code = ("import sys, _minify_pytestplugin as plugin\n"
+            "assert not plugin.capture_requested()\n"
+            "print(sorted(name for name in sys.modules if name.split('.')[0] in ('torch', 'minify_client')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=_environment())
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+FAILING_SCRIPT = """
+import sys
+import torch
+from tests.support.backends import fail_on_relu
+
+print("argv", sys.argv[1:])
+model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+torch.compile(model, backend=fail_on_relu)(torch.randn(2, 3))
+"""
+
+
+def test_the_script_runner_runs_the_script_as_main_and_captures_its_failing_graph(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(FAILING_SCRIPT)
+    ran = subprocess.run([sys.executable, "-m", "minify_client.capture", "--dir", str(tmp_path / "captures"),
+                          str(script), "--epochs", "1"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=_environment())
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert "argv ['--epochs', '1']" in ran.stdout
+    assert "RuntimeError: injected failure on relu" in ran.stderr
+    assert "minify: captured the failing dynamo graph (RuntimeError: injected failure on relu)" in ran.stderr
+    (entry,) = json.loads((tmp_path / "captures" / "captures.json").read_text())["captures"]
+    assert entry["name"] == "train.py" and entry["tests"] == ["train.py"]
+    program = torch.export.load(tmp_path / "captures" / entry["program"])
+    assert _ops(program) == ["linear.default", "relu.default"]
+
+
+def test_the_script_runner_keeps_the_scripts_exit_code(tmp_path: Path):
+    script = tmp_path / "done.py"
+    script.write_text("import sys\nsys.exit(7)\n")
+    ran = subprocess.run([sys.executable, "-m", "minify_client.capture", "--dir", str(tmp_path / "c"), str(script)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=_environment())
+    assert ran.returncode == 7, ran.stderr[-2000:]
+    assert not (tmp_path / "c" / "captures.json").exists()
+
+
+def test_dash_p_switches_the_plugin_on_without_the_environment(tmp_path: Path):
+    (tmp_path / "test_relu.py").write_text(textwrap.dedent("""
+        import torch
+        from tests.support.backends import fail_on_relu
+
+
+        def test_relu():
+            torch.compile(torch.nn.ReLU(), backend=fail_on_relu)(torch.randn(4))
+    """))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                          "minify_client.pytest_plugin", "test_relu.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env=_environment())
+    assert ran.returncode == 1, ran.stdout[-3000:]
+    (entry,) = json.loads((tmp_path / "minify-captures" / "captures.json").read_text())["captures"]
+    assert entry["tests"] == ["test_relu.py::test_relu"] and entry["name"] == "test_relu.py-test_relu"
