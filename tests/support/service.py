@@ -12,13 +12,14 @@ is left: every descendant carries a marker in its environment, so even orphans a
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,16 +151,30 @@ def wait_healthy(url: str, workers: int, process: subprocess.Popen, timeout_s: f
     raise ServiceError(f"minify-server not healthy after {timeout_s:.0f} s: {last}")
 
 
+def limit_file_size(limit_bytes: int) -> Callable[[], None]:
+    """A `preexec_fn`: RLIMIT_FSIZE for the child and its descendants, a write past it failing with EFBIG
+    (SIGXFSZ ignored, as it stays across exec) instead of killing the writer: a real full disk for
+    files over `limit_bytes`, no mount needed."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return limit
+
+
 @contextmanager
 def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers: int = 1,
                   tokens: list[str] | None = None, args: list[str] | None = None,
-                  timeout_s: float = 240.0) -> Iterator[Service]:
+                  timeout_s: float = 240.0, file_size_limit: int | None = None) -> Iterator[Service]:
     """The real `minify-server` on a free port with an embedded Redis in `data_dir` and `workers` workers.
 
     A worker counts once it has registered, after its preload (torch and inductor imports, and on a
     machine whose compile cache is still empty, inductor's first compile: tens of seconds).
 
     `env` adds to (or overrides) the environment; the test backends are allowed by default.
+    `file_size_limit` (bytes) is the largest file the server and every process it starts may write
+    (`limit_file_size`): a disk that is full for larger files.
     Yields a Service; stops it on exit and fails if any of its processes is left.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +188,8 @@ def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers:
     command = [sys.executable, "-c", "import sys; from minify_server.cli import main; sys.exit(main())",
                "--data-dir", str(data_dir), "--port", str(port), "--workers", str(workers), *(args or [])]
     with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(command, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+                                   preexec_fn=limit_file_size(file_size_limit) if file_size_limit else None)
     service = Service(url=f"http://127.0.0.1:{port}", data_dir=data_dir, process=process, marker=marker,
                       log_path=log_path, tokens=list(tokens or []))
     try:

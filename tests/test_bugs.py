@@ -1,0 +1,347 @@
+"""Bugs, not jobs (issue 22): identical submissions answered once, succeeded jobs grouped into bugs,
+retention, a full disk, and the whole of it under CI-like load.
+
+Everything is real: minify-server as a subprocess with its embedded redis-server, RQ workers, the
+engine and its sandbox children; cheap test backends (tests/support/backends.py) stand in for a
+compiler, so a job takes about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from minify_client.bugs import bug_key
+from tests.support.backends import FIVE_BUG_OPS
+from tests.support.service import MARKER, Service, start_service, wait_for_status
+
+FIVE_BUGS = {"backend": "tests.support.backends:fail_on_each_of_five", "failure": {"kind": "compile_error"},
+             "culprit": False, "shrink": False}
+NOT_REPRODUCIBLE = {"backend": "eager", "culprit": False, "shrink": False}
+FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
+# Four programs per op, none alike in bytes, all minimizing to the op alone on a float32 input of
+# some size: (ops of examples.programs.Chain, input size).
+VARIANTS = [(("sin", "{op}"), (8,)), (("{op}", "cos"), (4, 4)), (("abs", "{op}", "sin"), (16,)),
+            (("cos", "{op}"), (2, 3))]
+
+
+def build_programs(directory: Path) -> dict[str, list[Path]]:
+    """Twenty programs, four per op of FIVE_BUG_OPS: five bugs under `fail_on_each_of_five`."""
+    import torch
+
+    from examples.programs import Chain
+
+    directory.mkdir(parents=True, exist_ok=True)
+    programs: dict[str, list[Path]] = {}
+    for op in FIVE_BUG_OPS:
+        for index, (ops, size) in enumerate(VARIANTS):
+            chain = tuple(name.format(op=op) for name in ops)
+            path = directory / f"{op}-{index}.pt2"
+            torch.export.save(torch.export.export(Chain(chain), (torch.randn(*size),)), path)
+            programs.setdefault(op, []).append(path)
+    return programs
+
+
+@pytest.fixture(scope="module")
+def bug_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    return build_programs(tmp_path_factory.mktemp("bug-programs"))
+
+
+def post(client: httpx.Client, program: Path, spec: dict, **params: str) -> httpx.Response:
+    return client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
+                       data={"spec": json.dumps(spec)}, params=params)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with start_service(tmp_path_factory.mktemp("bugs") / "data", workers=1) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def idle_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """No worker: submitted jobs stay queued."""
+    with start_service(tmp_path_factory.mktemp("idle") / "data", workers=0) as running:
+        yield running
+
+
+# -- 1. identical submissions, one minimization ---------------------------------------------------
+
+
+def test_an_identical_submission_gets_the_queued_job_and_force_makes_a_new_one(
+        idle_service: Service, bug_programs: dict[str, list[Path]]) -> None:
+    program = bug_programs["relu"][0]
+    with idle_service.client() as client:
+        first = post(client, program, FIVE_BUGS)
+        again = post(client, program, {**FIVE_BUGS, "limits": {"job_timeout_s": 3600}})  # the defaults spelled out
+        forced = post(client, program, FIVE_BUGS, force="true")
+        other_spec = post(client, program, {**FIVE_BUGS, "shrink": True})
+        total = client.get("/v1/jobs").json()["total"]
+        for response in (first, forced, other_spec):
+            client.delete(f"/v1/jobs/{response.json()['id']}")
+    assert first.status_code == 201 and first.json()["deduplicated"] is False
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"] and again.json()["deduplicated"] is True
+    assert again.json()["status"] == "queued"
+    assert forced.status_code == 201 and forced.json()["id"] != first.json()["id"]
+    assert other_spec.status_code == 201 and other_spec.json()["id"] not in (first.json()["id"], forced.json()["id"])
+    assert total == 3
+
+
+def test_a_cancelled_job_is_not_reused(idle_service: Service, bug_programs: dict[str, list[Path]]) -> None:
+    program = bug_programs["relu"][1]
+    with idle_service.client() as client:
+        first = post(client, program, FIVE_BUGS).json()["id"]
+        assert client.delete(f"/v1/jobs/{first}").json()["status"] == "cancelled"
+        second = post(client, program, FIVE_BUGS)
+        client.delete(f"/v1/jobs/{second.json()['id']}")
+    assert second.status_code == 201 and second.json()["id"] != first
+
+
+def test_ten_identical_concurrent_submissions_make_one_job(idle_service: Service,
+                                                         bug_programs: dict[str, list[Path]]) -> None:
+    program = bug_programs["tanh"][2]
+    answers: list[httpx.Response] = []
+    start = threading.Barrier(10)
+
+    def submit() -> None:
+        with idle_service.client() as own:
+            start.wait()
+            answers.append(post(own, program, FIVE_BUGS))
+
+    threads = [threading.Thread(target=submit) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with idle_service.client() as client:
+        client.delete(f"/v1/jobs/{answers[0].json()['id']}")
+    assert sorted(answer.status_code for answer in answers) == [200] * 9 + [201]
+    assert len({answer.json()["id"] for answer in answers}) == 1
+
+
+# -- 2. bugs ----------------------------------------------------------------------------------------
+
+
+def test_succeeded_jobs_are_grouped_into_bugs_by_signature_and_graph_shape(
+        service: Service, bug_programs: dict[str, list[Path]]) -> None:
+    relu_small, relu_square = bug_programs["relu"][0], bug_programs["relu"][1]  # other ops, other sizes
+    with service.client() as client:
+        job_ids = [post(client, path, FIVE_BUGS).json()["id"]
+                   for path in (relu_small, relu_square, bug_programs["exp"][0])]
+        finals = [wait_for_status(client, job_id, FINISHED) for job_id in job_ids]
+        assert [final["status"] for final in finals] == ["succeeded"] * 3, finals
+        again = post(client, relu_small, FIVE_BUGS)
+        not_reproducible = post(client, relu_small, NOT_REPRODUCIBLE).json()["id"]
+        assert wait_for_status(client, not_reproducible, FINISHED)["status"] == "not_reproducible"
+        retried = post(client, relu_small, NOT_REPRODUCIBLE)
+        bugs = client.get("/v1/bugs").json()
+        relu_bug = client.get(f"/v1/bugs/{finals[0]['bug']}").json()
+        unknown = client.get("/v1/bugs/0123456789abcdef01234567")
+        report = client.get(f"/v1/jobs/{job_ids[0]}/artifacts/report.json").json()
+        repro = client.get(relu_bug["repro"])
+        metrics = client.get("/metrics").text
+        client.delete(f"/v1/jobs/{retried.json()['id']}")
+    assert again.status_code == 200 and again.json()["id"] == job_ids[0] and again.json()["status"] == "succeeded"
+    assert retried.status_code == 201 and retried.json()["id"] != not_reproducible  # ended otherwise: not reused
+    assert finals[0]["bug"] == finals[1]["bug"] != finals[2]["bug"]
+    assert report["bug"] == finals[0]["bug"] == bug_key(report["signature"], report["graph_shape_hash"])
+    assert report["signature"] == "RuntimeError: injected failure on relu"
+    assert bugs["total"] == 2
+    assert [bug["count"] for bug in bugs["bugs"]] == [1, 2]  # most recently seen first: exp, then relu
+    assert relu_bug["count"] == 2 and set(relu_bug["job_ids"]) == set(job_ids[:2])
+    assert relu_bug["representative"] == job_ids[0]
+    assert relu_bug["signature"] == report["signature"] and relu_bug["failure_kind"] == "compile_error"
+    assert relu_bug["backend"] == FIVE_BUGS["backend"] and relu_bug["device"] == "cpu"
+    assert relu_bug["first_seen"] <= relu_bug["last_seen"]
+    assert repro.status_code == 200 and "injected failure on relu" in repro.text
+    assert unknown.status_code == 404
+    assert "minify_bugs 2.0" in metrics
+    data_bytes = next(line for line in metrics.splitlines() if line.startswith("minify_data_dir_bytes "))
+    assert float(data_bytes.split()[1]) > 0
+
+
+def run_client(service: Service, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minify_client.cli", *args, "--server", service.url],
+                          capture_output=True, text=True, timeout=180, cwd=cwd)
+
+
+def test_the_client_says_same_program_waits_on_that_job_and_lists_bugs(
+        service: Service, bug_programs: dict[str, list[Path]], tmp_path: Path) -> None:
+    program = bug_programs["neg"][3]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(FIVE_BUGS))
+    first = run_client(service, "submit", str(program), "--spec", str(spec), "--wait", "--out", "first",
+                       cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run_client(service, "submit", str(program), "--spec", str(spec), "--wait", "--out", "second",
+                        cwd=tmp_path)
+    forced = run_client(service, "submit", str(program), "--spec", str(spec), "--force", "--json", cwd=tmp_path)
+    listing = run_client(service, "bugs", cwd=tmp_path)
+    with service.client() as client:
+        job_id = json.loads(forced.stdout)["id"]
+        wait_for_status(client, job_id, FINISHED)
+        first_id = client.get("/v1/jobs", params={"limit": 2}).json()["jobs"][1]["id"]
+        bug = client.get(f"/v1/jobs/{job_id}").json()["bug"]
+    one = run_client(service, "bugs", bug, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"same program as job {first_id} (succeeded)" in second.stderr
+    assert (tmp_path / "second" / "repro.py").read_bytes() == (tmp_path / "first" / "repro.py").read_bytes()
+    assert json.loads(forced.stdout)["deduplicated"] is False and job_id != first_id
+    assert "injected failure on neg" in listing.stdout and listing.stdout.startswith("BUG")
+    assert one.returncode == 0 and "jobs:       2" in one.stdout, one.stdout
+    assert f"/v1/jobs/{first_id}/artifacts/repro.py" in one.stdout
+
+
+# -- 3. retention and a full disk ----------------------------------------------------------------
+
+
+def _redis(service: Service) -> redis.Redis:
+    return redis.Redis.from_url(service.redis_url, decode_responses=True)
+
+
+def _backdate_job(store: redis.Redis, job_id: str, days: float) -> None:
+    when = (datetime.now(timezone.utc) - timedelta(days=days)).isoformat()
+    store.hset(f"minify:job:{job_id}", mapping={"finished_at": when, "created_at": when})
+
+
+def _backdate_bug(store: redis.Redis, bug_id: str, days: float) -> None:
+    when = datetime.now(timezone.utc) - timedelta(days=days)
+    store.hset(f"minify:bug:{bug_id}", "last_seen", when.isoformat())
+    store.zadd("minify:bugs", {bug_id: when.timestamp()})
+
+
+def _wait_until(condition: object, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the retention sweep did not run"
+        time.sleep(0.2)
+
+
+def test_retention_deletes_ended_jobs_but_keeps_a_listed_bugs_representative(
+        tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
+    env = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}  # MINIFY_RETENTION_DAYS: the default, 30
+    with start_service(tmp_path / "data", workers=1, env=env) as running, running.client() as client:
+        representative, member = (post(client, path, FIVE_BUGS).json()["id"] for path in bug_programs["sigmoid"][:2])
+        other = post(client, bug_programs["sigmoid"][2], NOT_REPRODUCIBLE).json()["id"]
+        finals = {job_id: wait_for_status(client, job_id, FINISHED) for job_id in (representative, member, other)}
+        bug = finals[representative]["bug"]
+        assert finals[member]["bug"] == bug and client.get(f"/v1/bugs/{bug}").json()["representative"] == representative
+        store = _redis(running)
+        jobs = running.data_dir / "jobs"
+        program_sha = store.hget(f"minify:job:{other}", "program_sha256")
+        old_blob = running.data_dir / "blobs" / program_sha[:2] / program_sha
+        ancient = time.time() - 40 * 86400
+        os.utime(old_blob, (ancient, ancient))
+        for job_id in (representative, other):
+            _backdate_job(store, job_id, 40)  # ended 40 days ago; the bug was seen today (member)
+        _wait_until(lambda: client.get(f"/v1/jobs/{other}").status_code == 404)
+        assert client.get(f"/v1/jobs/{representative}").status_code == 200
+        assert client.get(f"/v1/jobs/{representative}/artifacts/repro.py").status_code == 200
+        assert client.get(f"/v1/jobs/{member}").status_code == 200
+        assert not (jobs / other).exists() and (jobs / representative / "out" / "repro.py").is_file()
+        assert store.keys(f"minify:job:{other}*") == []
+        assert not old_blob.exists()
+        assert post(client, bug_programs["sigmoid"][2], NOT_REPRODUCIBLE).status_code == 201
+
+        _backdate_job(store, member, 40)
+        _backdate_bug(store, bug, 40)  # the bug was last seen 40 days ago: unlisted, then its jobs go
+        _wait_until(lambda: client.get(f"/v1/jobs/{representative}").status_code == 404)
+        assert client.get(f"/v1/bugs/{bug}").status_code == 404
+        assert client.get("/v1/bugs").json()["total"] == 0
+        assert client.get(f"/v1/jobs/{member}").status_code == 404
+        assert not (jobs / representative).exists() and not (jobs / member).exists()
+        assert store.keys(f"minify:bug:{bug}*") == []
+        metrics = client.get("/metrics").text
+        fresh = post(client, bug_programs["sigmoid"][0], FIVE_BUGS)  # its content key went with the job
+    assert "minify_bugs 0.0" in metrics
+    assert fresh.status_code == 201
+
+
+def test_an_upload_the_disk_cannot_hold_is_refused_with_507_and_nothing_kept(
+        tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
+    limit = 1024 * 1024
+    big = tmp_path / "big.pt2"
+    big.write_bytes(bug_programs["relu"][0].read_bytes() + os.urandom(2 * limit))
+    data_dir = tmp_path / "data"
+    with start_service(data_dir, workers=0, file_size_limit=limit) as running, running.client() as client:
+        refused = post(client, big, FIVE_BUGS)
+        left = sorted(str(path.relative_to(data_dir)) for folder in ("tmp", "blobs", "jobs")
+                      for path in (data_dir / folder).rglob("*"))
+        jobs = client.get("/v1/jobs").json()["total"]
+        accepted = post(client, bug_programs["relu"][0], FIVE_BUGS)
+        client.delete(f"/v1/jobs/{accepted.json()['id']}")
+    assert refused.status_code == 507, refused.text
+    assert "disk is full" in refused.json()["error"] and "File too large" in refused.json()["error"]
+    assert left == [] and jobs == 0
+    assert accepted.status_code == 201
+
+
+def test_a_worker_that_cannot_write_an_artifact_fails_the_job_naming_it(
+        idle_service: Service, bug_programs: dict[str, list[Path]]) -> None:
+    limit = 64 * 1024
+    # A config value repro.py records, larger than the worker may write in one file (and short of
+    # the 128 KiB an argument of the sandbox's command line may have).
+    spec = {**FIVE_BUGS, "config": {"trace.debug_dir": "x" * 100_000}}
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, MARKER: idle_service.marker, "MINIFY_ALLOWED_BACKENDS": "tests.support.backends"}
+    worker = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url", idle_service.redis_url,
+                               "--queues", "cpu", "--name", "small-disk", "--no-preload"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limited)
+    try:
+        with idle_service.client() as client:
+            job_id = post(client, bug_programs["exp"][1], spec).json()["id"]
+            final = wait_for_status(client, job_id, FINISHED, timeout_s=180)
+            out = idle_service.data_dir / "jobs" / job_id / "out"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    assert final["status"] == "failed", final
+    assert final["reason"].startswith("could not write repro.py: File too large (errno 27)"), final["reason"]
+    assert final["bug"] is None
+    assert not (out / "repro.py").exists()  # no partial file left
+
+
+# -- 4. load ------------------------------------------------------------------------------------------
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def test_200_submissions_from_10_clients_make_20_minimizations_and_5_bugs(
+        tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
+    from bench.bugs import run_load
+
+    with start_service(tmp_path / "data", workers=2) as running:
+        load_before = os.getloadavg()[0]
+        result = run_load(running.url, bug_programs, clients=10, rounds=10, headers=running.headers)
+    print(f"\n{result.summary()} (load average {load_before:.1f} before the run, {os.cpu_count()} cores)")
+    assert result.lost == [] and result.errors == []
+    assert result.created == 20 and result.deduplicated == 180
+    assert Counter(result.statuses.values()) == {"succeeded": 20}
+    assert result.bug_counts == {f"RuntimeError: injected failure on {op}": 4 for op in FIVE_BUG_OPS}
+    if result.p99_s >= 0.1 and load_before > (os.cpu_count() or 1):
+        # Others' processes held every core before the run started: the figure says nothing of the server.
+        pytest.xfail(f"p99 {result.p99_s * 1000:.0f} ms on a machine already at load {load_before:.1f} "
+                     f"on {os.cpu_count()} cores")
+    assert result.p99_s < 0.1, result.summary()

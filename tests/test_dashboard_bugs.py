@@ -1,0 +1,72 @@
+"""The dashboard's Bugs view against the real service in headless Chromium: succeeded jobs grouped
+into bugs, the representative's repro a click away, and the bug on the job page."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.service import Service, start_service, wait_for_status
+from tests.test_bugs import FIVE_BUGS, build_programs
+from tests.test_dashboard_support import LAPTOP, launched_browser, needs_chromium, screenshot, watch_for_errors
+
+pytestmark = [pytest.mark.browser, needs_chromium]
+
+
+@pytest.fixture(scope="module")
+def service_with_bugs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, dict[str, list[str]]]]:
+    """Three succeeded jobs: two of the relu bug (other ops, other sizes), one of the exp bug."""
+    programs = build_programs(tmp_path_factory.mktemp("programs"))
+    with start_service(tmp_path_factory.mktemp("data"), workers=1) as service, service.client() as client:
+        jobs: dict[str, list[str]] = {"relu": [], "exp": []}
+        for op, index in (("relu", 0), ("relu", 1), ("exp", 2)):
+            path = programs[op][index]
+            created = client.post("/v1/jobs", files={"program": (path.name, path.read_bytes())},
+                                  data={"spec": json.dumps(FIVE_BUGS)})
+            jobs[op].append(created.json()["id"])
+        for job_id in [*jobs["relu"], *jobs["exp"]]:
+            assert wait_for_status(client, job_id, {"succeeded", "failed", "not_reproducible"})["status"] == "succeeded"
+        yield service, jobs
+
+
+def test_the_bugs_view_lists_each_bug_once_with_its_count_and_repro(
+        service_with_bugs: tuple[Service, dict[str, list[str]]], tmp_path: Path) -> None:
+    service, jobs = service_with_bugs
+    with service.client() as client:
+        relu_bug = client.get(f"/v1/jobs/{jobs['relu'][0]}").json()["bug"]
+    with launched_browser() as browser:
+        page = browser.new_page(viewport=LAPTOP, accept_downloads=True)
+        errors = watch_for_errors(page)
+        page.goto(service.url)
+        page.click("nav >> text=Bugs")
+        page.wait_for_selector(f"tr.bug-row[data-bug-id='{relu_bug}']")
+        rows = page.eval_on_selector_all("tr.bug-row", """rows => rows.map((row) => ({
+            id: row.dataset.bugId, count: row.querySelector('.bug-count').textContent,
+            signature: row.querySelector('.bug-signature').textContent,
+            lastSeen: row.querySelector('.bug-last-seen').textContent}))""")
+        screenshot(page, "bugs-laptop")
+        relu_row = page.locator(f"tr.bug-row[data-bug-id='{relu_bug}']")
+        with page.expect_download() as download_info:
+            relu_row.locator("a.repro-link").click()
+        repro = Path(download_info.value.path()).read_text()
+
+        relu_row.locator("a.bug-link").click()
+        page.wait_for_selector("#bug-jobs li")
+        listed = page.eval_on_selector_all("#bug-jobs a", "links => links.map((a) => a.getAttribute('href'))")
+
+        page.goto(f"{service.url}/#/jobs/{jobs['relu'][1]}")
+        page.wait_for_selector("#job-bug")
+        job_bug = page.inner_text("#job-bug")
+        page.click("#job-bug")
+        page.wait_for_url(f"**/#/bugs/{relu_bug}")
+    assert [row["count"] for row in rows] == ["1", "2"], rows  # most recently seen first: exp, then relu
+    assert rows[1] == {"id": relu_bug, "count": "2", "signature": "RuntimeError: injected failure on relu",
+                       "lastSeen": rows[1]["lastSeen"]}
+    assert rows[1]["lastSeen"].endswith("ago") or rows[1]["lastSeen"] == "just now", rows[1]
+    assert "injected failure on relu" in repro and "class Repro" in repro
+    assert sorted(listed) == sorted(f"#/jobs/{job_id}" for job_id in jobs["relu"])
+    assert job_bug == relu_bug
+    assert errors == []
