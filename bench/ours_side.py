@@ -33,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reuse", type=int, default=None, help="candidates per long-lived sandbox child")
+    parser.add_argument("--no-culprit", dest="culprit", action="store_false",
+                        help="skip the culprit phase (the spec's culprit: false)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="spawn the fork server (a fresh interpreter) instead of forking it from this process")
     options = parser.parse_args(argv)
@@ -59,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure={"kind": options.kind},
         limits={"parallelism": options.parallelism},
         shrink=False,  # torch's minifier does not shrink inputs: the bench compares the reductions
+        culprit=options.culprit,  # on, as for users; its seconds are a column of their own (run.py)
     )
     result = RunResult(case=options.case, minifier="ours" if options.preload else "ours-spawn", preload_s=preload_s)
 

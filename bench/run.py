@@ -183,6 +183,8 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
             command += ["--reuse", str(options.reuse)]
         if minifier == "ours-spawn":
             command.append("--no-preload")
+        if not options.culprit:
+            command.append("--no-culprit")
     else:
         mode = "inprocess" if minifier == "torch" else "isolate"
         command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, *spec_args]
@@ -209,8 +211,27 @@ def format_seconds(run: RunResult, limit_s: float) -> str:
     return "-" if run.wall_s is None else f"{run.wall_s:.1f}"
 
 
+def culprit_s(run: RunResult) -> float | None:
+    """Ours: the seconds of the culprit phase (report.json's phase_s), which torch's minifier has no part of."""
+    return run.phase_s.get("culprit")
+
+
+def minify_s(run: RunResult) -> float | None:
+    """The wall time without the culprit phase: what torch's minifier does too (the comparisons use it)."""
+    return None if run.wall_s is None else run.wall_s - (culprit_s(run) or 0.0)
+
+
+def culprit_cell(run: RunResult) -> str:
+    """`3.1 (+24%)`: the culprit phase's seconds, and what it adds to the rest of the job."""
+    seconds, rest = culprit_s(run), minify_s(run)
+    if seconds is None or not rest:
+        return "-"
+    return f"{seconds:.1f} (+{100 * seconds / rest:.0f}%)"
+
+
 def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, int], limit_s: float) -> str:
-    header = ("case", "ops", "minifier", "wall s", "spread s", "cpu s", "checks", "run", "ops left", "torch/ours")
+    header = ("case", "ops", "minifier", "wall s", "spread s", "cpu s", "checks", "run", "ops left", "torch/ours",
+              "culprit s")
     rows: list[tuple[str, ...]] = []
     for case, by_minifier in table.items():
         ours = median_run(by_minifier["ours"]) if "ours" in by_minifier else None
@@ -222,7 +243,7 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
             checks_run = run.checks - (run.checks_cached or 0) + (1 if run.original_runs else 0)
             ratio = "-"
             if minifier != "ours" and ours is not None and ours.status == "ok" and run.wall_s:
-                ratio = f"{'> ' if run.status == 'timeout' else ''}{run.wall_s / ours.wall_s:.1f}x"
+                ratio = f"{'> ' if run.status == 'timeout' else ''}{run.wall_s / minify_s(ours):.1f}x"
             ops_left = "-" if run.ops_final is None else str(run.ops_final)
             if run.status == "error":
                 ops_left = "error"
@@ -238,6 +259,7 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
                     str(checks_run),
                     ops_left,
                     ratio,
+                    culprit_cell(run),
                 )
             )
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
@@ -265,13 +287,13 @@ def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
         if "torch" in by_minifier:
             torch_run = median_run(by_minifier["torch"])
             if torch_run.wall_s:
-                checks.append(f"time <= torch in-process: {'yes' if ours.wall_s <= torch_run.wall_s else 'NO'}")
+                checks.append(f"time <= torch in-process: {'yes' if minify_s(ours) <= torch_run.wall_s else 'NO'}")
             if torch_run.ops_final is not None and ours.ops_final is not None:
                 checks.append(f"ops left <= torch: {'yes' if ours.ops_final <= torch_run.ops_final else 'NO'}")
         if "torch-isolate" in by_minifier:
             isolate = median_run(by_minifier["torch-isolate"])
             if isolate.wall_s:
-                speedup = isolate.wall_s / ours.wall_s
+                speedup = isolate.wall_s / minify_s(ours)
                 bound = ">= " if isolate.status == "timeout" else ""
                 checks.append(
                     f">= 5x faster than torch --isolate: {'yes' if speedup >= 5 else 'NO'} ({bound}{speedup:.1f}x)"
@@ -380,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="run ours from this git revision (git archive of worker/ and client/), not the working tree",
     )
+    parser.add_argument("--no-culprit", dest="culprit", action="store_false",
+                        help="ours: skip the culprit phase (by default it runs, and its seconds are a column)")
     parser.add_argument(
         "--shared-caches", action="store_true", help="leave compile caches on their defaults (warm, shared)"
     )
@@ -507,11 +531,11 @@ def aten_ops(code: str | None) -> list[str]:
 
 def render_zoo_table(rows: list[tuple[str, int, RunResult, RunResult]], limit_s: float) -> str:
     header = ("case", "ops", "ops left ours", "ops left torch", "checks ours", "checks torch", "checks torch/ours",
-              "wall s ours", "wall s torch", "wall torch/ours")
+              "wall s ours", "wall s torch", "wall torch/ours", "culprit s ours")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for case, ops, ours, torch_run in rows:
         checks = (distinct_checks(ours), distinct_checks(torch_run))
-        walls = (ours.wall_s, torch_run.wall_s)
+        walls = (minify_s(ours), torch_run.wall_s)
         cells = (
             case, str(ops),
             *("error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final)
@@ -520,6 +544,7 @@ def render_zoo_table(rows: list[tuple[str, int, RunResult, RunResult]], limit_s:
             f"{checks[1] / checks[0]:.1f}x" if checks[0] else "-",
             *(format_seconds(run, limit_s) for run in (ours, torch_run)),
             f"{walls[1] / walls[0]:.1f}x" if walls[0] and walls[1] else "-",
+            culprit_cell(ours),
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
