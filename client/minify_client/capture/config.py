@@ -28,6 +28,9 @@ CONFIG_MODULES = {
     "torch._functorch.config": "torch._functorch.config.",
 }
 _JSON_SCALARS = (bool, int, float, str, type(None))
+# Settings torch itself writes while it compiles and leaves set, about the machine rather than the
+# program: aoti_compile_and_package stores the CPU's ISA in aot_inductor.metadata (torch 2.13).
+_WRITTEN_BY_TORCH = {"torch._inductor.config": ["aot_inductor.metadata"]}
 
 
 def changed_config(values: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -57,7 +60,8 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
         # prefixes; as codegen_config leaves out: _save_config_ignore; as the config hash does:
         # _compile_ignored keys (logging, ...).
         ignored_prefixes = ["_", *getattr(module, "_cache_config_ignore_prefix", [])]
-        ignored_keys = [*getattr(module, "_save_config_ignore", []), *getattr(module, "_compile_ignored_keys", [])]
+        ignored_keys = [*getattr(module, "_save_config_ignore", []), *getattr(module, "_compile_ignored_keys", []),
+                        *_WRITTEN_BY_TORCH.get(module_name, [])]
         try:
             values = module._get_dict(ignored_keys=ignored_keys, ignored_prefixes=ignored_prefixes,
                                       skip_default=skip_default)

@@ -12,8 +12,8 @@ Each is looked up by attribute at call time, so patching it here catches every c
 user imported `torch.compile` or `aoti_compile_and_package`. Checked on torch 2.13.0. The patches are
 installed once (`install()`) and pass straight through while no `Listener` is registered; while
 one is, a failing call is reported to it as a `FailedCompile` and its exception re-raised as it
-was. The graph a compiler receives is copied first (nodes only; metadata and weights are shared),
-as torch's own repro hooks do, since compilers rewrite it in place.
+was. The graph a compiler receives is copied first (its node list; metadata and weights are
+shared), as torch's own repro hooks do, since compilers rewrite it in place.
 """
 
 from __future__ import annotations
@@ -126,9 +126,15 @@ def _control_flow(error: BaseException) -> bool:
 
 
 def _copy_graph(gm: Any) -> Any:
+    """The node list only: cheap, and all a passing compile pays (`_module` makes it runnable)."""
+    return copy.deepcopy(gm.graph)
+
+
+def _module(gm: Any, graph: Any) -> Any:
+    """The copied graph as a module over `gm`'s attributes (built only when it is needed)."""
     import torch.fx as fx
 
-    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    return fx.GraphModule(gm, graph)
 
 
 def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -142,11 +148,11 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as error:
             if not _control_flow(error) and not _recorded(error):
                 _notify(FailedCompile(level="dynamo", error=error, backend=backend_name(self.compiler_fn),
-                                      config=_config(self.compiler_fn), graph=graph,
+                                      config=_config(self.compiler_fn), graph=_module(gm, graph),
                                       inputs=snapshot(example_inputs)))
             raise
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
-            _check_accuracy(self.compiler_fn, graph, example_inputs, compiled)
+            _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
         return compiled
 
     return call_user_compiler
@@ -170,7 +176,8 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as error:
                 if not _recorded(error):
                     _notify(FailedCompile(level="aot", error=error, backend=compiler_name, config=_config(None),
-                                          graph=graph, inputs=snapshot(example_inputs), is_backward=backward))
+                                          graph=_module(gm, graph), inputs=snapshot(example_inputs),
+                                          is_backward=backward))
                 raise
 
         return inner_compile
