@@ -226,7 +226,7 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
         report = client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
     # The worker preloaded torch and inductor: the job's sandbox forked its server from that state.
     assert report["sandbox_start"] == "fork"
-    assert set(report["phase_s"]) == {"prepare", "reproduce", "reduce", "shrink", "artifacts"}
+    assert set(report["phase_s"]) == {"prepare", "reproduce", "reduce", "shrink", "culprit", "artifacts"}
     assert (tmp_path / "repro.py").exists()
     repro = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert repro.returncode != 0
