@@ -34,8 +34,11 @@ def client(service: Service) -> Iterator[httpx.Client]:
 
 
 def submit(client: httpx.Client, program: Path, spec: dict | None = None) -> httpx.Response:
+    """A new job every time (force: these tests submit the same program again; tests/test_bugs.py
+    covers what an identical submission gets without it)."""
     files = {"program": (program.name, program.read_bytes(), "application/octet-stream")}
-    return client.post("/v1/jobs", files=files, data={"spec": json.dumps(spec or FAIL_ON_RELU)})
+    return client.post("/v1/jobs", files=files, data={"spec": json.dumps(spec or FAIL_ON_RELU)},
+                       params={"force": "true"})
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,17 @@ def test_a_cancelled_job_is_not_reused(idle_service: Service, bug_programs: dict
     assert second.status_code == 201 and second.json()["id"] != first
 
 
+def test_a_refused_upload_sent_again_is_refused_again_at_once(idle_service: Service, tmp_path: Path) -> None:
+    not_a_program = tmp_path / "model.pt2"
+    not_a_program.write_text("print('hello')\n")
+    with idle_service.client() as client:
+        started = time.monotonic()
+        answers = [post(client, not_a_program, FIVE_BUGS) for _ in range(2)]
+        took = time.monotonic() - started
+    assert [answer.status_code for answer in answers] == [415, 415]
+    assert took < 5  # the first one's claim on the content key was released, not left to expire
+
+
 def test_ten_identical_concurrent_submissions_make_one_job(idle_service: Service,
                                                          bug_programs: dict[str, list[Path]]) -> None:
     program = bug_programs["tanh"][2]

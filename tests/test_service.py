@@ -48,8 +48,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def submit(client: httpx.Client, program: Path, spec: dict) -> str:
+    """A new job every time (force: identical submissions would otherwise share one, tests/test_bugs.py)."""
     response = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
-                           data={"spec": json.dumps(spec)})
+                           data={"spec": json.dumps(spec)}, params={"force": "true"})
     assert response.status_code == 201, response.text
     return response.json()["id"]
 

@@ -183,7 +183,8 @@ async def create_job(request: Request, response: Response,
         raise _storage_full(error) from error
     try:
         spec = _parse_spec(upload, settings.allowed_backends)
-        _check_files(upload, settings.allow_pickle)
+        if "program" not in upload.files:
+            raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
     except ApiError:
         upload.discard()
         raise
@@ -195,11 +196,17 @@ async def create_job(request: Request, response: Response,
     except BaseException:
         upload.discard()
         raise
-    if existing is not None:
+    if existing is not None:  # the same bytes passed the checks below when that job was submitted
         upload.discard()
         response.status_code = 200
         return JobCreated(id=existing.id, status=existing.status, links=_links(existing.id, []), deduplicated=True,
                           warnings=existing.warnings)
+    try:
+        _check_files(upload, settings.allow_pickle)
+    except ApiError:
+        upload.discard()
+        await _records(request).release(digest, job_id)
+        raise
     try:
         blobs = await run_in_threadpool(_commit_all, store, upload)
     except StorageFull as error:
