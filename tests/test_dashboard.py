@@ -233,7 +233,8 @@ def test_token_protected_server_asks_for_the_token_once_and_keeps_it(
 def _submit(client: Any, program: Path, backend: str) -> str:
     spec = {"backend": backend, "device": "cpu"}
     with program.open("rb") as upload:
-        response = client.post("/v1/jobs", files={"program": (program.name, upload)}, data={"spec": json.dumps(spec)})
+        response = client.post("/v1/jobs", files={"program": (program.name, upload)}, data={"spec": json.dumps(spec)},
+                               params={"force": "true"})  # a new job each time, not an identical one's
     response.raise_for_status()
     return response.json()["id"]
 
