@@ -7,9 +7,10 @@ classified by the parent.
 
 - an exception while compiling → `Fails(compile_error)`, while running → `Fails(runtime_error)`;
 - an allocator running out of memory (CUDA or host) → `OutOfMemory`;
-- failure kind `accuracy`: the compiled result against eager the way torch's accuracy minifier
-  does it (`backend_accuracy_fails` / `same_two_models` in torch/_dynamo/debug_utils.py, with
-  `ACCURACY_FAILS` of torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
+- failure kind `accuracy`: the compiled result against eager by `minify_client.accuracy` (the oracle
+  the capture helper shares), the way torch's accuracy minifier does it (`backend_accuracy_fails` /
+  `same_two_models` in torch/_dynamo/debug_utils.py, with `ACCURACY_FAILS` of
+  torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
   `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref, tol, equal_nan=True,
   ignore_non_fp=not strict)`, fp64 required unless strict → `Fails(accuracy, "AccuracyError")`;
 - a candidate that cannot be built, or whose eager reference cannot run → `Invalid`.
@@ -32,13 +33,12 @@ import torch
 from torch import fx
 
 from minify_client import signatures
+from minify_client.accuracy import ACCURACY_EXC_TYPE, divergence, fp64_reference
 from minify_client.models import JobSpec
 
 from . import oracle
 from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
 from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
-
-ACCURACY_EXC_TYPE = "AccuracyError"
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
 
@@ -236,26 +236,8 @@ def _repeated(run_once: Callable[[], Outcome], runs: int, device: str, compile_s
     return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
 
 
-def _without_dtype_asserts(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` without its `aten._assert_tensor_metadata` nodes, for the fp64 reference:
-    export records there the dtype a tensor had (a `.to(torch.float32)` in the model, as in
-    transformers' models), which casting the program to fp64 changes on purpose."""
-    copied = copy.deepcopy(gm)
-    asserts = [node for node in copied.graph.nodes if node.op == "call_function" and not node.users
-               and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")]
-    for node in asserts:
-        copied.graph.erase_node(node)
-    if asserts:
-        copied.recompile()
-    return copied
-
-
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
                       started: float, runs: int = 1) -> Outcome:
-    import torch._dynamo.config as dynamo_config
-    from torch._dynamo.debug_utils import cast_to_fp64
-    from torch._dynamo.utils import same
-
     strict = spec.failure.strict_accuracy
     try:
         reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
@@ -265,16 +247,14 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
             raise EnvironmentFault(fault) from error
         return Invalid(message=f"the eager reference run failed: {type(error).__name__}: {error}"[:2000],
                        duration_s=time.monotonic() - started)
-    fp64_reference = None
-    if dynamo_config.same_two_models_use_fp64:
-        try:
-            fp64_model, fp64_inputs = cast_to_fp64(_without_dtype_asserts(gm), _clone_inputs(inputs))
-            fp64_reference = fp64_model(*fp64_inputs)
-        except Exception as error:
-            # torch's non-strict accuracy requires the fp64 reference and skips the graph without it.
-            if not strict:
-                return Invalid(message=f"cannot compute the fp64 reference: {type(error).__name__}: {error}",
-                               duration_s=time.monotonic() - started)
+    fp64 = None
+    try:
+        fp64 = fp64_reference(gm, inputs)
+    except Exception as error:
+        # torch's non-strict accuracy requires the fp64 reference and skips the graph without it.
+        if not strict:
+            return Invalid(message=f"cannot compute the fp64 reference: {type(error).__name__}: {error}",
+                           duration_s=time.monotonic() - started)
     try:
         compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
     except Exception as error:
@@ -288,17 +268,10 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
             _synchronize(spec.device)
         except Exception as error:
             return _failure(error, "runtime_error", run_started)
-        divergences: list[str] = []
-
-        def log_error(message: str, *args: Any) -> None:
-            divergences.append(message % args if args else message)
-
-        passing = same(reference, result, fp64_reference, tol=spec.failure.tolerance, equal_nan=True,
-                       ignore_non_fp=not strict, log_error=log_error)
+        detail = divergence(reference, result, fp64, tolerance=spec.failure.tolerance, strict=strict)
         duration = time.monotonic() - run_started
-        if passing:
+        if detail is None:
             return Passes(duration_s=duration)
-        detail = "; ".join(divergences)[:2000] or "compiled result differs from eager"
         signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="",
                               text=f"{ACCURACY_EXC_TYPE}: {detail}")
         return Fails(signature=signature, duration_s=duration)
