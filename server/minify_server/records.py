@@ -31,17 +31,18 @@ CANCEL_TTL_S = 7 * 24 * 3600
 # How long a submission's claim on its content key lasts before its job record exists: a server
 # that died between the two leaves no claim behind for longer than this.
 CLAIM_TTL_S = 30
-# The job that an identical submission gets instead of a new one: the one the content key names, while
-# it is queued, running or succeeded (or its record is still being written: a live claim).
+# The job that an identical submission gets instead of a new one, and its status: the one the content
+# key names, while it is queued, running or succeeded (or its record is still being written: a live
+# claim, status ''); else the new job, which takes the key.
 _CLAIM = """
 local current = redis.call('GET', KEYS[1])
 if current and ARGV[3] ~= '1' then
   local status = redis.call('HGET', ARGV[2] .. current, 'status')
-  if status == 'queued' or status == 'running' or status == 'succeeded' then return current end
-  if not status and redis.call('TTL', KEYS[1]) > 0 then return current end
+  if status == 'queued' or status == 'running' or status == 'succeeded' then return {current, status} end
+  if not status and redis.call('TTL', KEYS[1]) > 0 then return {current, ''} end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
-return ARGV[1]
+return {ARGV[1], ''}
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -116,18 +117,21 @@ def to_job_status(fields: dict[str, str]) -> JobStatus:
 class JobRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._claim = redis.register_script(_CLAIM)  # EVALSHA: the script is sent once
+        self._release = redis.register_script(_RELEASE)
 
-    async def claim(self, digest: str, job_id: str, force: bool) -> str:
-        """Atomically: the job an identical submission already made (queued, running or succeeded),
-        else `job_id`, which now owns the content key (for CLAIM_TTL_S, until `create` keeps it).
+    async def claim(self, digest: str, job_id: str, force: bool) -> tuple[str, str]:
+        """Atomically: the job an identical submission already made (queued, running or succeeded)
+        and its status, else `(job_id, "")`: `job_id` now owns the content key (for CLAIM_TTL_S,
+        until `create` keeps it). A status of "" for another job: its record is still being written.
         `force` always makes `job_id` the owner."""
-        owner = await self.redis.eval(_CLAIM, 1, content_key(digest), job_id, record_key(""),
-                                      "1" if force else "0", str(CLAIM_TTL_S))
-        return owner.decode() if isinstance(owner, bytes) else owner
+        owner, status = await self._claim(keys=[content_key(digest)],
+                                          args=[job_id, record_key(""), "1" if force else "0", str(CLAIM_TTL_S)])
+        return owner, status
 
     async def release(self, digest: str, job_id: str) -> None:
         """Give up a claim whose job was never created (its upload could not be stored)."""
-        await self.redis.eval(_RELEASE, 1, content_key(digest), job_id)
+        await self._release(keys=[content_key(digest)], args=[job_id])
 
     async def create(self, job_id: str, fields: dict[str, str]) -> None:
         """The record, its place in the index and its first event; the content key it claimed (the

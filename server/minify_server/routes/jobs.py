@@ -199,8 +199,10 @@ async def create_job(request: Request, response: Response,
     if existing is not None:  # the same bytes passed the checks below when that job was submitted
         upload.discard()
         response.status_code = 200
-        return JobCreated(id=existing.id, status=existing.status, links=_links(existing.id, []), deduplicated=True,
-                          warnings=existing.warnings)
+        owner, status = existing
+        warning = await _unserved_queue_warning(request, spec.device_class, None) if status is JobState.queued else None
+        return JobCreated(id=owner, status=status, links=_links(owner, []), deduplicated=True,
+                          warnings=[warning] if warning else [])
     try:
         _check_files(upload, settings.allow_pickle)
     except ApiError:
@@ -250,16 +252,17 @@ def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
     return blobs
 
 
-async def _existing_job(request: Request, digest: str, job_id: str, force: bool) -> JobStatus | None:
-    """The job of an identical earlier submission that is queued, running or succeeded; None when
-    `job_id` is to be created (it then owns the submission's content key, records.JobRecords.claim)."""
+async def _existing_job(request: Request, digest: str, job_id: str, force: bool) -> tuple[str, JobState] | None:
+    """The job of an identical earlier submission that is queued, running or succeeded, and its
+    status; None when `job_id` is to be created (it then owns the submission's content key,
+    records.JobRecords.claim)."""
     records = _records(request)
     while True:
-        owner = await records.claim(digest, job_id, force)
+        owner, status = await records.claim(digest, job_id, force)
         if owner == job_id:
             return None
-        if await records.get(owner) is not None:
-            return await _job(request, owner)
+        if status:
+            return owner, JobState(status)
         await asyncio.sleep(0.05)  # the identical submission is still writing its record
 
 
