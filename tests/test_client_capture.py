@@ -222,3 +222,30 @@ def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_pa
     assert minified.returncode == 0, minified.stdout[-2000:] + minified.stderr[-3000:]
     report = json.loads(minified.stdout)
     assert report["nodes_final"] == 1 and "relu" in report["graph_code"]
+
+
+# ---- the backend is recorded as the user named it ----------------------------------------------
+
+
+def test_backends_are_recorded_as_named_in_torch_compile():
+    from torch._dynamo.eval_frame import get_compiler_fn
+
+    from minify_client.capture.torch_hooks import backend_name
+    from tests.support.backends import fail_on_relu
+
+    def named(backend: object) -> str:
+        wrapper = (torch._TorchCompileInductorWrapper("default", None, None, "inductor") if backend == "inductor"
+                   else torch._TorchCompileWrapper(backend, None, None, None))
+        return backend_name(get_compiler_fn(wrapper))
+
+    assert named("inductor") == "inductor"
+    assert named("aot_eager") == "aot_eager"
+    assert named(broken_backend) == f"{broken_backend.__module__}:broken_backend"
+    assert named(fail_on_relu) == "tests.support.backends:fail_on_relu"  # made by a factory, bound at module level
+    assert named(lambda gm, inputs: gm).startswith("<function")  # nothing a worker could import
+
+
+def test_a_test_id_names_its_capture():
+    from minify_client.capture.session import safe_name
+
+    assert safe_name("tests/test_model.py::test_compiles[cuda-2]") == "test_model.py-test_compiles-cuda-2"
