@@ -168,11 +168,16 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
     minimal_wire = graph_to_wire(minimal)
     state_dir = Path(pool.workdir) / "bisect"
     reason = no_stages(spec)
+    screens = {setting: _screen_key(setting, spec) for setting in settings(spec)}
+    original_wire = graph_to_wire(original)
+    for setting, key in screens.items():
+        # A setting the minimal program passes with goes to the original at once, ahead of the rest:
+        # a verified workaround is worth more than the last steps of a bisection the budget may cut.
+        prober.on_pass[key] = (_verify_key(setting, spec), original_wire)
     if reason is None:
         # Started ahead, as slots free up: the bisection's likely probes, then the settings' screens.
         ahead = [_probe_key(probe, spec) for probe in bisector.expected_probes()]
         prober.offer([(key, minimal_wire, state_dir if key.bisect_env else None) for key in ahead])
-    screens = {setting: _screen_key(setting, spec) for setting in settings(spec)}
     prober.offer([(key, minimal_wire, None) for key in screens.values()])
     found = Found(reason=reason)
     try:
@@ -182,7 +187,7 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
         passing = _screen(prober, screens, minimal_wire, found.tried)
         if passing:
             say(f"workarounds: trying {', '.join(_name(setting) for setting in passing)} on the original")
-        found.workarounds = _verify(prober, graph_to_wire(original), passing, spec, found.tried)
+        found.workarounds = _verify(prober, original_wire, passing, spec, found.tried)
     except SandboxError as error:  # the fork server died under a probe: the phase ends, the job does not
         log.warning("the culprit phase lost its sandbox: %s", error)
         found.culprit, found.reason = None, f"the sandbox's fork server died during the culprit phase: {error}"
@@ -228,9 +233,13 @@ def _probe_key(probe: bisector.Probe, spec: JobSpec) -> _Key:
     return _Key("minimal", backend, (), tuple(sorted(probe.environment().items())) if probe.subsystem else ())
 
 
-def _screen_key(setting: tuple[str, Any], spec: JobSpec) -> _Key:
+def _screen_key(setting: tuple[str, Any], spec: JobSpec, graph: str = "minimal") -> _Key:
     key, value = setting
-    return _Key("minimal", value) if key == BACKEND else _Key("minimal", spec.backend, ((key, value),))
+    return _Key(graph, value) if key == BACKEND else _Key(graph, spec.backend, ((key, value),))
+
+
+def _verify_key(setting: tuple[str, Any], spec: JobSpec) -> _Key:
+    return _screen_key(setting, spec, "original")
 
 
 class _Prober:
@@ -245,6 +254,8 @@ class _Prober:
         self.count = 0
         self.notes: list[str] = []
         self._ahead: list[tuple[_Key, dict[str, Any], Path | None]] = []
+        # A probe to offer (first) once the probe of this key passes: a screen's check on the original.
+        self.on_pass: dict[_Key, tuple[_Key, dict[str, Any]]] = {}
         self._closed = False
         self._lock = threading.RLock()
 
@@ -262,14 +273,21 @@ class _Prober:
         timeout_s = self.timeout_s * patience
         inner = self.pool.submit_call(CALL_TARGET, kwargs, timeout_s=timeout_s, purpose="culprit probe")
         inner.add_done_callback(lambda done: _settle_outcome(outer, done, timeout_s))
-        outer.add_done_callback(lambda done: self.pool.cancel(inner) if done.cancelled() else self._start_ahead())
+        outer.add_done_callback(lambda done: self.pool.cancel(inner) if done.cancelled() else self._done(key, done))
         return outer
 
-    def offer(self, probes: list[tuple[_Key, dict[str, Any], Path | None]]) -> None:
-        """Probes to start ahead, in this order, as slots free up."""
+    def offer(self, probes: list[tuple[_Key, dict[str, Any], Path | None]], *, first: bool = False) -> None:
+        """Probes to start ahead, in this order, as slots free up (`first`: before those offered so far)."""
         with self._lock:
-            self._ahead.extend(probes)
+            self._ahead[:0 if first else len(self._ahead)] = probes
         self._start_ahead()
+
+    def _done(self, key: _Key, done: Future[Outcome]) -> None:
+        follow = self.on_pass.get(key)
+        if follow is not None and isinstance(done.result(), Passes):
+            self.offer([(*follow, None)], first=True)
+        else:
+            self._start_ahead()
 
     def _start_ahead(self) -> None:
         with self._lock:
@@ -431,11 +449,7 @@ def _screen(prober: _Prober, screens: dict[tuple[str, Any], _Key], wire_graph: d
 def _verify(prober: _Prober, wire_graph: dict[str, Any], passing: list[tuple[str, Any]], spec: JobSpec,
             tried: dict[str, str]) -> list[Workaround]:
     """The settings under which the original compiles and runs (within tolerance, for accuracy)."""
-    futures = {}
-    for setting in passing:
-        key, value = setting
-        probe = _Key("original", value) if key == BACKEND else _Key("original", spec.backend, ((key, value),))
-        futures[setting] = prober.submit(probe, wire_graph)
+    futures = {setting: prober.submit(_verify_key(setting, spec), wire_graph) for setting in passing}
     try:
         prober.wait(list(futures.values()))
     except _OutOfBudget:
