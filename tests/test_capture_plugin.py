@@ -14,7 +14,9 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,7 @@ class SuiteRun:
     reports: dict[str, str]  # test id -> the failure's text, as pytest reports it
     directory: Path
     captures: dict[str, dict]  # the test id that first hit a bug -> its captures.json entry
+    minimizing: dict[str, tuple[subprocess.Popen, Path]]  # capture name -> the engine on it, its --out
 
 
 def _environment(**extra: str) -> dict[str, str]:
@@ -46,15 +49,44 @@ def _environment(**extra: str) -> dict[str, str]:
     return environment
 
 
+def _start_minimizing(directory: Path, entry: dict, work: Path) -> tuple[subprocess.Popen, Path]:
+    """The offline engine on one capture, as `minify-client submit` would have the server run it
+    (the culprit and shrink phases, which come after minimality, left out: not what is checked)."""
+    spec = {**json.loads((directory / entry["spec"]).read_text()), "culprit": False, "shrink": False}
+    spec_path, out = work / f"{entry['name']}.json", work / entry["name"]
+    spec_path.write_text(json.dumps(spec))
+    with open(work / f"{entry['name']}.log", "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minify_worker.cli", "minify", str(directory / entry["program"]),
+             "--spec", str(spec_path), "--inputs", str(directory / entry["inputs"]), "--out", str(out)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            env=_environment(MINIFY_ALLOWED_BACKENDS="tests.support.backends"))
+    return process, out
+
+
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SuiteRun]:
+    """The sample suite under the plugin; each capture goes to the engine as soon as it is written
+    (the suite's last tests and the first minimizations overlap)."""
     work = tmp_path_factory.mktemp("suite")
-    directory = work / "captures"
-    junit = work / "junit.xml"
-    ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE), "-q", f"--junitxml={junit}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env=_environment(MINIFY_CAPTURE_DIR=str(directory), MINIFY_CAPTURE_ACCURACY="1"))
+    directory, junit, output = work / "captures", work / "junit.xml", work / "pytest.log"
+    minimizing: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def start_new() -> None:
+        manifest = directory / "captures.json"  # written whole, by a rename
+        for entry in json.loads(manifest.read_text())["captures"] if manifest.is_file() else []:
+            if entry["name"] not in minimizing:
+                minimizing[entry["name"]] = _start_minimizing(directory, entry, work)
+
+    with open(output, "w") as log:
+        ran = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE), "-q", f"--junitxml={junit}"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            env=_environment(MINIFY_CAPTURE_DIR=str(directory), MINIFY_CAPTURE_ACCURACY="1"))
+        while ran.poll() is None:
+            start_new()
+            time.sleep(0.5)
+    start_new()
     outcomes, reports = {}, {}
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         test_id = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
@@ -63,7 +95,11 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
         reports[test_id] = (failure.text or "") if failure is not None else ""
     manifest = json.loads((directory / "captures.json").read_text())["captures"]
     captures = {entry["tests"][0]: entry for entry in manifest}
-    return SuiteRun(ran.returncode, ran.stdout + ran.stderr, outcomes, reports, directory, captures)
+    yield SuiteRun(ran.returncode, output.read_text(), outcomes, reports, directory, captures, minimizing)
+    for process, _ in minimizing.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _capture(suite: SuiteRun, test_id: str) -> dict:
@@ -181,26 +217,15 @@ def test_a_backward_compile_failure_is_captured_as_the_backward_graph(suite: Sui
 
 
 @pytest.fixture(scope="module")
-def minimized(suite: SuiteRun, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Every capture through the offline engine, all at once; report.json by capture name."""
-    work = tmp_path_factory.mktemp("minimized")
-    running = {}
-    for entry in suite.captures.values():
-        # The culprit and shrink phases come after minimality: not what is checked here.
-        spec = {**_spec(suite, entry), "culprit": False, "shrink": False}
-        (work / f"{entry['name']}.json").write_text(json.dumps(spec))
-        running[entry["name"]] = subprocess.Popen(
-            [sys.executable, "-m", "minify_worker.cli", "minify", str(suite.directory / entry["program"]),
-             "--spec", str(work / f"{entry['name']}.json"), "--inputs", str(suite.directory / entry["inputs"]),
-             "--out", str(work / entry["name"])],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env=_environment(MINIFY_ALLOWED_BACKENDS="tests.support.backends"))
+def minimized(suite: SuiteRun) -> dict[str, dict]:
+    """Every capture's report.json from the offline engine, by capture name."""
     reports = {}
-    for name, process in running.items():
-        _, errors = process.communicate(timeout=590)
-        report = work / name / "report.json"
-        reports[name] = json.loads(report.read_text()) if report.is_file() else {"status": "missing", "log": errors}
-        reports[name]["out"] = str(work / name)
+    for name, (process, out) in suite.minimizing.items():
+        process.wait(timeout=590)
+        report = out / "report.json"
+        reports[name] = json.loads(report.read_text()) if report.is_file() else {
+            "status": "missing", "log": (out.parent / f"{name}.log").read_text()[-3000:]}
+        reports[name]["out"] = str(out)
     return reports
 
 
