@@ -249,3 +249,38 @@ def test_a_test_id_names_its_capture():
     from minify_client.capture.session import safe_name
 
     assert safe_name("tests/test_model.py::test_compiles[cuda-2]") == "test_model.py-test_compiles-cuda-2"
+
+
+# ---- the graph inductor received, and wrong results ---------------------------------------------
+
+
+@pytest.mark.inductor
+def test_level_aot_captures_the_graph_inductor_received(tmp_path: Path):
+    model, x = ReluCos(), torch.randn(3, 4)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}), \
+            pytest.raises(Exception, match="CppCompileError"), \
+            capture_failures(model, (x,), save_to=tmp_path, level="aot") as captured:
+        torch.compile(model)(x)
+    program = torch.export.load(tmp_path / "ReluCos.pt2")
+    # After AOT autograd: aten ops over the placeholders AOT autograd named, as inductor saw them.
+    assert [node.target.__name__ for node in program.graph.nodes if node.op == "call_function"] == [
+        "relu.default", "cos.default"]
+    placeholders = [node.name for node in program.graph.nodes if node.op == "placeholder"]
+    assert placeholders in (["arg0_1"], ["primals_1"]), placeholders  # dynamo's would be l_x_
+    assert captured.captured is not None and captured.captured.spec.backend == "inductor"
+    assert captured.captured.spec.failure.signature.startswith("CppCompileError: ")
+
+
+@pytest.mark.inductor
+def test_accuracy_captures_a_wrong_result_though_nothing_raised(tmp_path: Path):
+    model, x = ReluCos(), torch.randn(3, 4)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}), \
+            capture_failures(model, (x,), save_to=tmp_path, accuracy=True) as captured:
+        torch.compile(model)(x)
+    assert captured.captured is not None
+    spec = captured.captured.spec
+    assert (spec.failure.kind, spec.failure.signature) == ("accuracy", "AccuracyError")
+    assert spec.config == {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}
+    assert captured.captured.chain[0].startswith("AccuracyError: RMSE")

@@ -31,7 +31,8 @@ class capture_failures(ContextDecorator):  # lower case: it reads as a function 
     then re-raise the original error. A capture that itself fails is logged and noted on the
     original error; it never replaces it. `level="aot"` captures the graph inductor received
     (after AOT autograd) instead of the one dynamo handed the backend; a failing backward graph is
-    captured at that level always."""
+    captured at that level always. `accuracy=True` also compares each compiled graph's outputs
+    with eager and captures a mismatch, though nothing raised."""
 
     def __init__(
         self,
@@ -85,6 +86,10 @@ class capture_failures(ContextDecorator):  # lower case: it reads as a function 
             callback_handler.remove_start_callback(self._on_compile_start)
         config_at_compile, self._config_at_compile = self._config_at_compile, None
         failed, self._failed = _the_failure(self._failed, error), []
+        if error is None and failed is not None and failed.kind == "accuracy":
+            # A wrong result raises nothing: the mismatch the check found is the failure to capture.
+            self._capture_quietly(failed)
+            return False
         if error is None or not isinstance(error, self._exceptions):
             return False
         try:
@@ -100,6 +105,13 @@ class capture_failures(ContextDecorator):  # lower case: it reads as a function 
         else:
             add_note(error, self.captured.describe())
         return False
+
+    def _capture_quietly(self, failed: FailedCompile) -> None:
+        try:
+            self.captured = self._capture_graph(failed)
+        except Exception as capture_error:
+            self.capture_error = capture_error
+            logger.warning("minify: could not capture the failing program: %s", capture_error)
 
     def _capture_graph(self, failed: FailedCompile) -> Captured:
         program = exported(failed, self._spec)
