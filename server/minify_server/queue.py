@@ -6,6 +6,7 @@ from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.client import Pipeline
 from rq import Callback, Queue, Retry
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
@@ -21,7 +22,9 @@ TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
 
 
-def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], retries: int) -> Job:
+def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], retries: int,
+            pipeline: Pipeline | None = None) -> Job:
+    """RQ's job for `ticket`; with `pipeline` (a transaction the caller executes), only queued on it."""
     queue = Queue(spec.device_class, connection=redis)
     return queue.enqueue(
         JOB_ENTRY,
@@ -33,6 +36,7 @@ def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], re
         result_ttl=RESULT_TTL_S,
         failure_ttl=RESULT_TTL_S,
         description=f"minify {job_id} on {spec.device}",
+        pipeline=pipeline,
     )
 
 

@@ -114,6 +114,18 @@ def to_job_status(fields: dict[str, str]) -> JobStatus:
     return JobStatus.model_validate(data)
 
 
+def add_record(pipe: Any, job_id: str, fields: dict[str, str]) -> None:
+    """Queue on a transaction `pipe` (sync or async) what creates a job: its record, its place in the
+    index and its first event; the content key it claimed (the `content` field) now names it for good."""
+    created = datetime.fromisoformat(fields["created_at"]).timestamp()
+    queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
+    pipe.hset(record_key(job_id), mapping=fields)
+    if fields.get("content"):
+        pipe.set(content_key(fields["content"]), job_id)
+    pipe.zadd(INDEX_KEY, {job_id: created})
+    pipe.xadd(events_key(job_id), event_fields(queued), maxlen=EVENTS_MAXLEN, approximate=True)
+
+
 class JobRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
@@ -123,7 +135,7 @@ class JobRecords:
     async def claim(self, digest: str, job_id: str, force: bool) -> tuple[str, str]:
         """Atomically: the job an identical submission already made (queued, running or succeeded)
         and its status, else `(job_id, "")`: `job_id` now owns the content key (for CLAIM_TTL_S,
-        until `create` keeps it). A status of "" for another job: its record is still being written.
+        until `add_record` keeps it). A status of "" for another job: its record is still being written.
         `force` always makes `job_id` the owner."""
         owner, status = await self._claim(keys=[content_key(digest)],
                                           args=[job_id, record_key(""), "1" if force else "0", str(CLAIM_TTL_S)])
@@ -132,19 +144,6 @@ class JobRecords:
     async def release(self, digest: str, job_id: str) -> None:
         """Give up a claim whose job was never created (its upload could not be stored)."""
         await self._release(keys=[content_key(digest)], args=[job_id])
-
-    async def create(self, job_id: str, fields: dict[str, str]) -> None:
-        """The record, its place in the index and its first event; the content key it claimed (the
-        `content` field) now names it for good."""
-        created = datetime.fromisoformat(fields["created_at"]).timestamp()
-        queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(record_key(job_id), mapping=fields)
-            if fields.get("content"):
-                pipe.set(content_key(fields["content"]), job_id)
-            pipe.zadd(INDEX_KEY, {job_id: created})
-            pipe.xadd(events_key(job_id), event_fields(queued), maxlen=EVENTS_MAXLEN, approximate=True)
-            await pipe.execute()
 
     async def get(self, job_id: str) -> dict[str, str] | None:
         fields = await self.redis.hgetall(record_key(job_id))

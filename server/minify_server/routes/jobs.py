@@ -13,6 +13,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
+from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
@@ -22,7 +23,7 @@ from minify_server.archive import CodeInArchive, NotAnExportArchive, check_expor
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
-from minify_server.records import JobRecords, now_iso, ticket_keys, to_job_status
+from minify_server.records import JobRecords, add_record, now_iso, ticket_keys, to_job_status
 from minify_server.store import ArtifactStore, Blob, StorageFull, UnknownArtifact, UploadTooLarge
 from minify_server.uploads import BadUpload, JobUpload, receive_job_upload
 
@@ -82,9 +83,26 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} hours"
 
 
+# How long the routes trust a count of live workers: heartbeats come every 10 s, and a status read of
+# every queued job (and every submission) would otherwise cost two more Redis round trips.
+LIVE_WORKERS_TTL_S = 1.0
+
+
+async def _live_workers(request: Request, queue_name: str) -> int:
+    """`queue.live_workers`, remembered for LIVE_WORKERS_TTL_S."""
+    cache: dict[str, tuple[float, int]] | None = getattr(request.app.state, "live_workers", None)
+    if cache is None:
+        cache = request.app.state.live_workers = {}
+    expires, count = cache.get(queue_name, (0.0, 0))
+    if time.monotonic() >= expires:
+        count = await queue.live_workers(request.app.state.redis, queue_name)
+        cache[queue_name] = (time.monotonic() + LIVE_WORKERS_TTL_S, count)
+    return count
+
+
 async def _unserved_queue_warning(request: Request, queue_name: str, queued_at: datetime | None) -> str | None:
     """Why a queued job is not running: no live worker serves its queue (since when, for a job that waits)."""
-    if await queue.live_workers(request.app.state.redis, queue_name):
+    if await _live_workers(request, queue_name):
         return None
     if queued_at is None:
         return f"no worker is serving the {queue_name} queue; the job waits until one starts"
@@ -216,12 +234,12 @@ async def create_job(request: Request, response: Response,
         raise _storage_full(error) from error
     out_dir = store.out_dir(job_id)
     program_name = Path(upload.filenames.get("program") or "program.pt2").name
-    await _records(request).create(job_id, {
+    fields = {
         "id": job_id, "status": JobState.queued.value, "spec": spec.model_dump_json(),
         "created_at": now_iso(), "attempts": "0", "program_name": program_name,
         "program_sha256": blobs["program"].sha256, "queue": spec.device_class, "content": digest,
         **({"inputs_sha256": blobs["inputs"].sha256} if "inputs" in blobs else {}),
-    })
+    }
     ticket = {
         "job_id": job_id,
         "program": str(blobs["program"].path),
@@ -230,11 +248,21 @@ async def create_job(request: Request, response: Response,
         "spec": spec.model_dump_json(),
         "keys": ticket_keys(job_id),
     }
-    await run_in_threadpool(queue.enqueue, request.app.state.sync_redis, job_id, spec, ticket,
+    await run_in_threadpool(_create_and_enqueue, request.app.state.sync_redis, job_id, fields, spec, ticket,
                             settings.job_retries)
     warning = await _unserved_queue_warning(request, spec.device_class, None)
     return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []),
                       warnings=[warning] if warning else [])
+
+
+def _create_and_enqueue(redis: Redis, job_id: str, fields: dict[str, str], spec: JobSpec, ticket: dict,
+                        retries: int) -> None:
+    """The job's record and its RQ job in one transaction: one round trip (one fsync of Redis's
+    append-only file), and never a record without its place in a queue."""
+    with redis.pipeline(transaction=True) as pipe:
+        queue.enqueue(redis, job_id, spec, ticket, retries, pipeline=pipe)  # first: RQ starts the MULTI
+        add_record(pipe, job_id, fields)
+        pipe.execute()
 
 
 def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
