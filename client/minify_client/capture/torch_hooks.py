@@ -61,6 +61,7 @@ class Listener(Protocol):
 _listeners: list[Listener] = []
 _lock = threading.Lock()
 _installed = False
+_inside = threading.local()  # .aoti: an aoti_compile_and_package call is running on this thread
 
 
 def add_listener(listener: Listener) -> None:
@@ -168,7 +169,9 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             backward = bool(kwargs.get("is_backward", False))
             # A backward graph is captured at this level always: no forward program reproduces
             # its failure. Forward graphs only when a listener asked for level "aot".
-            if not _listeners or not (backward or any(listener.level == "aot" for listener in _listeners)):
+            # Inside AOTI the ExportedProgram is captured instead (the aoti hook).
+            wanted = backward or any(listener.level == "aot" for listener in _listeners)
+            if not _listeners or not wanted or getattr(_inside, "aoti", False):
                 return wrapped(gm, example_inputs, *args, **kwargs)
             graph = _copy_graph(gm)
             try:
@@ -190,6 +193,7 @@ def _aoti_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def aot_inductor_minifier_wrapper(func: Callable[..., Any], exported_program: Any, **kwargs: Any) -> Any:
         if not _listeners:
             return original(func, exported_program, **kwargs)
+        _inside.aoti = True
         try:
             return original(func, exported_program, **kwargs)
         except Exception as error:
@@ -200,6 +204,8 @@ def _aoti_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 _notify(FailedCompile(level="aoti", error=error, backend="aot_inductor",
                                       config={**_config(None), **_json_only(options)}, program=exported_program))
             raise
+        finally:
+            _inside.aoti = False
 
     return aot_inductor_minifier_wrapper
 
