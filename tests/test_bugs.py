@@ -302,6 +302,41 @@ def test_an_upload_the_disk_cannot_hold_is_refused_with_507_and_nothing_kept(
     assert accepted.status_code == 201
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a disk that really fills up (ENOSPC). Needs the right to mount (root here;
+    skipped where mounting is refused)."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_an_upload_that_fills_the_disk_is_refused_with_507_and_the_space_comes_back(
+        small_disk: Path, bug_programs: dict[str, list[Path]], tmp_path: Path) -> None:
+    big = tmp_path / "big.pt2"
+    big.write_bytes(bug_programs["relu"][0].read_bytes() + os.urandom(6 * 1024 * 1024))
+    data_dir = small_disk / "data"
+    with start_service(data_dir, workers=0) as running, running.client() as client:
+        free_before = os.statvfs(small_disk).f_bavail
+        refused = post(client, big, FIVE_BUGS)
+        free_after = os.statvfs(small_disk).f_bavail
+        left = sorted(str(path.relative_to(data_dir)) for folder in ("tmp", "blobs", "jobs")
+                      for path in (data_dir / folder).rglob("*"))
+        accepted = post(client, bug_programs["relu"][0], FIVE_BUGS)
+        client.delete(f"/v1/jobs/{accepted.json()['id']}")
+    assert refused.status_code == 507, refused.text
+    assert "No space left on device (errno 28)" in refused.json()["error"]
+    assert left == [] and free_after == free_before
+    assert accepted.status_code == 201
+
+
 def test_a_worker_that_cannot_write_an_artifact_fails_the_job_naming_it(
         idle_service: Service, bug_programs: dict[str, list[Path]]) -> None:
     limit = 64 * 1024
