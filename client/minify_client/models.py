@@ -207,8 +207,8 @@ class Culprit(BaseModel):
     probes: int = Field(0, description="probes the bisection ran, each in a sandbox child")
     notes: list[str] = Field(
         default_factory=list,
-        description="probes that neither passed nor failed the same way (crashed, hung, failed otherwise): each "
-                    "counted as not failing the same way, and cost that probe")
+        description="probes that neither passed nor failed the same way (failed otherwise: counted as working; "
+                    "hung, crashed or ran out of memory: run again, and twice stops the bisection)")
 
 
 class Workaround(BaseModel):
