@@ -120,7 +120,7 @@ def test_a_refused_upload_sent_again_is_refused_again_at_once(idle_service: Serv
         answers = [post(client, not_a_program, FIVE_BUGS) for _ in range(2)]
         took = time.monotonic() - started
     assert [answer.status_code for answer in answers] == [415, 415]
-    assert took < 5  # the first one's claim on the content key was released, not left to expire
+    assert took < 5  # nothing of the refused one stands in the way of the next
 
 
 def test_ten_identical_concurrent_submissions_make_one_job(idle_service: Service,

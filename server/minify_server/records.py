@@ -14,10 +14,13 @@ minify_worker/rqworker.py spells too.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.client import Pipeline as SyncPipeline
 from redis.exceptions import WatchError
 
 from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Report
@@ -28,21 +31,15 @@ QUEUES_SERVED_KEY = "minify:queues:served_at"
 BUGS_KEY = "minify:bugs"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
-# How long a submission's claim on its content key lasts before its job record exists: a server
-# that died between the two leaves no claim behind for longer than this.
-CLAIM_TTL_S = 30
-# The job that an identical submission gets instead of a new one, and its status: the one the content
-# key names, while it is queued, running or succeeded (or its record is still being written: a live
-# claim, status ''); else the new job, which takes the key.
-_CLAIM = """
+# The statuses of a job an identical submission gets instead of a new one.
+REUSABLE = (JobState.queued.value, JobState.running.value, JobState.succeeded.value)
+# The job the content key names and its status, when that job is reusable (read only: one round trip).
+_EXISTING = """
 local current = redis.call('GET', KEYS[1])
-if current and ARGV[3] ~= '1' then
-  local status = redis.call('HGET', ARGV[2] .. current, 'status')
-  if status == 'queued' or status == 'running' or status == 'succeeded' then return {current, status} end
-  if not status and redis.call('TTL', KEYS[1]) > 0 then return {current, ''} end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
-return {ARGV[1], ''}
+if not current then return false end
+local status = redis.call('HGET', ARGV[1] .. current, 'status')
+if status == 'queued' or status == 'running' or status == 'succeeded' then return {current, status} end
+return false
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -114,9 +111,37 @@ def to_job_status(fields: dict[str, str]) -> JobStatus:
     return JobStatus.model_validate(data)
 
 
+def create_unless_identical(redis: SyncRedis, job_id: str, fields: dict[str, str], force: bool,
+                            enqueue: Callable[[SyncPipeline], object]) -> tuple[str, JobState] | None:
+    """Create the job (`add_record`, and `enqueue(pipe)` its RQ job) in one transaction, unless the
+    content key of its submission (the `content` field) names a job that is queued, running or
+    succeeded: then that job and its status, and nothing is written. The key is watched, so of two
+    identical submissions racing here one creates the job and the other gets it. `force` creates
+    regardless (and the new job takes the key)."""
+    key = content_key(fields["content"])
+    with redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                current = pipe.get(key)
+                if current is not None and not force:
+                    owner = current.decode()
+                    status = pipe.hget(record_key(owner), "status")
+                    if status is not None and status.decode() in REUSABLE:
+                        pipe.unwatch()
+                        return owner, JobState(status.decode())
+                pipe.multi()
+                enqueue(pipe)
+                add_record(pipe, job_id, fields)
+                pipe.execute()
+                return None
+            except WatchError:  # the key changed meanwhile: an identical submission made its job
+                continue
+
+
 def add_record(pipe: Any, job_id: str, fields: dict[str, str]) -> None:
     """Queue on a transaction `pipe` (sync or async) what creates a job: its record, its place in the
-    index and its first event; the content key it claimed (the `content` field) now names it for good."""
+    index and its first event; the content key (the `content` field) names it from then on."""
     created = datetime.fromisoformat(fields["created_at"]).timestamp()
     queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
     pipe.hset(record_key(job_id), mapping=fields)
@@ -129,20 +154,17 @@ def add_record(pipe: Any, job_id: str, fields: dict[str, str]) -> None:
 class JobRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._claim = redis.register_script(_CLAIM)  # EVALSHA: the script is sent once
+        self._existing = redis.register_script(_EXISTING)  # EVALSHA: the script is sent once
         self._release = redis.register_script(_RELEASE)
 
-    async def claim(self, digest: str, job_id: str, force: bool) -> tuple[str, str]:
-        """Atomically: the job an identical submission already made (queued, running or succeeded)
-        and its status, else `(job_id, "")`: `job_id` now owns the content key (for CLAIM_TTL_S,
-        until `add_record` keeps it). A status of "" for another job: its record is still being written.
-        `force` always makes `job_id` the owner."""
-        owner, status = await self._claim(keys=[content_key(digest)],
-                                          args=[job_id, record_key(""), "1" if force else "0", str(CLAIM_TTL_S)])
-        return owner, status
+    async def existing(self, digest: str) -> tuple[str, JobState] | None:
+        """The job an identical submission made (the content key `digest` names it) and its status,
+        while it is queued, running or succeeded."""
+        found = await self._existing(keys=[content_key(digest)], args=[record_key("")])
+        return (found[0], JobState(found[1])) if found else None
 
     async def release(self, digest: str, job_id: str) -> None:
-        """Give up a claim whose job was never created (its upload could not be stored)."""
+        """Delete the content key when it still names `job_id` (retention deleted the job)."""
         await self._release(keys=[content_key(digest)], args=[job_id])
 
     async def get(self, job_id: str) -> dict[str, str] | None:

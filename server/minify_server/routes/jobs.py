@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
-from redis import Redis
+from redis.client import Pipeline
 from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
@@ -23,7 +22,7 @@ from minify_server.archive import CodeInArchive, NotAnExportArchive, check_expor
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
-from minify_server.records import JobRecords, add_record, now_iso, ticket_keys, to_job_status
+from minify_server.records import JobRecords, create_unless_identical, now_iso, ticket_keys, to_job_status
 from minify_server.store import ArtifactStore, Blob, StorageFull, UnknownArtifact, UploadTooLarge
 from minify_server.uploads import BadUpload, JobUpload, receive_job_upload
 
@@ -208,30 +207,25 @@ async def create_job(request: Request, response: Response,
         raise
     inputs = upload.files.get("inputs")
     digest = submission_digest(upload.files["program"].sha256, inputs.sha256 if inputs else None, spec)
-    job_id = uuid.uuid4().hex
+    force = force or _is_true(upload.texts.get("force"))
     try:
-        existing = await _existing_job(request, digest, job_id, force or _is_true(upload.texts.get("force")))
+        existing = None if force else await _records(request).existing(digest)
     except BaseException:
         upload.discard()
         raise
     if existing is not None:  # the same bytes passed the checks below when that job was submitted
         upload.discard()
-        response.status_code = 200
-        owner, status = existing
-        warning = await _unserved_queue_warning(request, spec.device_class, None) if status is JobState.queued else None
-        return JobCreated(id=owner, status=status, links=_links(owner, []), deduplicated=True,
-                          warnings=[warning] if warning else [])
+        return await _deduplicated(request, response, spec, *existing)
     try:
         _check_files(upload, settings.allow_pickle)
     except ApiError:
         upload.discard()
-        await _records(request).release(digest, job_id)
         raise
     try:
         blobs = await run_in_threadpool(_commit_all, store, upload)
     except StorageFull as error:
-        await _records(request).release(digest, job_id)
         raise _storage_full(error) from error
+    job_id = uuid.uuid4().hex
     out_dir = store.out_dir(job_id)
     program_name = Path(upload.filenames.get("program") or "program.pt2").name
     fields = {
@@ -248,21 +242,29 @@ async def create_job(request: Request, response: Response,
         "spec": spec.model_dump_json(),
         "keys": ticket_keys(job_id),
     }
-    await run_in_threadpool(_create_and_enqueue, request.app.state.sync_redis, job_id, fields, spec, ticket,
-                            settings.job_retries)
+    redis = request.app.state.sync_redis
+
+    def enqueue(pipe: Pipeline) -> None:
+        queue.enqueue(redis, job_id, spec, ticket, settings.job_retries, pipeline=pipe)
+
+    # The record and its RQ job in one transaction (one fsync of Redis's append-only file, never a
+    # record outside a queue), unless an identical submission made its job since the check above
+    # (the blobs committed are that job's too: the same bytes).
+    existing = await run_in_threadpool(create_unless_identical, redis, job_id, fields, force, enqueue)
+    if existing is not None:
+        return await _deduplicated(request, response, spec, *existing)
     warning = await _unserved_queue_warning(request, spec.device_class, None)
     return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []),
                       warnings=[warning] if warning else [])
 
 
-def _create_and_enqueue(redis: Redis, job_id: str, fields: dict[str, str], spec: JobSpec, ticket: dict,
-                        retries: int) -> None:
-    """The job's record and its RQ job in one transaction: one round trip (one fsync of Redis's
-    append-only file), and never a record without its place in a queue."""
-    with redis.pipeline(transaction=True) as pipe:
-        queue.enqueue(redis, job_id, spec, ticket, retries, pipeline=pipe)  # first: RQ starts the MULTI
-        add_record(pipe, job_id, fields)
-        pipe.execute()
+async def _deduplicated(request: Request, response: Response, spec: JobSpec, job_id: str,
+                        status: JobState) -> JobCreated:
+    """200: the job of an identical submission (queued, running or succeeded)."""
+    response.status_code = 200
+    warning = await _unserved_queue_warning(request, spec.device_class, None) if status is JobState.queued else None
+    return JobCreated(id=job_id, status=status, links=_links(job_id, []), deduplicated=True,
+                      warnings=[warning] if warning else [])
 
 
 def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
@@ -278,20 +280,6 @@ def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
                 blob.path.unlink(missing_ok=True)
         raise
     return blobs
-
-
-async def _existing_job(request: Request, digest: str, job_id: str, force: bool) -> tuple[str, JobState] | None:
-    """The job of an identical earlier submission that is queued, running or succeeded, and its
-    status; None when `job_id` is to be created (it then owns the submission's content key,
-    records.JobRecords.claim)."""
-    records = _records(request)
-    while True:
-        owner, status = await records.claim(digest, job_id, force)
-        if owner == job_id:
-            return None
-        if status:
-            return owner, JobState(status)
-        await asyncio.sleep(0.05)  # the identical submission is still writing its record
 
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")
