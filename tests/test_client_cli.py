@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -295,9 +299,24 @@ def test_an_interrupted_download_is_one_line_and_exit_1(server: ScriptedServer, 
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".part")]
 
 
-def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_resume(
-    server: ScriptedServer, program: Path, tmp_path: Path
-):
+@contextmanager
+def sigint_as_on_a_terminal() -> Iterator[None]:
+    """Processes started inside get SIGINT at its default, as a terminal's foreground job has it.
+
+    An ignored signal stays ignored across exec, and a shell script's background job (`make test &`,
+    a CI runner's) starts with SIGINT ignored: a client started from it would rightly not hear a
+    Ctrl-C. A handler, unlike SIG_IGN, is reset to the default on exec, so one here while the child
+    starts gives it the terminal's disposition whatever this process inherited.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def endless_job(server: ScriptedServer) -> None:
+    """Job j1 runs and streams one event, then nothing (the stream stays open)."""
     def endless(exchange: Exchange) -> None:
         exchange.start_events()
         exchange.send_event("1", ProgressEvent(type="status", status=JobState.running))
@@ -305,16 +324,24 @@ def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_resume(
 
     serve_job(server, job_status("j1", JobState.running), [])
     server.route("GET", "/v1/jobs/j1/events", endless)
+
+
+def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_resume(
+    server: ScriptedServer, program: Path, tmp_path: Path
+):
+    endless_job(server)
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minify_client.cli", "submit", str(program), "--wait", "--out", str(out),
-         "--server", server.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None),
-    )
+    with sigint_as_on_a_terminal():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minify_client.cli", "submit", str(program), "--wait", "--out", str(out),
+             "--server", server.url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None),
+        )
     try:
         assert process.stdout is not None
-        while "status: running" not in process.stdout.readline():
-            pass
+        for line in process.stdout:
+            if "status: running" in line:
+                break
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     finally:
@@ -322,6 +349,53 @@ def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_resume(
     assert process.returncode == 130
     assert f"resume with: minify-client watch j1 --server {server.url} --out {out}" in stderr
     assert server.requests_to("DELETE", "/v1/jobs/j1") == []
+
+
+def test_ctrl_c_as_the_progress_bar_starts_on_a_terminal_says_how_to_resume_and_shows_the_cursor(
+    server: ScriptedServer, program: Path, tmp_path: Path
+):
+    # On a terminal the client sets up rich's live bar between printing the job's id and following
+    # it; a Ctrl-C then used to end the client without naming the job to resume. Sent as soon as
+    # the id shows, it lands in that set-up or just after it: the answer must be the same.
+    endless_job(server)
+    out = tmp_path / "out"
+    terminal, client_side = pty.openpty()
+    with sigint_as_on_a_terminal():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minify_client.cli", "submit", str(program), "--wait", "--out", str(out),
+             "--server", server.url],
+            stdin=subprocess.DEVNULL, stdout=client_side, stderr=subprocess.PIPE, text=True, env=_env(None),
+        )
+    os.close(client_side)
+    try:
+        shown = _read_terminal_until(terminal, lambda shown: b"submitted job j1" in shown)
+        process.send_signal(signal.SIGINT)
+        # Read on while it exits: a client whose terminal is full would block writing to it.
+        shown += _read_terminal_until(terminal, lambda _: process.poll() is not None)
+        process.wait(timeout=10)
+        stderr = process.stderr.read() if process.stderr else ""
+    finally:
+        process.kill()
+        os.close(terminal)
+    assert process.returncode == 130
+    assert f"resume with: minify-client watch j1 --server {server.url} --out {out}" in stderr
+    hidden = shown.rfind(b"\x1b[?25l")
+    assert hidden == -1 or shown.rfind(b"\x1b[?25h") > hidden, "the cursor was left hidden"
+
+
+def _read_terminal_until(terminal: int, done: Callable[[bytes], bool], timeout_s: float = 30.0) -> bytes:
+    """What the client writes to its terminal, until `done(what it wrote)` or the client closes it."""
+    shown = b""
+    deadline = time.monotonic() + timeout_s
+    while not done(shown):
+        assert time.monotonic() < deadline, f"still waiting after {timeout_s:.0f} s; the terminal shows {shown!r}"
+        ready, _, _ = select.select([terminal], [], [], 0.1)
+        if ready:
+            try:
+                shown += os.read(terminal, 65536)
+            except OSError:  # EIO: the client closed its end
+                return shown
+    return shown
 
 
 # ---- the other subcommands ---------------------------------------------------------------------

@@ -99,6 +99,7 @@ def test_progress_view_is_plain_when_the_stream_is_not_a_terminal():
 def test_rich_progress_renders_phase_and_counts():
     out = io.StringIO()
     view = RichProgress(out)
+    view.start()
     for event in minimizing_events(JobState.succeeded):
         view.update(event)
     view.close()

@@ -161,21 +161,27 @@ def _submit(args: argparse.Namespace) -> int:
     _warn_if_it_runs_code(args.program)
     with _client(args) as client:
         created = client.submit(args.program, spec, inputs=args.inputs, force=args.force)
-        for warning in created.warnings:
-            print(f"minify-client: warning: {warning}", file=sys.stderr)
-        if created.deduplicated:
-            print(f"minify-client: same program as job {created.id} ({created.status.value}); "
-                  "--force makes a new job", file=sys.stderr)
-        dashboard = client.dashboard_url(created)
-        if not args.wait:
-            if args.json:
-                _print_json({**created.model_dump(mode="json"), "dashboard": dashboard})
-            else:
-                print(created.id)
-                print(f"dashboard: {dashboard}")
-            return EXIT_OK
-        _progress_stream(args).write(f"submitted job {created.id}: {dashboard}\n")
-        return _follow(client, created.id, args, args.out or Path(f"minify-{created.id}"))
+        out_dir = (args.out or Path(f"minify-{created.id}")) if args.wait else args.out
+        # The job exists from here on: a Ctrl-C at any moment (printing, setting up the progress bar,
+        # following, downloading) says which job it was and how to pick it up again.
+        try:
+            for warning in created.warnings:
+                print(f"minify-client: warning: {warning}", file=sys.stderr)
+            if created.deduplicated:
+                print(f"minify-client: same program as job {created.id} ({created.status.value}); "
+                      "--force makes a new job", file=sys.stderr)
+            dashboard = client.dashboard_url(created)
+            if not args.wait:
+                if args.json:
+                    _print_json({**created.model_dump(mode="json"), "dashboard": dashboard})
+                else:
+                    print(created.id)
+                    print(f"dashboard: {dashboard}")
+                return EXIT_OK
+            _progress_stream(args).write(f"submitted job {created.id}: {dashboard}\n")
+            return _follow(client, created.id, args, out_dir)
+        except KeyboardInterrupt:
+            return _interrupted(created.id, args, out_dir)
 
 
 def _submit_captures(args: argparse.Namespace) -> int:
@@ -213,9 +219,12 @@ def _warn_if_it_runs_code(program: Path) -> None:
 
 def _watch(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        status = client.status(args.job_id)
-        _progress_stream(args).write(f"job {status.id}: {status.status.value} ({client.dashboard_url(status)})\n")
-        return _follow(client, args.job_id, args, args.out)
+        try:
+            status = client.status(args.job_id)
+            _progress_stream(args).write(f"job {status.id}: {status.status.value} ({client.dashboard_url(status)})\n")
+            return _follow(client, args.job_id, args, args.out)
+        except KeyboardInterrupt:
+            return _interrupted(args.job_id, args, args.out)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -332,17 +341,14 @@ def _bugs(args: argparse.Namespace) -> int:
 
 
 def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path | None) -> int:
-    """Show progress until the job ends, download its artifacts into `out_dir`, print the result."""
-    stream = _progress_stream(args)
-    view = progress_view(stream)
+    """Show progress until the job ends, download its artifacts into `out_dir`, print the result.
+    A Ctrl-C reaches the caller as KeyboardInterrupt, the progress view closed."""
+    view = progress_view(_progress_stream(args))
     try:
+        view.start()
         status = client.wait(job_id, on_event=view.update)
-    except KeyboardInterrupt:
+    finally:
         view.close()
-        print(f"\ninterrupted: job {job_id} keeps running on the server; resume with: "
-              f"{_resume_command(job_id, args, out_dir)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    view.close()
     artifacts: dict[str, Path] = {}
     if out_dir is not None and status.status != JobState.cancelled:
         artifacts = client.download(job_id, out_dir)
@@ -382,6 +388,12 @@ def _read_report(artifacts: dict[str, Path]) -> Report | None:
         return Report.model_validate_json(path.read_bytes())
     except ValueError:
         return None
+
+
+def _interrupted(job_id: str, args: argparse.Namespace, out_dir: Path | None) -> int:
+    print(f"\ninterrupted: job {job_id} keeps running on the server; resume with: "
+          f"{_resume_command(job_id, args, out_dir)}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _resume_command(job_id: str, args: argparse.Namespace, out_dir: Path | None) -> str:

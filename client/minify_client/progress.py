@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol, TextIO
 
 from minify_client.models import Culprit, JobState, JobStatus, ProgressEvent, Report
 
 
 class ProgressView(Protocol):
+    """`start()`, `update(event)` for each event, `close()` (also when start was interrupted)."""
+
+    def start(self) -> None: ...
+
     def update(self, event: ProgressEvent) -> None: ...
 
     def close(self) -> None: ...
@@ -64,6 +71,9 @@ class PlainProgress:
         # Log and status events may carry no elapsed time; show the latest known instead.
         self._elapsed_s = 0.0
 
+    def start(self) -> None:
+        pass
+
     def update(self, event: ProgressEvent) -> None:
         now = self._clock()
         self._elapsed_s = max(self._elapsed_s, event.elapsed_s)
@@ -108,7 +118,10 @@ class RichProgress:
             transient=False,
         )
         self._task = self._progress.add_task("waiting", total=None, detail="")
-        self._progress.start()
+
+    def start(self) -> None:
+        with _ctrl_c_deferred():
+            self._progress.start()
 
     def update(self, event: ProgressEvent) -> None:
         if event.type == "log":
@@ -125,7 +138,26 @@ class RichProgress:
         self._progress.update(self._task, **fields)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        self._progress.stop()
+        with _ctrl_c_deferred():
+            self._progress.stop()
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """A Ctrl-C inside takes effect when the block ends: rich's live display, half started or half
+    stopped, would leave the terminal's cursor hidden and sys.stdout and sys.stderr redirected to it."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield  # a handler not set from Python cannot be put back; only the main thread may set one
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)  # as if it came now: KeyboardInterrupt, or ignored
 
 
 def progress_view(stream: TextIO, *, plain: bool | None = None) -> ProgressView:
