@@ -186,6 +186,23 @@ def test_succeeded_jobs_are_grouped_into_bugs_by_signature_and_graph_shape(
     assert float(data_bytes.split()[1]) > 0
 
 
+def test_a_succeeded_job_no_worker_filed_is_filed_by_the_servers_sweep(
+        tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
+    env = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}
+    with start_service(tmp_path / "data", workers=1, env=env) as running, running.client() as client:
+        job_id = post(client, bug_programs["tanh"][3], FIVE_BUGS).json()["id"]
+        bug = wait_for_status(client, job_id, FINISHED)["bug"]
+        store = _redis(running)
+        # As a worker leaves a job whose ticket names no bug keys (queued before the server knew of bugs).
+        store.hdel(f"minify:job:{job_id}", "bug")
+        store.delete(f"minify:bug:{bug}", f"minify:bug:{bug}:jobs")
+        store.zrem("minify:bugs", bug)
+        _wait_until(lambda: client.get(f"/v1/jobs/{job_id}").json().get("bug") is not None)
+        filed = client.get(f"/v1/bugs/{bug}").json()
+    assert filed["count"] == 1 and filed["representative"] == job_id
+    assert filed["signature"] == "RuntimeError: injected failure on tanh"
+
+
 def run_client(service: Service, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minify_client.cli", *args, "--server", service.url],
                           capture_output=True, text=True, timeout=180, cwd=cwd)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from minify_client.models import Bug
-from minify_server.records import BUGS_KEY, bug_jobs_key, bug_record_key
+from minify_client.bugs import add_to_bug_index
+from minify_client.models import Bug, Report
+from minify_server.records import BUGS_KEY, bug_jobs_key, bug_record_key, record_key, ticket_keys
 
 # A bug lists its most recent jobs; `count` counts them all.
 JOB_IDS_SHOWN = 100
@@ -67,6 +68,23 @@ class BugIndex:
             for bug_id in bug_ids:
                 pipe.hget(bug_record_key(bug_id), "representative")
             return {job_id for job_id in await pipe.execute() if job_id}
+
+    async def file_unfiled(self, jobs: list[tuple[str, str]]) -> int:
+        """File succeeded jobs that no worker filed, `(job id, finished_at)`: a job queued before the
+        server knew of bugs (its ticket names no bug keys) and run by a worker that does. The key is
+        computed from its report (minify_client.bugs.bug_key), as the worker computes it. Returns the
+        jobs filed."""
+        filed = 0
+        for job_id, finished_at in jobs:
+            result = await self.redis.hget(record_key(job_id), "result")
+            report = Report.model_validate_json(result) if result else None
+            if report is None:
+                continue
+            async with self.redis.pipeline(transaction=True) as pipe:
+                if add_to_bug_index(pipe, ticket_keys(job_id), job_id, report, finished_at):
+                    await pipe.execute()
+                    filed += 1
+        return filed
 
     async def forget_seen_before(self, cutoff: float) -> list[str]:
         """Unlist the bugs last seen before `cutoff` (epoch seconds); their jobs become ordinary ones."""

@@ -1,5 +1,8 @@
 """Retention: what ended more than MINIFY_RETENTION_DAYS ago is deleted, in Redis and on disk.
 
+The same periodic sweep first files the succeeded jobs no worker filed under a bug (a job queued
+before the server knew of bugs: its ticket names no bug keys), `BugIndex.file_unfiled`.
+
 A periodic sweep (every `retention_sweep_interval_s`, and once at start) deletes the job record,
 event stream, cancel flag and content key of every job that ended before the cutoff, and its
 results folder; then the uploads no remaining job refers to, last uploaded before the cutoff. A bug
@@ -28,7 +31,7 @@ from minify_server.store import ArtifactStore
 log = logging.getLogger(__name__)
 
 DAY_S = 24 * 3600
-_FIELDS = ("status", "finished_at", "created_at", "content", "program_sha256", "inputs_sha256")
+_FIELDS = ("status", "finished_at", "created_at", "bug", "content", "program_sha256", "inputs_sha256")
 
 
 @dataclass(frozen=True)
@@ -51,19 +54,22 @@ async def sweep(redis: Redis, store: ArtifactStore, retention_s: float, now: flo
     cutoff = (time.time() if now is None else now) - retention_s
     bugs = BugIndex(redis)
     forgotten = await bugs.forget_seen_before(cutoff)
-    keep = await bugs.representatives()
     job_ids = await redis.zrange(INDEX_KEY, 0, -1)
     async with redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hmget(record_key(job_id), list(_FIELDS))
         rows = await pipe.execute()
+    await bugs.file_unfiled([(job_id, fields[1]) for job_id, fields in zip(job_ids, rows, strict=True)
+                             if fields[0] == JobState.succeeded.value and fields[1] and not fields[3]
+                             and not _ended_before(fields, cutoff)])
+    keep = await bugs.representatives()
     expired: list[tuple[str, str | None]] = []
     referenced: set[str] = set()
     for job_id, fields in zip(job_ids, rows, strict=True):
         if job_id not in keep and _ended_before(fields, cutoff):
-            expired.append((job_id, fields[3]))
+            expired.append((job_id, fields[4]))
         else:
-            referenced.update(sha for sha in fields[4:] if sha)
+            referenced.update(sha for sha in fields[5:] if sha)
     records = JobRecords(redis)
     for job_id, content in expired:
         async with redis.pipeline(transaction=True) as pipe:

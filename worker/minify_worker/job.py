@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from redis import Redis
-from redis.client import Pipeline
 from redis.exceptions import RedisError, WatchError
 from rq import get_current_job
 from rq.job import Job
 
+from minify_client.bugs import add_to_bug_index
 from minify_client.models import JobSpec, JobState, Progress, ProgressEvent, Report
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class JobChannel:
 
     def finish(self, status: JobState, reason: str | None, report: Report | None) -> None:
         """The final status, the result and the counters, in one transaction with the last event; a
-        succeeded job is filed under its bug in the same transaction (`_file_under_bug`)."""
+        succeeded job is filed under its bug in the same transaction (minify_client.bugs.add_to_bug_index)."""
         fields = {"status": status.value, "finished_at": _now()}
         if reason:
             fields["reason"] = reason
@@ -112,28 +112,11 @@ class JobChannel:
                 pipe.hincrby(counters, "checks_cached", report.checks_cached)
                 for kind, count in report.outcomes.items():
                     pipe.hincrby(counters, f"outcome:{kind}", count)
-                if status is JobState.succeeded and report.bug and "bugs" in self.keys and self.job_id:
-                    self._file_under_bug(pipe, report, fields["finished_at"])
+                if status is JobState.succeeded and "bugs" in self.keys and self.job_id:
+                    add_to_bug_index(pipe, self.keys, self.job_id, report, fields["finished_at"])
             pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
             pipe.delete(self.keys["cancel"])
             pipe.execute()
-
-
-    def _file_under_bug(self, pipe: Pipeline, report: Report, finished_at: str) -> None:
-        """The bug index (keys named by the ticket; minify_server/records.py): the bug's record (its
-        first job stays its representative), its jobs, and the list of bugs by last seen."""
-        assert report.bug is not None
-        bug = self.keys["bug"].format(bug=report.bug)
-        seen = datetime.fromisoformat(finished_at).timestamp()
-        first = {"id": report.bug, "signature": report.signature or "", "graph_shape_hash": report.graph_shape_hash
-                 or "", "failure_kind": report.failure_kind or "", "backend": report.backend,
-                 "device": report.device, "first_seen": finished_at, "representative": self.job_id}
-        for name, value in first.items():
-            pipe.hsetnx(bug, name, value)
-        pipe.hset(bug, "last_seen", finished_at)
-        pipe.zadd(self.keys["bug_jobs"].format(bug=report.bug), {self.job_id: seen})
-        pipe.zadd(self.keys["bugs"], {report.bug: seen})
-        pipe.hset(self.keys["record"], "bug", report.bug)
 
 
 def _final_progress(report: Report) -> Progress:
