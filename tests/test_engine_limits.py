@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobSpec, JobState
-from minify_worker.engine import minify
+from minify_client.models import JobSpec, JobState, ProgressEvent
+from minify_worker.engine import DEFAULT_ORIGINAL_TIMEOUT_S, HangCalibration, minify
 from tests.support.graphs import ops_of, save_chain
 
 SUPPORT = "tests.support.backends"
@@ -34,6 +34,55 @@ def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2:
     assert result.report.signature == "TimedOut"
     # Passing candidates calibrated the timeout down to the floor: each hang costs seconds.
     assert result.report.candidate_timeout_s is not None and result.report.candidate_timeout_s <= 6
+
+
+# The default calibration's floors (30 s before the original counts as a hang, 60 s to confirm)
+# scaled down, so these tests take seconds; docs/bench.md measures the defaults on the encoder.
+SHORT_HANG = HangCalibration(original_min_s=2.0, confirm_min_s=6.0)
+
+
+def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting_out_the_original(
+        chain_pt2: Path, tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu", "limits": {"parallelism": 2}})
+    events: list[ProgressEvent] = []
+
+    result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
+    assert result.report.signature == "TimedOut"
+    assert result.report.hang_confirm_timeout_s == 6.0  # the floor: passing runs take milliseconds
+    assert result.report.candidate_timeout_s == 5.0
+    assert result.report.original_runs == 1
+    assert result.report.elapsed_s < DEFAULT_ORIGINAL_TIMEOUT_S  # the original was stopped, not waited out
+    messages = [event.message or "" for event in events]
+    assert any("judged a hang for now" in message for message in messages)
+    assert any(message.startswith("hang confirmed") for message in messages)
+
+
+def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain_pt2: Path, tmp_path: Path) -> None:
+    # relu takes 7 s to compile: longer than the guess (2 s) and the candidates' timeout (5 s), no hang.
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:slow_on_relu", "limits": {"parallelism": 2}})
+    events: list[ProgressEvent] = []
+
+    result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
+
+    assert any("judged a hang for now" in (event.message or "") for event in events)
+    assert result.status is JobState.not_reproducible, result.reason
+    assert result.report.hang_confirm_timeout_s is None
+
+
+def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu",
+                                  "limits": {"original_timeout_s": 4, "parallelism": 2}})
+    events: list[ProgressEvent] = []
+
+    result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
+
+    assert result.status is JobState.succeeded, result.reason
+    assert ops_of(result.report.graph_code) == ["relu"]
+    assert result.report.hang_confirm_timeout_s is None  # the original's own timeout made it a hang
+    assert not any("judged a hang for now" in (event.message or "") for event in events)
 
 
 def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(

@@ -237,6 +237,10 @@ class Report(BaseModel):
     original_runs: int = 0
     original_failures: int = 0
     candidate_timeout_s: float | None = None
+    hang_confirm_timeout_s: float | None = Field(
+        None, description="a hang judged without a user-given timeout: the minimal program still ran after this "
+                          "many seconds (10x the slowest passing candidate, at least 60), which confirmed it; the "
+                          "original was stopped once it ran far longer than passing candidates, before its own bound")
     backend: str
     device: str
     config: dict[str, Any] = Field(default_factory=dict)

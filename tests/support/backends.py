@@ -363,6 +363,15 @@ def fail_on_relu_slowly_or_at_once_on_cos(gm: fx.GraphModule, example_inputs: li
     return _eager(gm)
 
 
+
+def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Takes 7 s to compile a graph with relu, then runs it as eager: slow, but no hang, so a
+    hang guessed from a shorter timeout must not stand (tests/test_engine_limits.py)."""
+    if has_op(gm, "relu"):
+        time.sleep(7)
+    return _eager(gm)
+
+
 # -- Size-dependent failures, for the shrink phase (tests/test_shrink.py) -----------------------
 
 

@@ -61,6 +61,26 @@ EVENT_INTERVAL_S = 0.2
 MAX_SANDBOX_RESTARTS = 3
 
 
+@dataclass(frozen=True)
+class HangCalibration:
+    """How a hang is told with no timeout given (no `--candidate-timeout`, `--original-timeout`),
+    instead of waiting out the original's `DEFAULT_ORIGINAL_TIMEOUT_S`.
+
+    While the original runs, passing runs (the empty program, candidates) show how long a graph
+    takes: the original counts as a hang for now once it ran `original_factor` times what they
+    predict for its size (at least `original_min_s`); candidates then hang after
+    `HANG_TIMEOUT_FACTOR` times the slowest passing run. The minimal result is confirmed at the end
+    with `confirm_factor` times the slowest passing run (at least `confirm_min_s`): it must still be
+    running then, else the reduction starts again from the original and waits for its outcome.
+    Tests scale the floors down.
+    """
+
+    original_factor: float = 10.0
+    original_min_s: float = 30.0
+    confirm_factor: float = 10.0
+    confirm_min_s: float = 60.0
+
+
 @dataclass
 class MinifyResult:
     status: JobState
@@ -77,9 +97,11 @@ def minify(
     inputs: Path | None = None,
     on_event: Callable[[ProgressEvent], None] | None = None,
     cancel: threading.Event | None = None,
+    hang: HangCalibration | None = None,
 ) -> MinifyResult:
-    """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised."""
-    run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event())
+    """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised.
+    `hang`: how a hang is told when the spec gives no timeout (`HangCalibration`; tests scale it)."""
+    run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event(), hang or HangCalibration())
     return run.execute(Path(program), None if inputs is None else Path(inputs))
 
 
@@ -113,7 +135,8 @@ class _SandboxEvaluator:
         self._started: list[SandboxPool] = []
         self._inner: dict[Future[Outcome], Future[Outcome]] = {}
         self._lock = threading.RLock()
-        self.on_outcome: Callable[[Outcome], None] | None = None  # sees every outcome as it comes
+        self.on_outcome: Callable[[fx.Graph, Outcome], None] | None = None  # sees every outcome as it comes
+        self.spared: set[Future[Outcome]] = set()  # runs that keep their own timeout (the original's)
 
     def live_pool(self) -> SandboxPool:
         """The current pool, restarted first if its fork server died or a child faulted."""
@@ -158,7 +181,7 @@ class _SandboxEvaluator:
                 _settle(outer, error=error)
             else:
                 if self.on_outcome is not None:
-                    self.on_outcome(done.result())
+                    self.on_outcome(graph, done.result())
                 _settle(outer, result=done.result())
 
         inner.add_done_callback(settle)
@@ -176,8 +199,9 @@ class _SandboxEvaluator:
     def set_timeout(self, timeout_s: float) -> None:
         """The timeout of every later candidate, and of those already submitted."""
         self.timeout_s = timeout_s
-        for inner in list(self._inner.values()):
-            self.pool.set_timeout(inner, timeout_s)
+        for outer, inner in list(self._inner.items()):
+            if outer not in self.spared:
+                self.pool.set_timeout(inner, timeout_s)
 
     def cancel(self, future: Future[Outcome]) -> None:
         inner = self._inner.get(future)
@@ -204,8 +228,9 @@ def _settle(future: Future[Outcome], *, result: Outcome | None = None, error: Ba
 
 class _Run:
     def __init__(self, spec: JobSpec, out_dir: Path, on_event: Callable[[ProgressEvent], None] | None,
-                 cancel: threading.Event) -> None:
+                 cancel: threading.Event, hang: HangCalibration) -> None:
         self.spec = spec
+        self.hang = hang
         self.out_dir = out_dir
         self.on_event = on_event
         self.cancel = cancel
@@ -233,7 +258,12 @@ class _Run:
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
         self._provisional: Signature | None = None  # the target guessed while the original runs
         self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
-        self._passing_durations: list[float] = []
+        self._passes: list[tuple[int, float]] = []  # (ops, seconds) of every passing run
+        # A hang may be guessed before the original's bound only when the user gave no timeout.
+        self._may_guess_hang = (spec.failure.kind in ("any", "timeout") and not spec.limits.candidate_timeout_s
+                                and not spec.limits.original_timeout_s)
+        self._original_submitted = 0.0
+        self.hang_confirm_timeout_s: float | None = None
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -299,7 +329,7 @@ class _Run:
             self._still_fails,
             parallelism=parallelism,
             on_check=self._emit,
-            should_stop=self._stop_reason,
+            should_stop=self._poll,
         )
         try:
             return self._reproduce_and_reduce(evaluator, graph)
@@ -371,7 +401,11 @@ class _Run:
     def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
+        evaluator.on_outcome = self._observe
+        self._original_submitted = time.monotonic()
         self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
+        # A hang guessed from candidates must not cut the original short: the guess is checked later.
+        evaluator.spared.add(self._original_run)
         # The failure must depend on the program: the program with no ops runs beside it.
         self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
         given = self.spec.failure.signature
@@ -395,7 +429,7 @@ class _Run:
         signature = oracle.outcome_signature(outcome)
         if signature is None:
             return False  # a pass, or a candidate that could not run: never the failure
-        if signature.kind in ("timeout", "oom"):
+        if signature.kind in ("timeout", "oom") and not self._hang_guessed():
             # Not the signature the spec gives: never the failure, whatever the original does.
             return None if self._may_be_target(signature) else False
         if self._provisional is None:
@@ -419,8 +453,11 @@ class _Run:
             return self.signature
         failure = self.spec.failure
         assert self._original_run is not None
-        self._wait_for([self._original_run])
-        outcome = self._original_run.result()
+        if self._hang_guessed() and not self._original_run.done():
+            outcome = self._confirm_hang()
+        else:
+            self._wait_for([self._original_run])
+            outcome = self._original_run.result()
         target = _target_of(outcome, failure)
         self.original_runs = getattr(outcome, "runs", 1)
         if target is not None and not self._may_be_target(target):
@@ -442,8 +479,9 @@ class _Run:
         assert self.scheduler is not None
         self.scheduler.remember(self._original, Fails(target))
         if target.kind == "timeout":
-            self.candidate_timeout_s = self._first_timeout()
-            self._evaluator.on_outcome = self._calibrate_hang_timeout
+            if self.candidate_timeout_s is None:  # else calibrated while the hang was a guess
+                self.candidate_timeout_s = self._first_timeout()
+            self._calibrate_hang_timeout()
         else:
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
             bound = self.spec.limits.candidate_timeout_s
@@ -455,6 +493,9 @@ class _Run:
                  if oracle.still_fails(outcome, target, failure) != verdict]
         self._provisional_verdicts.clear()
         if wrong:
+            # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
+            cut_short = self.candidate_timeout_s
+            self.scheduler.forget(lambda outcome: isinstance(outcome, TimedOut) and outcome.after_s < cut_short)
             raise _Restart(f"the original fails with {target}, not as the first failing candidate did "
                            f"({self._provisional}): reducing again from the original")
         return target
@@ -469,19 +510,97 @@ class _Run:
                                  f"as they are) fails the same way on {self.spec.backend} ({self.spec.device}): "
                                  f"{target}"))
 
-    def _calibrate_hang_timeout(self, outcome: Outcome) -> None:
-        """When the failure is a hang, passing candidates show how long a run that does not hang
-        takes: later candidates (and those running) get a multiple of the slowest, with a floor,
-        so each hanging candidate costs seconds instead of the original's whole bound."""
+    def _observe(self, graph: fx.Graph, outcome: Outcome) -> None:
+        """Every outcome as it comes (the sandbox's thread): passing runs calibrate hangs."""
         if not isinstance(outcome, Passes):
             return
-        self._passing_durations.append(outcome.duration_s)
-        if len(self._passing_durations) < PASSES_TO_CALIBRATE:
+        self._passes.append((count_ops(graph), outcome.duration_s))
+        if self._hang_guessed():
+            self._calibrate_hang_timeout(passes_needed=1)
+        elif self.signature is not None and self.signature.kind == "timeout":
+            self._calibrate_hang_timeout()
+
+    def _calibrate_hang_timeout(self, passes_needed: int = PASSES_TO_CALIBRATE) -> None:
+        """When the failure is a hang (known, or guessed while the original runs), passing runs show
+        how long a run that does not hang takes: later candidates (and those running) get a multiple
+        of the slowest, with a floor, so each hanging candidate costs seconds instead of the
+        original's whole bound. A guessed hang needs one passing run (the guess was made from it)."""
+        durations = [seconds for _, seconds in self._passes]
+        if len(durations) < passes_needed:
             return
-        calibrated = round(max(MIN_HANG_TIMEOUT_S, HANG_TIMEOUT_FACTOR * max(self._passing_durations)), 2)
+        calibrated = round(max(MIN_HANG_TIMEOUT_S, HANG_TIMEOUT_FACTOR * max(durations)), 2)
         if self.candidate_timeout_s is None or calibrated < self.candidate_timeout_s:
             self.candidate_timeout_s = calibrated
             self._evaluator.set_timeout(calibrated)
+
+    def _hang_guessed(self) -> bool:
+        """Whether candidates are judged against a hang guessed for the original (`_watch_original`)."""
+        return self.signature is None and self._provisional is not None and self._provisional.kind == "timeout"
+
+    def _poll(self) -> str | None:
+        """The scheduler asks this while it waits: is the original a hang by now, should the job stop."""
+        self._watch_original()
+        return self._stop_reason()
+
+    def _watch_original(self) -> None:
+        """With no timeout given, guess that the original hangs once it ran `HangCalibration`'s
+        multiple of what passing runs predict for its size: candidates are judged against that
+        guess from then on (a candidate that runs past the calibrated timeout hangs too), and the
+        result is confirmed at the end (`_confirm_hang`) instead of waiting out the original's
+        minutes. Not when some candidate already failed otherwise (that is the guess then)."""
+        if (not self._may_guess_hang or self.signature is not None or self._provisional is not None
+                or self._original_run is None or self._original_run.done() or not self._passes):
+            return
+        running_s = time.monotonic() - self._original_submitted
+        ops, seconds = max(self._passes)  # the largest passing graph predicts best, per op
+        expected_s = seconds * (self.nodes_original or 1) / max(1, ops)
+        bound_s = max(self.hang.original_min_s, self.hang.original_factor * expected_s)
+        if running_s < bound_s:
+            return
+        guess = _target_of(TimedOut(round(running_s, 1)), self.spec.failure)
+        if guess is None or not self._may_be_target(guess):
+            self._may_guess_hang = False
+            return
+        self._provisional = guess
+        self._calibrate_hang_timeout(passes_needed=1)
+        self._emit(force=True, message=f"the original still runs after {running_s:.0f} s, more than "
+                                       f"{self.hang.original_factor:g}x what passing runs predict for its size "
+                                       f"({expected_s:.1f} s): judged a hang for now, to be confirmed on the result")
+
+    def _confirm_hang(self) -> Outcome:
+        """The reduction ended on a guessed hang while the original still runs: run the smallest
+        program with a longer timeout (`HangCalibration.confirm_*`) instead of waiting out the
+        original's bound. Still running then: the hang is confirmed, the original is stopped and
+        its outcome is a hang of the time it ran. Done before: the guess was wrong; the reduction
+        starts again from the original (forgetting what the short timeouts decided) and waits for
+        the original's outcome. The original's own outcome decides if it came meanwhile."""
+        assert self._original_run is not None and self.best is not None and self._provisional is not None
+        slowest_s = max((seconds for _, seconds in self._passes), default=0.0)
+        confirm_s = round(min(max(self.hang.confirm_min_s, self.hang.confirm_factor * slowest_s),
+                              self._remaining()), 1)
+        self._emit(force=True, message=f"confirming the hang: the result ({count_ops(self.best)} ops) runs with a "
+                                       f"{confirm_s:g} s timeout")
+        confirm = self._evaluator.submit(self.best, timeout_s=confirm_s)
+        self._wait_for([confirm])
+        outcome = confirm.result()
+        if self._original_run.done():
+            return self._original_run.result()
+        if oracle.still_fails(outcome, self._provisional, self.spec.failure):
+            running_s = time.monotonic() - self._original_submitted
+            self._evaluator.cancel(self._original_run)
+            self.hang_confirm_timeout_s = confirm_s
+            self._emit(force=True, message=f"hang confirmed: the result still ran after {confirm_s:g} s; the "
+                                           f"original was stopped after {running_s:.0f} s")
+            return TimedOut(round(running_s, 1))
+        assert self.scheduler is not None
+        self._may_guess_hang = False
+        self._provisional = None
+        self._provisional_verdicts.clear()
+        self.candidate_timeout_s = None
+        self._evaluator.set_timeout(self._first_timeout())
+        self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
+        raise _Restart(f"the result did not hang with a {confirm_s:g} s timeout ({outcome.kind}): reducing again "
+                       "from the original, waiting for its outcome")
 
     def _verify_in_a_fresh_child(self) -> str | None:
         """Where children are reused, run the result once more in a child that ran nothing else: it
@@ -593,6 +712,7 @@ class _Run:
             original_runs=self.original_runs,
             original_failures=self.original_failures,
             candidate_timeout_s=self.candidate_timeout_s,
+            hang_confirm_timeout_s=self.hang_confirm_timeout_s,
             backend=self.spec.backend,
             device=self.spec.device,
             config=self.spec.config,

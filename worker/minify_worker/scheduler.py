@@ -126,6 +126,12 @@ class Scheduler:
         """Seed the memo, e.g. with the original program's outcome."""
         self._memo[structural_hash(graph)] = outcome
 
+    def forget(self, judged: Callable[[Outcome], bool]) -> None:
+        """Drop the memoized outcomes `judged` picks: those candidates run again when asked (e.g.
+        hangs decided by a timeout that turned out too short)."""
+        for key in [key for key, outcome in self._memo.items() if judged(outcome)]:
+            del self._memo[key]
+
     def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate], *,
                       size: Callable[[fx.Graph], tuple[int, ...]] = size_key) -> Candidate | None:
         """The first candidate, in the given order, that is smaller than `current` (by `size`:
