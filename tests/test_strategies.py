@@ -415,7 +415,7 @@ def test_a_bug_one_op_kind_triggers_is_found_in_about_log2_n_checks():
     assert len(checks) <= 8 + 10, checks
 
 
-def test_a_bug_one_op_instance_triggers_is_found_by_bisecting_ranges():
+def test_a_bug_one_op_instance_triggers_is_found_by_cuts_by_position():
     graph = _cycled_chain(256, EIGHT_KINDS)
     checks: list[str] = []
 
@@ -425,15 +425,26 @@ def test_a_bug_one_op_instance_triggers_is_found_by_bisecting_ranges():
     result = _minimize(graph, S.StrategyContext(), fails, checks=checks)
 
     assert [node.name for node in result.nodes if node.op == "call_function"] == ["relu_20"]
-    assert any(check.startswith("keep ops") for check in checks)
+    # bisect_kinds halves each half of the kinds by position, as bisect_ranges halves the ops.
+    assert any(check.startswith("keep ops") or "by position" in check for check in checks)
     assert len(checks) <= 2 * 8 + 10, checks
 
 
-def test_bisect_kinds_keeps_each_half_of_the_kinds_in_turn():
-    graph = _chain_graph(("sin", "relu", "sin", "cos"))
+def test_bisect_kinds_halves_the_kinds_by_op_count_then_by_position():
+    # sin holds 6 of the 8 ops: the kinds' halves are {sin} and {relu, cos}, each halved by position.
+    graph = _chain_graph(("sin", "sin", "sin", "relu", "sin", "sin", "sin", "cos"))
     candidates = list(S.bisect_kinds(graph, S.StrategyContext()))
+    sin = "aten.sin.default"
     assert [_ops(candidate.graph) for candidate in candidates] == [
-        ["aten.sin.default", "aten.relu.default", "aten.sin.default"], ["aten.cos.default"]]
+        [sin, sin, sin], [sin, sin, sin], ["aten.relu.default"], ["aten.cos.default"]]
+
+
+def test_no_opening_cut_of_a_real_layer_costs_more_than_half_its_ops():
+    graph, _ = _program("transformer_layer")
+    total = G.count_ops(graph)
+    sizes = [G.count_ops(candidate.graph) for candidate in S.bisect_kinds(graph, S.StrategyContext())]
+    assert len(sizes) == 4
+    assert max(sizes) <= total // 2, (sizes, total)
 
 
 def test_probe_kinds_proposes_one_batch_of_single_op_probes():
