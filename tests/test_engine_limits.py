@@ -72,6 +72,23 @@ def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain
     assert result.report.hang_confirm_timeout_s is None
 
 
+def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
+        chain_pt2: Path, tmp_path: Path) -> None:
+    # Candidates with relu take 7 s (past the 5 s timeout: hangs, for now); the original 45 s.
+    job = JobSpec.model_validate({"backend": f"{SUPPORT}:slow_on_relu_slowest_when_whole",
+                                  "limits": {"parallelism": 2}})
+    events: list[ProgressEvent] = []
+
+    result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append,
+                    hang=HangCalibration(original_min_s=2.0, confirm_min_s=10.0))
+
+    messages = [event.message or "" for event in events]
+    assert any(message.startswith("confirming the hang") for message in messages)
+    assert any(message.startswith("the result did not hang with a 10 s timeout") for message in messages)
+    assert result.status is JobState.not_reproducible, result.reason  # the original's own outcome: it passes
+    assert result.report.hang_confirm_timeout_s is None
+
+
 def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_path: Path) -> None:
     job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu",
                                   "limits": {"original_timeout_s": 4, "parallelism": 2}})
