@@ -27,8 +27,9 @@ demo: setup
 	.venv/bin/minify-worker minify examples/relu_cos.pt2 --config cpp.inject_relu_bug_TESTING_ONLY=compile_error --out out/demo
 
 # Two pytest workers (pytest-xdist): much of a test's time is waiting on child processes (a
-# service or a sandbox starting, a timeout running out), so two share the 2-core box well. Tests are dealt out one at a time (loadgroup); those marked xdist_group(name) stay on one
-# worker, one after another. docs/internals.md, "Tests", has the figures.
+# service or a sandbox starting, a timeout running out), so two share the 2-core box well. Tests
+# are dealt out one at a time (loadgroup); those marked xdist_group(name) stay on one worker, one
+# after another. docs/internals.md, "Tests", has the figures.
 PYTEST_WORKERS ?= 2
 
 test: setup browser
