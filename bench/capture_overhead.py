@@ -74,7 +74,7 @@ def main() -> None:
         torch_hooks.add_listener(listener)
         on.append(compile_once("eager"))
         torch_hooks.remove_listener(listener)
-    paired = statistics.median(b - a for a, b in zip(off, on))
+    paired = statistics.median(b - a for a, b in zip(off, on, strict=True))
     print(f"torch.compile(backend='eager'), 40 alternating fresh compiles: median capture off "
           f"{statistics.median(off) * 1e3:.1f} ms, capture on {statistics.median(on) * 1e3:.1f} ms, "
           f"median paired difference {paired * 1e3:+.1f} ms")
