@@ -156,17 +156,19 @@ def bisect(works: Callable[[Probe], bool], state_dir: Path) -> Result | None:
         state_dir.mkdir(parents=True, exist_ok=True)
         CompilerBisector.in_process_cache = str(state_dir)
         printed = io.StringIO()
-        try:
-            # It narrates with print(); keep that off the worker's stdout, in the log.
-            with contextlib.redirect_stdout(printed):
+        # It narrates with print(), its cleanup included (which runs when do_bisect's frame dies:
+        # on an error, when the traceback is dropped below): keep all of it off the worker's
+        # stdout (`minify-worker minify --json` prints one JSON document there), in the log.
+        with contextlib.redirect_stdout(printed):
+            try:
                 found = CompilerBisector.do_bisect(fn)
-        except BaseException as error:
-            # Without do_bisect's frame: its cleanup (state dir removed, class state reset) runs
-            # when that frame dies, which a traceback kept alive would postpone.
-            raise error.with_traceback(None) from None
-        finally:
-            CompilerBisector.bisection_enabled, CompilerBisector.in_process_cache = saved
-            log.debug("compiler bisector: %s", printed.getvalue())
+            except BaseException as error:
+                # Without do_bisect's frame: its cleanup (state dir removed, class state reset) runs
+                # when that frame dies, which a traceback kept alive would postpone.
+                raise error.with_traceback(None) from None
+            finally:
+                CompilerBisector.bisection_enabled, CompilerBisector.in_process_cache = saved
+                log.debug("compiler bisector: %s", printed.getvalue())
     if found is None:
         return None
     return Result(found.backend, found.subsystem, found.bisect_number, found.debug_info)
