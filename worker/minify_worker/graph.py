@@ -438,21 +438,12 @@ def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
 def structural_hash(graph: fx.Graph) -> str:
     """Hash invariant to node names: nodes numbered in order, placeholders by minify_value (and the
     sizes they are narrowed to, when shrunk: two sizes are two candidates)."""
-    index: dict[fx.Node, int] = {}
-    lines = []
-    for position, node in enumerate(graph.nodes):
-        index[node] = position
-        if node.op == "placeholder":
-            narrow = f" narrow {node.meta[META_NARROW]!r}" if META_NARROW in node.meta else ""
-            lines.append(f"placeholder {node.meta.get(META_VALUE, node.target)!r}{narrow}")
-        elif node.op == "call_function":
-            lines.append(f"call {target_name(node.target)} {_hash_text(node.args, index)} "
-                         f"{_hash_text(node.kwargs, index)}")
-        elif node.op == "get_attr":
-            lines.append(f"subgraph {structural_hash(subgraph_of(node))}")
-        else:
-            lines.append(f"{node.op} {_hash_text(node.args, index)}")
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+    def placeholder(node: fx.Node) -> str:
+        narrow = f" narrow {node.meta[META_NARROW]!r}" if META_NARROW in node.meta else ""
+        return f"{node.meta.get(META_VALUE, node.target)!r}{narrow}"
+
+    return _digest(graph, placeholder, _hash_text, structural_hash)
 
 
 def _hash_text(value: Any, index: dict[fx.Node, int]) -> str:
@@ -473,21 +464,34 @@ def graph_shape_hash(graph: fx.Graph) -> str:
     each input's kind, dtype and device; not node names, not the inputs' value keys, not tensor sizes
     (an int or a float argument counts by its type, so a view to another size is the same shape).
     Two programs that minimize to the same graph at other sizes share it (minify_client.bugs)."""
+
+    def placeholder(node: fx.Node) -> str:
+        tensor = node.meta.get(META_TENSOR) or {}
+        return f"{node.meta.get(META_KIND)} {tensor.get('dtype')} {tensor.get('device')} {node.meta.get(META_SCALAR)}"
+
+    return _digest(graph, placeholder, _shape_text, graph_shape_hash)
+
+
+def _digest(
+    graph: fx.Graph,
+    placeholder: Callable[[fx.Node], str],
+    text: Callable[[Any, dict[fx.Node, int]], str],
+    subgraph: Callable[[fx.Graph], str],
+) -> str:
+    """sha256 of one line per node, nodes numbered in order: `placeholder` writes an input, `text` an
+    argument, `subgraph` hashes a control-flow branch (the hash being computed, recursively)."""
     index: dict[fx.Node, int] = {}
     lines = []
     for position, node in enumerate(graph.nodes):
         index[node] = position
         if node.op == "placeholder":
-            tensor = node.meta.get(META_TENSOR) or {}
-            lines.append(f"placeholder {node.meta.get(META_KIND)} {tensor.get('dtype')} {tensor.get('device')} "
-                         f"{node.meta.get(META_SCALAR)}")
+            lines.append(f"placeholder {placeholder(node)}")
         elif node.op == "call_function":
-            lines.append(f"call {target_name(node.target)} {_shape_text(node.args, index)} "
-                         f"{_shape_text(node.kwargs, index)}")
+            lines.append(f"call {target_name(node.target)} {text(node.args, index)} {text(node.kwargs, index)}")
         elif node.op == "get_attr":
-            lines.append(f"subgraph {graph_shape_hash(subgraph_of(node))}")
+            lines.append(f"subgraph {subgraph(subgraph_of(node))}")
         else:
-            lines.append(f"{node.op} {_shape_text(node.args, index)}")
+            lines.append(f"{node.op} {text(node.args, index)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
