@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,7 +23,7 @@ from minify_client.client import (
     retry_for_from_environment,
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
-from minify_client.models import JobSpec, JobState, Report
+from minify_client.models import CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
 from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="follow the job, download its artifacts and print the minimized graph")
     submit.add_argument("--out", type=Path, metavar="DIR",
                         help="where --wait puts the artifacts (default: ./minify-JOB_ID)")
+    _add_wait_culprit_argument(submit)
     submit.add_argument("--force", action="store_true",
                         help="a new job even when the same program, spec and inputs already have one "
                         "(queued, running or succeeded)")
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch = commands.add_parser("watch", parents=[connection], help="follow a job until it ends")
     watch.add_argument("job_id", metavar="ID")
     watch.add_argument("--out", type=Path, metavar="DIR", help="download the artifacts here when it ends")
+    _add_wait_culprit_argument(watch)
     watch.set_defaults(run=_watch)
 
     download = commands.add_parser("download", parents=[connection], help="download a job's artifacts")
@@ -135,10 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
         "with its spec and inputs. Exit code: 1 if a job failed, else 3 if one was not reproducible, else 0.")
     captures.add_argument("directory", type=Path, metavar="DIR")
     captures.add_argument("--wait", action="store_true", help="follow each job and download its artifacts")
+    _add_wait_culprit_argument(captures)
     captures.add_argument("--out", type=Path, metavar="DIR",
                           help="where --wait puts the artifacts, one folder per capture (default: ./minify-repros)")
     captures.set_defaults(run=_submit_captures)
     return parser
+
+
+def _add_wait_culprit_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-wait-culprit", dest="wait_culprit", action="store_false",
+                        help="with --wait: stop once the repro is downloaded, without waiting for the culprit phase "
+                        "(it runs after the result is delivered: the culprit and workarounds lines, report.json "
+                        "and repro.py refreshed); by default --wait waits for it, and Ctrl-C during it exits 0")
 
 
 def _add_inputs_argument(parser: argparse.ArgumentParser) -> None:
@@ -341,19 +351,33 @@ def _bugs(args: argparse.Namespace) -> int:
 
 
 def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path | None) -> int:
-    """Show progress until the job ends, download its artifacts into `out_dir`, print the result.
-    A Ctrl-C reaches the caller as KeyboardInterrupt, the progress view closed."""
+    """Show progress until the job ends, download its artifacts into `out_dir`, print the result;
+    then, unless --no-wait-culprit, a live line while the culprit phase runs (it follows the
+    delivered result), its summary line when it ends, and report.json and repro.py downloaded
+    again. A Ctrl-C before the result reaches the caller as KeyboardInterrupt, the progress view
+    closed; one while only the culprit is pending ends the wait with exit 0 (the repro is saved)."""
     view = progress_view(_progress_stream(args))
+    wait_culprit = getattr(args, "wait_culprit", True)
+    events = client.events(job_id, culprit=wait_culprit)
     try:
         view.start()
-        status = client.wait(job_id, on_event=view.update)
+        for event in events:
+            view.update(event)
+            if event.type == "status" and event.status is not None and event.status.finished:
+                break
     finally:
         view.close()
+    status = client.status(job_id)
     artifacts: dict[str, Path] = {}
     if out_dir is not None and status.status != JobState.cancelled:
         artifacts = client.download(job_id, out_dir)
     report = _read_report(artifacts) or status.result
     exit_code = EXIT_CODES.get(status.status, EXIT_FAILED)
+    pending = wait_culprit and status.status is JobState.succeeded and status.culprit_state is CulpritState.running
+    if not args.json:
+        _print_result(status, report, artifacts, out_dir)
+    if pending:
+        report = _wait_for_culprit(client, job_id, events, args, out_dir, artifacts) or report
     if args.json:
         _print_json({
             "id": job_id,
@@ -364,7 +388,67 @@ def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path
             "artifacts": {name: str(path) for name, path in artifacts.items()},
             "report": report.model_dump(mode="json") if report is not None else None,
         })
-        return exit_code
+    return exit_code
+
+
+def _wait_for_culprit(client: Client, job_id: str, events: Iterator[ProgressEvent], args: argparse.Namespace,
+                      out_dir: Path | None, artifacts: dict[str, Path]) -> Report | None:
+    """The rest of a succeeded job's events, while its culprit phase runs: one live line (the
+    phase's last step), then the culprit's summary line, report.json and repro.py refreshed in
+    `out_dir`. The final report, or None when Ctrl-C stopped the wait."""
+    line = _LiveLine(_progress_stream(args))
+    try:
+        line.show("culprit: bisecting the compiler on the minimal program… (Ctrl-C stops waiting; the repro is saved)")
+        for event in events:
+            if event.type == "progress" and event.message:
+                line.show(f"culprit: {event.message.removeprefix('culprit: ')}…")
+    except KeyboardInterrupt:
+        line.end()
+        where = f"{out_dir / 'report.json'} after `minify-client download {job_id}`" if out_dir else \
+            f"`minify-client status {job_id}`"
+        print(f"stopped waiting for the culprit; the repro is saved. The culprit will show in {where} "
+              f"and on {client.dashboard_url(job_id)}", file=sys.stderr)
+        return None
+    line.end()
+    status = client.status(job_id)
+    report = status.result
+    if out_dir is not None and status.status is JobState.succeeded:
+        names = [name for name in ("report.json", "repro.py") if name in artifacts]
+        artifacts.update(client.download(job_id, out_dir, names))
+        report = _read_report(artifacts) or report
+    if not args.json and report is not None:
+        print(culprit_summary(report) or f"culprit: {report.culprit_state.value if report.culprit_state else '?'}")
+        if out_dir is not None and artifacts:
+            print(f"report.json and repro.py in {out_dir} now carry the culprit")
+    return report
+
+
+class _LiveLine:
+    """One line rewritten in place at a terminal; at most one line per new text elsewhere (logs)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.text = ""
+
+    def show(self, text: str) -> None:
+        if text == self.text:
+            return
+        self.text = text
+        if self.tty:
+            self.stream.write(f"\r\x1b[2K{text}")
+        else:
+            self.stream.write(f"{text}\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty and self.text:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+
+def _print_result(status: JobStatus, report: Report | None, artifacts: dict[str, Path],
+                  out_dir: Path | None) -> None:
     print(summary(status.model_copy(update={"result": report})))
     if status.status == JobState.succeeded and report is not None and (inputs := shrunk_inputs(report)):
         print(inputs)
@@ -377,7 +461,7 @@ def _follow(client: Client, job_id: str, args: argparse.Namespace, out_dir: Path
         print(f"\nartifacts in {out_dir}: {', '.join(artifacts)}")
     if "repro.py" in artifacts:
         print(f"reproduce with: python {artifacts['repro.py']}")
-    return exit_code
+    sys.stdout.flush()
 
 
 def _read_report(artifacts: dict[str, Path]) -> Report | None:

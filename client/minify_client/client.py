@@ -33,6 +33,7 @@ from minify_client.models import (
     ARTIFACT_NAMES,
     Bug,
     BugList,
+    CulpritState,
     Health,
     JobCreated,
     JobList,
@@ -170,10 +171,11 @@ class Client:
 
     # ---- progress -----------------------------------------------------------------------------
 
-    def events(self, job_id: str) -> Iterator[ProgressEvent]:
+    def events(self, job_id: str, *, culprit: bool = False) -> Iterator[ProgressEvent]:
         """The job's progress events until it ends; a stream that drops (a server restart, a proxy)
         is resumed after the last event seen (Last-Event-ID); events the client does not
-        understand are skipped."""
+        understand are skipped. With `culprit`, a succeeded job's events go on while its culprit
+        phase runs (it follows the delivered result), to the `culprit` event that ends it."""
         last_event_id: str | None = None
         while True:
             finished = False
@@ -185,10 +187,13 @@ class Client:
                     if event is None:
                         continue
                     yield event
-                    if event.type == "status" and event.status is not None and event.status.finished:
+                    if _ends(event, culprit):
                         finished = True
+                        break
                 if not finished:
-                    finished = self.status(job_id).status.finished
+                    status = self.status(job_id)
+                    finished = status.status.finished and not (
+                        culprit and status.culprit_state is CulpritState.running)
             except httpx.TransportError as error:
                 logger.info("event stream of %s dropped (%s); reconnecting", job_id, error)
                 self._wait_to_retry(_connection_failed(self.server, error))
@@ -199,11 +204,11 @@ class Client:
             time.sleep(1.0)
 
     def wait(
-        self, job_id: str, on_event: Callable[[ProgressEvent], None] | None = None
+        self, job_id: str, on_event: Callable[[ProgressEvent], None] | None = None, *, culprit: bool = False
     ) -> JobStatus:
-        """Follow the job until it ends, calling `on_event` for each progress event; returns its
-        final status."""
-        for event in self.events(job_id):
+        """Follow the job until it ends (with `culprit`, a succeeded job until its culprit phase
+        ends too), calling `on_event` for each progress event; returns its final status."""
+        for event in self.events(job_id, culprit=culprit):
             if on_event is not None:
                 on_event(event)
         return self.status(job_id)
@@ -486,6 +491,16 @@ def _parse(model: type[_Model], response: httpx.Response) -> _Model:
         ) from error
 
 
+def _ends(event: ProgressEvent, culprit: bool) -> bool:
+    """Whether `event` ends the job's events: its final status, or with `culprit`, the end of a
+    succeeded job's culprit phase."""
+    if event.type == "culprit":
+        return culprit and event.culprit_state is not CulpritState.running
+    if event.type != "status" or event.status is None or not event.status.finished:
+        return False
+    return not (culprit and event.culprit_state is CulpritState.running)
+
+
 def _progress_event(sse: ServerSentEvent) -> ProgressEvent | None:
     try:
         payload = json.loads(sse.data)
@@ -493,7 +508,7 @@ def _progress_event(sse: ServerSentEvent) -> ProgressEvent | None:
         return None
     if not isinstance(payload, dict):
         return None
-    if "type" not in payload and sse.event in ("progress", "status", "log"):
+    if "type" not in payload and sse.event in ("progress", "status", "log", "culprit"):
         payload["type"] = sse.event
     try:
         return ProgressEvent.model_validate(payload)

@@ -156,6 +156,18 @@ class JobState(str, Enum):
         return self not in (JobState.queued, JobState.running)
 
 
+class CulpritState(str, Enum):
+    """Where a job's culprit phase stands. It runs after the result is delivered (the job is
+    `succeeded` with its artifacts while it is `running`); report.json, repro.py's header and the
+    job record are rewritten when it ends, and a `culprit` event says so."""
+
+    running = "running"
+    done = "done"
+    skipped = "skipped"  # not asked for (spec culprit: false), or the job did not succeed
+    cancelled = "cancelled"  # a cancel (or the job's timeout) stopped it; the job stays succeeded
+    lost = "lost"  # its worker died or shut down during the phase; the job stays succeeded
+
+
 class Progress(BaseModel):
     """Where a minification stands: what `GET /v1/jobs/{id}` shows."""
 
@@ -175,10 +187,14 @@ class Progress(BaseModel):
 class ProgressEvent(Progress):
     """One step of a minification, as the engine reports it and the service streams it."""
 
-    type: Literal["progress", "status", "log"] = "progress"
+    type: Literal["progress", "status", "log", "culprit"] = Field(
+        "progress", description="'culprit': the culprit phase ended (after the job's final status, whose "
+                                "culprit_state says 'running' when one follows)")
     graph_code: str | None = Field(default=None, description="the current best graph, when it shrank")
     status: JobState | None = None
     message: str | None = None
+    culprit_state: CulpritState | None = Field(
+        None, description="on a succeeded status event and on culprit events: where the culprit phase stands")
 
 
 class TimelinePoint(BaseModel):
@@ -272,6 +288,10 @@ class Report(BaseModel):
     sandbox_start: str | None = Field(
         None, description="how the fork server started: 'fork' (from a preloaded worker) or 'spawn' (a fresh Python)"
     )
+    culprit_state: CulpritState | None = Field(
+        None, description="running (the phase runs after the result is delivered: culprit, culprit_reason and "
+                          "workarounds are filled in when it ends), done, skipped, cancelled, lost; null in "
+                          "reports written before the phase ran after delivery")
     culprit: Culprit | None = Field(None, description="the compiler stage to blame; null with culprit_reason")
     culprit_reason: str | None = Field(None, description="why there is no culprit (not run, not found, ...)")
     workarounds: list[Workaround] = Field(
@@ -323,6 +343,9 @@ class JobStatus(BaseModel):
         default_factory=list, description="why a queued job is not running, e.g. no worker serves its queue"
     )
     bug: str | None = Field(None, description="the bug this job belongs to, once it succeeded")
+    culprit_state: CulpritState | None = Field(
+        None, description="where the culprit phase stands (it runs after a succeeded job's result is delivered); "
+                          "the finding is in result once it is done")
 
 
 class JobList(BaseModel):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from minify_client.models import Culprit, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import Culprit, CulpritState, JobState, JobStatus, ProgressEvent, Report
 
 
 class ProgressView(Protocol):
@@ -190,7 +190,10 @@ def culprit_text(culprit: Culprit) -> str:
 
 def culprit_summary(report: Report) -> str | None:
     """`culprit: inductor / lowerings #0: relu; workarounds: backend='aot_eager'`, or None when the
-    culprit phase did not run (nothing to say about either)."""
+    culprit phase did not run (nothing to say about either); `culprit: pending ...` while it runs
+    (after the repro was delivered)."""
+    if report.culprit_state is CulpritState.running:
+        return "culprit: pending (torch's compiler bisector runs on the minimal program after the repro is delivered)"
     if report.culprit is None and report.culprit_reason is None:
         return None
     found = culprit_text(report.culprit) if report.culprit else "none"

@@ -1,4 +1,7 @@
-"""A job's Redis stream as Server-Sent Events: history first, then live, until the job ends."""
+"""A job's Redis stream as Server-Sent Events: history first, then live, until the job ends.
+
+A succeeded job whose culprit phase still runs (its final status event says culprit_state
+`running`) has not ended for the stream: it goes on to the `culprit` event that ends the phase."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
-from minify_client.models import JobState
+from minify_client.models import CulpritState, JobState
 from minify_server.connections import UNAVAILABLE, OutageLog
 from minify_server.records import events_key, record_key
 
@@ -16,10 +19,13 @@ BATCH = 500
 
 
 def _is_final(fields: dict[str, str]) -> bool:
+    data = json.loads(fields.get("data", "{}"))
+    if fields.get("event") == "culprit":
+        return data.get("culprit_state") != CulpritState.running.value
     if fields.get("event") != "status":
         return False
-    status = json.loads(fields.get("data", "{}")).get("status")
-    return status is not None and JobState(status).finished
+    status = data.get("status")
+    return status is not None and JobState(status).finished and data.get("culprit_state") != CulpritState.running.value
 
 
 async def job_events(redis: Redis, job_id: str, last_event_id: str | None,
@@ -36,8 +42,8 @@ async def job_events(redis: Redis, job_id: str, last_event_id: str | None,
         while True:
             batches = await redis.xread({stream: cursor}, count=BATCH, block=BLOCK_MS)
             if not batches:
-                status = await redis.hget(record_key(job_id), "status")
-                if status is None or JobState(status).finished:
+                status, culprit_state = await redis.hmget(record_key(job_id), ["status", "culprit_state"])
+                if status is None or (JobState(status).finished and culprit_state != CulpritState.running.value):
                     return  # ended without a final event we have not sent (e.g. expired history)
                 yield ": keep-alive\n\n"
                 continue

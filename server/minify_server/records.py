@@ -101,7 +101,7 @@ def to_job_status(fields: dict[str, str]) -> JobStatus:
         "created_at": fields["created_at"],
         "attempts": int(fields.get("attempts", 0)),
     }
-    for name in ("started_at", "finished_at", "reason", "worker", "program_name", "bug"):
+    for name in ("started_at", "finished_at", "reason", "worker", "program_name", "bug", "culprit_state"):
         if fields.get(name):
             data[name] = fields[name]
     if fields.get("progress"):

@@ -174,7 +174,7 @@ class ArtifactStore:
             raise UnknownArtifact(f"{name!r} is not an artifact name; one of {', '.join(ARTIFACT_NAMES)}")
         out = self.out_dir(job_id)
         path = self.job_dir(job_id) / BUNDLE if name == BUNDLE else out / name
-        if name == BUNDLE and not path.exists():
+        if name == BUNDLE and (not path.exists() or self._stale(out, path)):
             self._bundle(out, path)
         resolved = path.resolve()
         if not resolved.is_relative_to(self.root) or not resolved.is_file():
@@ -185,6 +185,14 @@ class ArtifactStore:
         out = self.out_dir(job_id)
         names = [name for name in ARTIFACT_NAMES if name != BUNDLE and (out / name).is_file()]
         return [*names, BUNDLE] if names else []
+
+    @staticmethod
+    def _stale(out: Path, path: Path) -> bool:
+        """Whether a member changed after the bundle was made (the culprit phase rewrites report.json
+        and repro.py after the result is delivered)."""
+        made = path.stat().st_mtime
+        return any((out / name).is_file() and (out / name).stat().st_mtime > made
+                   for name in ARTIFACT_NAMES if name != BUNDLE)
 
     @staticmethod
     def _bundle(out: Path, path: Path) -> None:

@@ -437,3 +437,24 @@ def fail_on_relu_unless_pattern_matcher_off(gm: fx.GraphModule, example_inputs: 
         if inductor_config.pattern_matcher:
             raise RuntimeError("injected failure on relu while the pattern matcher is on")
     return _eager(gm)
+
+
+def _slow_culprit_screen(seconds: float) -> Backend:
+    """Fails compiling a graph with relu, and takes `seconds` first while inductor's
+    `pattern_matcher` is off: the reduction never turns it off, the culprit phase's screen of that
+    setting does, so the job's result comes fast and its culprit phase is slow."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        import torch._inductor.config as inductor_config
+
+        if has_op(gm, "relu"):
+            if not inductor_config.pattern_matcher:
+                time.sleep(seconds)
+            raise RuntimeError("injected failure on relu")
+        return _eager(gm)
+
+    return backend
+
+
+fail_on_relu_slow_culprit = _slow_culprit_screen(4.0)
+fail_on_relu_slower_culprit = _slow_culprit_screen(120.0)

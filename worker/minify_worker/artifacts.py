@@ -657,6 +657,12 @@ def write_bundle(out_dir: Path) -> Path:
     Deterministic (sorted, fixed mtimes and owners): the same artifacts give the same bytes.
     """
     path = out_dir / BUNDLE
+    data = _bundle_bytes(out_dir)
+    _write_artifact(path, lambda target: target.write_bytes(data))
+    return path
+
+
+def _bundle_bytes(out_dir: Path) -> bytes:
     names = [name for name in (MINIMIZED, INPUTS, REPRO, REPORT) if (out_dir / name).is_file()]
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as compressed, \
@@ -667,5 +673,27 @@ def write_bundle(out_dir: Path) -> Path:
             info.size = len(data)
             info.mode = 0o644
             archive.addfile(info, io.BytesIO(data))
-    _write_artifact(path, lambda target: target.write_bytes(buffer.getvalue()))
-    return path
+    return buffer.getvalue()
+
+
+def rewrite_for_culprit(out_dir: Path, report: Report, pending_lines: list[str], final_lines: list[str]) -> None:
+    """After the culprit phase, which runs once the result is delivered: report.json, repro.py's
+    header (`pending_lines` replaced by `final_lines`) and the bundle, each replaced whole by a
+    rename, so a download meanwhile gets the delivered file or the new one, never half of one."""
+    repro = out_dir / REPRO
+    if repro.is_file() and pending_lines:
+        text = repro.read_text()
+        _replace_whole(repro, text.replace(_commented(pending_lines), _commented(final_lines), 1).encode())
+    _replace_whole(out_dir / REPORT, (report.model_dump_json(indent=2) + "\n").encode())
+    if (out_dir / BUNDLE).is_file():
+        _replace_whole(out_dir / BUNDLE, _bundle_bytes(out_dir))
+
+
+def _commented(lines: list[str]) -> str:
+    return "\n".join(f"# {line}".rstrip() for line in lines)
+
+
+def _replace_whole(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.new")
+    _write_artifact(temporary, lambda target: target.write_bytes(data))
+    temporary.replace(path)

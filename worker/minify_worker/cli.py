@@ -9,10 +9,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minify_client.models import JobState, ProgressEvent
 from minify_client.progress import culprit_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
+
+if TYPE_CHECKING:
+    from minify_worker.engine import MinifyResult
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_CODES = {
@@ -89,10 +93,20 @@ def minify_command(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     display = _ProgressDisplay(enabled=not args.quiet and not args.json)
+    delivered = []
+
+    def deliver(result: MinifyResult) -> None:
+        """The result first (the --out files are written): the summary, then the culprit phase."""
+        delivered.append(result)
+        if not args.json:
+            display.pause()
+            _print_summary(result, args.out.resolve())
+            sys.stdout.flush()
+
     try:
         with display:
             result = minify(args.program, spec, args.out.resolve(), inputs=args.inputs, on_event=display.update,
-                            cancel=cancel)
+                            cancel=cancel, on_result=deliver)
     except KeyboardInterrupt:
         cancel.set()
         print("interrupted", file=sys.stderr)
@@ -102,12 +116,14 @@ def minify_command(argv: list[str]) -> int:
         return EXIT_TERMINATED
     if args.json:
         print(result.report.model_dump_json(indent=2))
+    elif delivered:
+        print(culprit_summary(result.report) or f"culprit: {result.report.culprit_state}")
     else:
         _print_summary(result, args.out.resolve())
     return EXIT_CODES[result.status]
 
 
-def _print_summary(result, out_dir: Path) -> None:
+def _print_summary(result: MinifyResult, out_dir: Path) -> None:
     report = result.report
     print(f"status: {report.status.value}" + (f" ({report.reason})" if report.reason else ""))
     if report.signature:
@@ -157,6 +173,12 @@ class _ProgressDisplay:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+    def pause(self) -> None:
+        """Stop the bar while the summary prints; later events (the culprit phase) go as plain lines."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
     def update(self, event: ProgressEvent) -> None:
         if not self.enabled:

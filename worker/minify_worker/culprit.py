@@ -32,8 +32,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from minify_client.models import Culprit, JobSpec, JobState, Report, Workaround
-from minify_client.progress import culprit_summary, culprit_text
+from minify_client.models import Culprit, CulpritState, JobSpec, Workaround
+from minify_client.progress import culprit_text
 from minify_worker import bisector, oracle
 from minify_worker.backends import CONFIG_MODULES
 from minify_worker.graph import graph_to_wire
@@ -130,14 +130,40 @@ def budget_s(elapsed_s: float) -> float:
     return max(floor, BUDGET_FRACTION * elapsed_s)
 
 
-def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
-    """report.json's culprit, culprit_reason, workarounds and workarounds_tried."""
+PENDING_REASON = "pending: the culprit phase runs after the repro is delivered"
+
+
+def report_fields(found: Found | None, spec: JobSpec, *, ended: bool = False) -> dict[str, Any]:
+    """report.json's culprit_state, culprit, culprit_reason, workarounds and workarounds_tried, for
+    a phase that found `found`, or (None) did not run: `ended`, the job ended without a result."""
     if found is None:
-        reason = ("not asked for (spec culprit: false)" if not spec.culprit
-                  else "not run: the job ended before the culprit phase")
-        return {"culprit": None, "culprit_reason": reason, "workarounds": [], "workarounds_tried": {}}
-    return {"culprit": found.culprit, "culprit_reason": found.reason, "workarounds": found.workarounds,
-            "workarounds_tried": found.tried}
+        reason = ("not run: the job ended before the culprit phase" if ended or spec.culprit
+                  else "not asked for (spec culprit: false)")
+        return stopped_fields(CulpritState.skipped, reason)
+    return {"culprit_state": CulpritState.done, "culprit": found.culprit, "culprit_reason": found.reason,
+            "workarounds": found.workarounds, "workarounds_tried": found.tried}
+
+
+def pending_fields() -> dict[str, Any]:
+    """The same fields in the result delivered before the phase runs."""
+    return stopped_fields(CulpritState.running, PENDING_REASON)
+
+
+def stopped_fields(state: CulpritState, reason: str) -> dict[str, Any]:
+    """The same fields for a phase that did not run (`skipped`), is `running`, or stopped
+    (`cancelled`, `lost`), and why."""
+    return {"culprit_state": state, "culprit": None, "culprit_reason": reason, "workarounds": [],
+            "workarounds_tried": {}}
+
+
+def pending_header_lines() -> list[str]:
+    """repro.py's header lines while the phase runs (replaced when it ends)."""
+    return [f"Culprit:          {PENDING_REASON} (report.json has it once done)"]
+
+
+def stopped_header_lines(reason: str) -> list[str]:
+    """repro.py's header lines for a phase that stopped before its finding."""
+    return [f"Culprit:          none: {reason}"]
 
 
 def header_lines(found: Found | None) -> list[str]:
@@ -193,8 +219,6 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
         found.culprit, found.reason = None, f"the sandbox's fork server died during the culprit phase: {error}"
     finally:
         prober.close()
-    say(culprit_summary(Report(status=JobState.succeeded, backend=spec.backend, device=spec.device,
-                               **report_fields(found, spec))) or "")
     return found
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_client.models import CulpritState, FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, shrink, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.loader import ProgramError
@@ -98,10 +99,17 @@ def minify(
     on_event: Callable[[ProgressEvent], None] | None = None,
     cancel: threading.Event | None = None,
     hang: HangCalibration | None = None,
+    on_result: Callable[[MinifyResult], None] | None = None,
 ) -> MinifyResult:
     """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised.
-    `hang`: how a hang is told when the spec gives no timeout (`HangCalibration`; tests scale it)."""
-    run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event(), hang or HangCalibration())
+    `hang`: how a hang is told when the spec gives no timeout (`HangCalibration`; tests scale it).
+
+    Result first, the culprit follows: a succeeded job's artifacts are written, and its result
+    handed to `on_result` (report.json's culprit_state `running`), before the culprit phase runs;
+    the phase then rewrites report.json, repro.py's header and the bundle, emits a `culprit` event,
+    and the result returned is the final one. A cancel during the phase stops the phase only."""
+    run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event(), hang or HangCalibration(),
+               on_result)
     return run.execute(Path(program), None if inputs is None else Path(inputs))
 
 
@@ -228,8 +236,10 @@ def _settle(future: Future[Outcome], *, result: Outcome | None = None, error: Ba
 
 class _Run:
     def __init__(self, spec: JobSpec, out_dir: Path, on_event: Callable[[ProgressEvent], None] | None,
-                 cancel: threading.Event, hang: HangCalibration) -> None:
+                 cancel: threading.Event, hang: HangCalibration,
+                 on_result: Callable[[MinifyResult], None] | None = None) -> None:
         self.spec = spec
+        self.on_result = on_result
         self.hang = hang
         self.out_dir = out_dir
         self.on_event = on_event
@@ -251,6 +261,7 @@ class _Run:
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
         self._unshrunk: fx.Graph | None = None  # the minimal graph the shrink phase started from
+        self._culprit_pending = False  # the delivered result says the culprit phase follows
         self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
@@ -344,6 +355,7 @@ class _Run:
         if the original turns out to fail otherwise, the reduction starts over (`_Restart`)."""
         self._start_original(evaluator, graph)
         status, reason = JobState.succeeded, None
+        stopped_early = False
         try:
             while True:
                 try:
@@ -356,29 +368,71 @@ class _Run:
                     self._record_point()
                     self._emit(force=True, graph=graph, message=str(restart))
             self._shrink_inputs()
-            if self.spec.culprit:
-                self._enter_phase("culprit")
-                self.culprit_found = culprit.find(
-                    evaluator.live_pool(), original=self._original, minimal=self.best, target=self.signature,
-                    spec=self.spec, timeout_s=self.candidate_timeout_s or self._first_timeout(),
-                    budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
-                    say=lambda message: self._emit(force=True, message=message))
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
                 self._cancel_original_runs()
                 return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
             status, reason = self._status_when_stopped(stopped.reason)
+            stopped_early = True
         if status is JobState.cancelled:
             self._cancel_original_runs()
             return self._finish(status, reason)
         reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
         self._emit(force=True, message="writing artifacts")
+        # The culprit phase follows the delivered result, unless the job was cut short (a stop).
+        follows = self.spec.culprit and status is JobState.succeeded and not stopped_early
+        self._culprit_pending = follows
         try:
             written = self._write_program_artifacts(evaluator.live_pool())
         except artifacts.ArtifactWriteError as error:  # the disk is full: no repro to deliver
+            self._culprit_pending = False
             return self._finish(JobState.failed, str(error))
-        return self._finish(status, reason, written)
+        result = self._finish(status, reason, written)
+        if not follows or result.status is not JobState.succeeded:
+            return result
+        if self.on_result is not None:
+            try:
+                self.on_result(result)
+            except Exception:  # the delivery's own failure is the caller's to report; the phase still runs
+                log.exception("delivering the result failed")
+        return self._culprit_phase(evaluator, result)
+
+    def _culprit_phase(self, evaluator: _SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
+        """The culprit phase (culprit.py), after the result was delivered: its finding rewrites
+        report.json, repro.py's header and the bundle; a stop (a cancel, the job's timeout) or a
+        sandbox failure ends the phase, never the succeeded job."""
+        assert self.best is not None and self.signature is not None
+        started = time.monotonic()
+        self.phase = "culprit"
+        self._emit(force=True, message="the repro is delivered; finding the culprit")
+        state = CulpritState.done
+        try:
+            self.culprit_found = culprit.find(
+                evaluator.live_pool(), original=self._original, minimal=self.best, target=self.signature,
+                spec=self.spec, timeout_s=self.candidate_timeout_s or self._first_timeout(),
+                budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
+                say=lambda message: self._emit(force=True, message=message))
+            fields = culprit.report_fields(self.culprit_found, self.spec)
+        except Stopped as stopped:
+            state = CulpritState.cancelled
+            fields = culprit.stopped_fields(state, f"cancelled: {stopped.reason} (the repro was delivered before)")
+        except SandboxError as error:
+            state = CulpritState.lost
+            fields = culprit.stopped_fields(state, f"lost: the sandbox failed during the culprit phase: {error}")
+        self.phase_s["culprit"] = round(time.monotonic() - started, 3)
+        self.phase = "done"
+        report = delivered.report.model_copy(update={**fields, "phase_s": dict(self.phase_s)})
+        files = dict(delivered.artifacts)
+        try:
+            artifacts.rewrite_for_culprit(self.out_dir, report, culprit.pending_header_lines(),
+                                          culprit.header_lines(self.culprit_found) if state is CulpritState.done
+                                          else culprit.stopped_header_lines(fields["culprit_reason"]))
+        except (OSError, artifacts.ArtifactWriteError) as error:  # the delivered files stand as they are
+            log.warning("could not rewrite the artifacts with the culprit: %s", error)
+        self._emit(force=True, culprit_state=state,
+                   message=culprit_summary(report) or fields["culprit_reason"] or state.value)
+        return MinifyResult(delivered.status, delivered.reason, report, files)
 
     # -- the original ----------------------------------------------------------------------
 
@@ -665,7 +719,7 @@ class _Run:
                 "spec_json": self.spec.model_dump_json(),
                 "signature": asdict(self.signature) if self.signature else None,
                 "environment": self._environment(),
-                "culprit_lines": culprit.header_lines(self.culprit_found),
+                "culprit_lines": culprit.pending_header_lines() if self._culprit_pending else [],
             },
             timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
         )
@@ -726,7 +780,8 @@ class _Run:
             sandbox_start=self.sandbox_start,
             input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
             input_shapes_final=shrink.input_shapes(best) if succeeded else {},
-            **culprit.report_fields(self.culprit_found, self.spec),
+            **(culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
+               else culprit.report_fields(None, self.spec, ended=status is not JobState.succeeded)),
         )
         if succeeded:
             artifacts.file_under_bug(report, best)
@@ -768,7 +823,7 @@ class _Run:
                                            nodes=count_ops(self.best), checks=checks))
 
     def _emit(self, force: bool = False, *, graph: fx.Graph | None = None, status: JobState | None = None,
-              message: str | None = None) -> None:
+              message: str | None = None, culprit_state: CulpritState | None = None) -> None:
         if self.on_event is None:
             return
         now = time.monotonic()
@@ -777,8 +832,11 @@ class _Run:
                 return
             self._last_event = now
         stats = self.scheduler.stats if self.scheduler else None
+        if status is JobState.succeeded and self._culprit_pending:
+            culprit_state = CulpritState.running
         event = ProgressEvent(
-            type="status" if status is not None else "progress",
+            type="culprit" if culprit_state is not None and status is None else
+            "status" if status is not None else "progress",
             phase=stats.phase if stats and self.phase == "reduce" else self.phase,
             nodes_original=self.nodes_original,
             nodes_current=count_ops(self.best) if self.best is not None else None,
@@ -791,6 +849,7 @@ class _Run:
             graph_code=graph_code(graph) if graph is not None else None,
             status=status,
             message=message,
+            culprit_state=culprit_state,
         )
         try:
             self.on_event(event)

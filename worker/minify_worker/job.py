@@ -26,7 +26,8 @@ from rq import get_current_job
 from rq.job import Job
 
 from minify_client.bugs import add_to_bug_index
-from minify_client.models import JobSpec, JobState, Progress, ProgressEvent, Report
+from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
+from minify_client.progress import culprit_summary
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,13 @@ class JobChannel:
         fields = {"status": status.value, "finished_at": _now()}
         if reason:
             fields["reason"] = reason
+        culprit_state = report.culprit_state if report is not None else None
         if report is not None:
             fields["result"] = report.model_dump_json()
-        event = ProgressEvent(type="status", status=status, message=reason or status.value)
+        if culprit_state is not None:
+            fields["culprit_state"] = culprit_state.value
+        # culprit_state `running`: the stream goes on until the culprit event (minify_server/events.py).
+        event = ProgressEvent(type="status", status=status, message=reason or status.value, culprit_state=culprit_state)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys["record"], mapping=fields)
             if report is not None:
@@ -117,6 +122,22 @@ class JobChannel:
             pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
             pipe.delete(self.keys["cancel"])
             pipe.execute()
+
+    def culprit_ended(self, report: Report) -> None:
+        """The culprit phase ended after the result was delivered: the record's result and
+        culprit_state, and the `culprit` event that ends the job's stream, in one transaction."""
+        state = report.culprit_state or CulpritState.done
+        event = ProgressEvent(type="culprit", culprit_state=state, phase="done",
+                              message=culprit_summary(report) or report.culprit_reason or state.value)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys["record"], mapping={"result": report.model_dump_json(), "culprit_state": state.value})
+            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+            pipe.delete(self.keys["cancel"])
+            pipe.execute()
+
+    def culprit_running(self) -> bool:
+        value = self.redis.hget(self.keys["record"], "culprit_state")
+        return (value.decode() if isinstance(value, bytes) else value) == CulpritState.running.value
 
 
 def _final_progress(report: Report) -> Progress:
@@ -197,8 +218,25 @@ def run_job(ticket: dict[str, Any]) -> str:
     watcher = _Watcher(channel, spec.limits.job_timeout_s)
     watcher.start()
     signal.signal(signal.SIGTERM, watcher.interrupt)
-    status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel)
+    delivered: list[Report] = []
+
+    def deliver(status: JobState, reason: str | None, report: Report) -> None:
+        """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable."""
+        _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
+        delivered.append(report)
+
+    status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel, deliver)
     watcher.stop()
+    if delivered:
+        # A cancel or the job's timeout stopped the culprit phase only (the engine says so); a
+        # shutdown or an error lost it: the job stays succeeded either way and is never re-queued.
+        if report is None or status is not JobState.succeeded:
+            report = _culprit_lost(delivered[0], out_dir, f"the culprit phase ended in an error: {reason}")
+        elif watcher.interrupted:
+            report = _culprit_lost(report, out_dir, "the worker shut down during the culprit phase")
+        final = report
+        _retry_redis(lambda: channel.culprit_ended(final), FINAL_WRITE_PATIENCE_S)
+        return JobState.succeeded.value
     if watcher.interrupted:
         raise WorkerShutdown("the worker shut down mid-job")
     if watcher.timed_out:
@@ -209,13 +247,13 @@ def run_job(ticket: dict[str, Any]) -> str:
     return status.value
 
 
-def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir: Path,
-            cancel: threading.Event) -> tuple[JobState, str | None, Report | None]:
+def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir: Path, cancel: threading.Event,
+            deliver: Callable[[JobState, str | None, Report], None]) -> tuple[JobState, str | None, Report | None]:
     from minify_worker import engine  # torch lives behind the engine: import it in the horse only
 
     def on_event(event: ProgressEvent) -> None:
-        if event.type == "status" and event.status is not None and event.status.finished:
-            return  # the final status is published by finish(), together with the record
+        if event.type == "culprit" or (event.type == "status" and event.status is not None and event.status.finished):
+            return  # published by finish() and culprit_ended(), together with the record
         try:
             channel.publish(event)
         except RedisError as error:
@@ -224,7 +262,7 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
     inputs = Path(ticket["inputs"]) if ticket.get("inputs") else None
     try:
         result = engine.minify(Path(ticket["program"]), spec, out_dir, inputs=inputs, on_event=on_event,
-                               cancel=cancel)
+                               cancel=cancel, on_result=lambda done: deliver(done.status, done.reason, done.report))
     except Exception as error:
         log.exception("the engine raised")
         try:
@@ -235,11 +273,34 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
     return result.status, result.reason, result.report
 
 
+def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
+    """The delivered result with its culprit phase marked lost; report.json rewritten (whole, by a
+    rename) when it is there. repro.py's header keeps saying the phase was pending."""
+    lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
+                                     "culprit_reason": f"lost: {why}", "workarounds": [], "workarounds_tried": {}})
+    path = out_dir / "report.json"
+    if path.is_file():
+        try:
+            partial = path.with_name(".report.json.new")
+            partial.write_text(lost.model_dump_json(indent=2) + "\n")
+            partial.replace(path)
+        except OSError as error:
+            log.warning("could not mark the culprit lost in %s: %s", path, error)
+    return lost
+
+
 def record_worker_lost(redis: Redis, rq_job: Job, why: str) -> None:
-    """The job's process died under it: re-queued while RQ has retries left, else failed."""
+    """The job's process died under it: re-queued while RQ has retries left, else failed. A job
+    that died in its culprit phase had delivered its result: it stays succeeded, the culprit lost."""
     ticket = rq_job.args[0]
     channel = JobChannel(redis, ticket["keys"])
     status = channel.status()
+    if status is JobState.succeeded and channel.culprit_running():
+        raw = redis.hget(ticket["keys"]["record"], "result")
+        if raw:
+            report = _culprit_lost(Report.model_validate_json(raw), Path(ticket["out_dir"]), why)
+            channel.culprit_ended(report)
+        return
     if status is None or status.finished:
         return
     if rq_job.retries_left:

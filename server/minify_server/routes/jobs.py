@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
+from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
 from minify_client.specflags import describe_validation_error
 from minify_server import queue
 from minify_server.archive import CodeInArchive, NotAnExportArchive, check_export_archive, check_torch_save_file
@@ -300,7 +300,8 @@ async def get_job(request: Request, job_id: str) -> JobStatus:
     return await _job(request, job_id)
 
 
-@router.get("/{job_id}/events", summary="Server-Sent Events: progress, status, log; ends with the job",
+@router.get("/{job_id}/events", summary="Server-Sent Events: progress, status, log, culprit; ends with the job "
+                                      "(a succeeded job's with its culprit phase)",
             response_class=StreamingResponse)
 async def job_event_stream(request: Request, job_id: str,
                            last_event_id: str | None = Header(default=None)) -> StreamingResponse:
@@ -326,9 +327,13 @@ async def get_artifact(request: Request, job_id: str, name: str) -> FileResponse
 
 
 @router.delete("/{job_id}", status_code=202, response_model=JobStatus,
-               summary="Cancel: a queued job at once, a running one within seconds")
+               summary="Cancel: a queued job at once, a running one within seconds; a succeeded job's "
+                       "culprit phase (culprit_state running) stops, the job stays succeeded")
 async def cancel_job(request: Request, job_id: str) -> JobStatus:
     status = await _job(request, job_id)
+    if status.status is JobState.succeeded and status.culprit_state is CulpritState.running:
+        await _records(request).request_cancel(job_id)
+        return status
     if status.status.finished:
         if status.status is JobState.cancelled:
             return status

@@ -38,7 +38,9 @@ export function bugReportMarkdown(job, repro) {
     lines.push(`Minimized by minify from ${result.nodes_original} to ${result.nodes_final} ops ` +
       `(${result.checks_total ?? 0} checks, every candidate in its own process).`, "");
   }
-  if (result.culprit || result.culprit_reason) {
+  if (result.culprit_state === "running") {
+    lines.push("Culprit: not known yet (minify's culprit phase was still running when this was copied)", "");
+  } else if (result.culprit || result.culprit_reason) {
     lines.push(`Culprit (torch's compiler bisector on the minimal program): ${culpritText(result.culprit, result.culprit_reason)}`);
     const workarounds = result.workarounds || [];
     lines.push(workarounds.length

@@ -1,5 +1,7 @@
 // Job page: one job, live over its SSE stream (progress / status / log events, replayed from the
-// first one), then its result: the minimized graph, repro.py, the artifacts, how to rerun.
+// first one), then its result: the minimized graph, repro.py, the artifacts, how to rerun. The
+// culprit phase runs after the result is delivered: while the job's culprit_state is "running" the
+// stream stays open and the culprit card says so, until the "culprit" event fills it in.
 
 import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
 import { bugReportMarkdown, culpritText } from "./bugreport.js";
@@ -30,6 +32,8 @@ const LOG_LINES_KEPT = 300;
 
 // How often the page asks again about a job that waits in its queue (its warnings change).
 const QUEUED_REFRESH_MS = 5000;
+// How often the page asks about a culprit phase still running when the stream is gone.
+const CULPRIT_REFRESH_MS = 2000;
 const RECONNECT_MS = 2000;
 
 function plural(count, noun) {
@@ -72,6 +76,7 @@ export function renderJob(root, id) {
   let source = null;
   let stopped = false;
   let reconnectTimer = 0;
+  let culpritTimer = 0;
   let finishedShown = false;
   let lastMessage = "";
   let lastGraphCode = "";
@@ -213,6 +218,13 @@ export function renderJob(root, id) {
     const result = job.result;
     culpritCard.hidden = !result || (!result.culprit && !result.culprit_reason);
     if (culpritCard.hidden) return;
+    const running = culpritRunning();
+    culpritCard.classList.toggle("pending", running);
+    if (running) {
+      culpritList.replaceChildren(h("dt", {}, "Culprit"), h("dd", { class: "culprit-running" },
+        "bisecting the compiler… (the repro above is ready; this fills in when the phase ends)"));
+      return;
+    }
     const rows = [["Culprit", culpritText(result.culprit, result.culprit_reason)]];
     if (result.culprit?.probes) rows.push(["Probes", `${result.culprit.probes}, each in its own process`]);
     for (const note of result.culprit?.notes || []) rows.push(["Probe", note]);
@@ -223,6 +235,38 @@ export function renderJob(root, id) {
     const tried = Object.entries(result.workarounds_tried || {});
     if (tried.length) rows.push(["Also tried", tried.map(([setting, what]) => `${setting}: ${what}`).join("\n")]);
     culpritList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
+  }
+
+  function culpritRunning() {
+    return (job?.culprit_state || job?.result?.culprit_state) === "running";
+  }
+
+  /** The culprit phase ended (its event, or a poll saw it): the card, the repro.py header and the bug report change. */
+  async function culpritEnded() {
+    clearTimeout(culpritTimer);
+    closeStream();
+    try {
+      await loadJob();
+    } catch (failure) {
+      showError(failure);
+      return;
+    }
+    renderResult();
+  }
+
+  /** Without a stream, ask about a culprit phase still running until it ends. */
+  function pollCulprit() {
+    clearTimeout(culpritTimer);
+    culpritTimer = setTimeout(async () => {
+      if (stopped) return;
+      try {
+        await loadJob();
+      } catch {
+        // the server is away: ask again below
+      }
+      if (culpritRunning()) pollCulprit();
+      else renderResult();
+    }, CULPRIT_REFRESH_MS);
   }
 
   function renderProgress() {
@@ -303,6 +347,11 @@ export function renderJob(root, id) {
     }
     if (event.graph_code) showGraph(event.graph_code, false);
     if (event.type === "log" && event.message) appendLog(event.message);
+    if (event.type === "culprit") {
+      if (event.message) appendLog(`[culprit ${event.culprit_state}] ${event.message}`);
+      if (event.culprit_state !== "running") culpritEnded();
+      return;
+    }
     if (event.type === "status" && event.status) {
       if (event.message) {
         lastMessage = event.message;
@@ -316,7 +365,9 @@ export function renderJob(root, id) {
         if (!FINISHED.has(event.status)) loadJob().catch(() => {});
       }
       if (FINISHED.has(event.status)) {
-        closeStream();
+        // A succeeded job whose culprit phase follows keeps its stream open for the "culprit" event.
+        if (event.culprit_state !== "running") closeStream();
+        if (job && event.culprit_state) job.culprit_state = event.culprit_state;
         finish();
       }
     }
@@ -335,18 +386,24 @@ export function renderJob(root, id) {
         console.error("bad event", message.data, failure);
       }
     };
-    for (const type of ["progress", "status", "log", "message"]) source.addEventListener(type, onMessage);
+    for (const type of ["progress", "status", "log", "culprit", "message"]) source.addEventListener(type, onMessage);
     // The server ends the stream when the job ends; EventSource would reconnect and replay it all.
     source.addEventListener("error", async () => {
       closeStream();
-      if (stopped || finishedShown) return;
+      if (stopped) return;
+      if (finishedShown) {
+        if (culpritRunning()) pollCulprit();
+        return;
+      }
       try {
         await loadJob();
       } catch {
         // the server is away: try the stream again below
       }
-      if (job && FINISHED.has(job.status)) finish();
-      else reconnectTimer = setTimeout(openStream, RECONNECT_MS);
+      if (job && FINISHED.has(job.status)) {
+        await finish();
+        if (culpritRunning()) pollCulprit();
+      } else reconnectTimer = setTimeout(openStream, RECONNECT_MS);
     });
   }
 
@@ -529,6 +586,7 @@ export function renderJob(root, id) {
     clearInterval(ticker);
     clearInterval(queuedRefresh);
     clearTimeout(reconnectTimer);
+    clearTimeout(culpritTimer);
     clearTimeout(confirmTimer);
     closeStream();
     chart.destroy();
