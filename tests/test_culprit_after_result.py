@@ -19,10 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.support.service import Service, read_events, start_service, wait_for_status
+from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
 from tests.test_service import submit, work_horse_of
 
 SLOW_CULPRIT = {"backend": "tests.support.backends:fail_on_relu_slow_culprit", "failure": {"kind": "compile_error"}}
@@ -37,17 +36,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     with start_service(tmp_path_factory.mktemp("service") / "data", workers=1,
                        env={"MINIFY_CULPRIT_MIN_BUDGET_S": "60"}) as running:
         yield running
-
-
-def wait_for_culprit(client: httpx.Client, job_id: str, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = client.get(f"/v1/jobs/{job_id}").json()
-        if body.get("culprit_state") not in (None, "running"):
-            return body
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id}'s culprit still running after {timeout_s:.0f} s: {body}")
-        time.sleep(0.1)
 
 
 def test_the_job_succeeds_with_its_artifacts_before_the_culprit_which_then_arrives(

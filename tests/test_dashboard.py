@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from examples import programs
-from tests.support.service import Service, start_service, wait_for_status
+from tests.support.service import Service, start_service, wait_for_culprit, wait_for_status
 from tests.test_dashboard_support import (
     LAPTOP,
     PHONE,
@@ -285,8 +285,8 @@ def test_the_job_page_shows_the_workers_environment_and_copies_a_bug_report(
         browser: Any, service: Service, program_dir: Path) -> None:
     with service.client() as client:
         job_id = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
-        wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
-        report = client.get(f"/v1/jobs/{job_id}").json()["result"]
+        # repro.py's header changes once the culprit phase (after the result) ends: the bug report copies the last.
+        report = wait_for_culprit(client, job_id, timeout_s=JOB_TIMEOUT_MS / 1000)["result"]
         repro = client.get(f"/v1/jobs/{job_id}/artifacts/repro.py").text
     environment = report["environment"]
     context = browser.new_context(viewport=LAPTOP, permissions=["clipboard-read", "clipboard-write"])
@@ -335,8 +335,7 @@ def test_the_job_page_shows_the_culprit_card_above_the_graph_and_the_bug_report_
     # bisect, one workaround verified on the original (tests/test_culprit.py has the details).
     with service.client() as client:
         job_id = _submit(client, program_dir / "relu_cos.pt2", PATTERN_MATCHER_BUG)
-        wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
-        report = client.get(f"/v1/jobs/{job_id}").json()["result"]
+        report = wait_for_culprit(client, job_id, timeout_s=JOB_TIMEOUT_MS / 1000)["result"]
     assert report["culprit"] is None and report["workarounds"][0]["setting"] == "pattern_matcher"
     context = browser.new_context(viewport=LAPTOP, permissions=["clipboard-read", "clipboard-write"])
     page = context.new_page()
@@ -357,3 +356,23 @@ def test_the_job_page_shows_the_culprit_card_above_the_graph_and_the_bug_report_
     screenshot(page, "job-culprit-laptop")
     assert errors == []
     context.close()
+
+
+def test_the_culprit_card_says_bisecting_while_the_phase_runs_after_the_result_then_fills_in(
+        browser: Any, service: Service, program_dir: Path) -> None:
+    # The result is delivered before the culprit phase, which this backend makes last seconds.
+    with service.client() as client:
+        job_id = _submit(client, program_dir / "relu_cos.pt2", "tests.support.backends:fail_on_relu_slow_culprit")
+        delivered = wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+    assert delivered["culprit_state"] == "running"
+    page = browser.new_page(viewport=LAPTOP)
+    errors = watch_for_errors(page)
+    page.goto(f"{service.url}/#/jobs/{job_id}")
+
+    page.wait_for_selector("#culprit-card.pending .culprit-running:has-text('bisecting the compiler…')")
+    page.wait_for_selector("#result #downloads")  # the repro is there meanwhile
+    page.wait_for_selector("#culprit-card:not(.pending) #culprit:has-text('none (the custom backend')",
+                           timeout=JOB_TIMEOUT_MS)
+    page.wait_for_selector("#repro-code:has-text('none: the custom backend')")  # repro.py's new header
+    assert errors == []
+    page.close()

@@ -26,6 +26,7 @@ from tests.support.service import (
     Service,
     read_events,
     start_service,
+    wait_for_culprit,
     wait_for_status,
 )
 
@@ -220,6 +221,7 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
         job_id = submit(client, programs["relu_cos"], spec)
         final = wait_for_status(client, job_id, FINISHED, timeout_s=300)
         assert final["status"] == "succeeded", final
+        wait_for_culprit(client, job_id, timeout_s=300)  # it follows the delivered result, then phase_s has it
         for name in ("repro.py", "inputs.pt", "minimized.pt2"):
             response = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
             if response.status_code == 200:

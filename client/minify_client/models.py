@@ -219,7 +219,8 @@ class Culprit(BaseModel):
     bisect_number: int | None = Field(None, description="the application of the subsystem that breaks it")
     detail: str | None = Field(None, description="what that application was, e.g. the op lowered ('relu')")
     graph: Literal["forward", "backward"] | None = Field(
-        None, description="which compiled graph failed, when the program has a backward graph too")
+        None, description="which compiled graph failed: 'forward' when the culprit is in inductor, which minify runs "
+                          "under no_grad (only the forward graph is compiled); null for an earlier stage")
     probes: int = Field(0, description="probes the bisection ran, each in a sandbox child")
     notes: list[str] = Field(
         default_factory=list,

@@ -242,3 +242,16 @@ def wait_for_status(client: httpx.Client, job_id: str, statuses: set[str], timeo
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} still {body['status']} after {timeout_s:.0f} s: {body}")
         time.sleep(0.1)
+
+
+def wait_for_culprit(client: httpx.Client, job_id: str, timeout_s: float = 120.0) -> dict:
+    """Poll GET /v1/jobs/{id} until its culprit phase (which follows a succeeded job's delivered
+    result) is no longer running; returns the JobStatus JSON."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/jobs/{job_id}").json()
+        if body.get("culprit_state") != "running" and body["status"] not in ("queued", "running"):
+            return body
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id}'s culprit still running after {timeout_s:.0f} s: {body}")
+        time.sleep(0.1)

@@ -138,6 +138,30 @@ def expected_probes() -> list[Probe]:
     return probes
 
 
+def same_as_last_stage(probe: Probe, *, device_class: str, setting: Callable[[str], Any],
+                       has_convolution: bool) -> str | None:
+    """Why `probe` compiles exactly what the last stage compiles with nothing disabled (so the
+    job's own run of the program already answered it), or None. Read from torch 2.13's source:
+
+    - cudagraphs disabled: the switch is read only where cudagraphs wrap a compiled graph
+      (`output_code.cudagraph_post_compile`), which needs `triton.cudagraphs` on;
+    - `comprehensive_padding=False` on CPU: inductor turns it off itself for CPU inputs while
+      `disable_padding_cpu` is on (`compile_fx.maybe_disable_comprehensive_padding`);
+    - `layout_optimization=False` with no convolution: `GraphLowering.decide_layout_opt` turns the
+      layout optimization off for a graph without one (unless `force_layout_optimization`).
+    """
+    if probe.backend != FINAL_STAGE:
+        return None
+    if probe.subsystem == "cudagraphs" and probe.run_state == "test_disable" and not setting("triton.cudagraphs"):
+        return "cudagraphs are off (triton.cudagraphs): disabling them changes nothing"
+    patch = dict(probe.config)
+    if patch == {"comprehensive_padding": False} and device_class == "cpu" and setting("disable_padding_cpu"):
+        return "inductor turns comprehensive padding off itself on CPU (disable_padding_cpu)"
+    if patch == {"layout_optimization": False} and not has_convolution and not setting("force_layout_optimization"):
+        return "the program has no convolution, so layout optimization is off already"
+    return None
+
+
 def bisect(works: Callable[[Probe], bool], state_dir: Path) -> Result | None:
     """Run torch's bisection in this process, asking `works(probe)` at each step (which runs the
     probe wherever it likes: a sandbox child); its state lives in `state_dir` (removed after).

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch.fx as fx
 
@@ -191,6 +191,8 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
          say: Callable[[str], None]) -> Found:
     """The culprit phase; raises `scheduler.Stopped` when `should_stop` answers (a cancel)."""
     prober = _Prober(pool, spec, target, timeout_s, time.monotonic() + budget, should_stop)
+    for key, why in known_failing(minimal, spec).items():
+        prober.remember(key, Fails(target), why)
     minimal_wire = graph_to_wire(minimal)
     state_dir = Path(pool.workdir) / "bisect"
     reason = no_stages(spec)
@@ -220,6 +222,23 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
     finally:
         prober.close()
     return found
+
+
+def known_failing(minimal: fx.Graph, spec: JobSpec) -> dict[_Key, str]:
+    """Probes the job already answered, and how: the minimal program compiled with the job's own
+    backend and config fails the job's way (the job verified it), and so does every probe that
+    compiles exactly that (`bisector.same_as_last_stage`). None for a backend without stages."""
+    if no_stages(spec) is not None:
+        return {}
+    known = {_Key("minimal", spec.backend): "the job's own run of the minimal program"}
+    has_convolution = any("conv" in str(node.target) for node in minimal.nodes if node.op == "call_function")
+    candidates = [probe for probe in bisector.expected_probes() if probe.subsystem]
+    for probe in candidates:
+        why = bisector.same_as_last_stage(probe, device_class=spec.device_class, has_convolution=has_convolution,
+                                          setting=lambda key: _current_value(key, spec))
+        if why is not None:
+            known[_probe_key(probe, spec)] = f"{why}: the job's own run of the minimal program"
+    return known
 
 
 class _OutOfBudget(Exception):
@@ -275,6 +294,7 @@ class _Prober:
         self.pool, self.spec, self.target, self.timeout_s = pool, spec, target, timeout_s
         self.deadline, self.should_stop = deadline, should_stop
         self.futures: dict[_Key, Future[Outcome]] = {}
+        self.known: dict[_Key, str] = {}  # answered without a probe (`remember`), and how
         self.count = 0
         self.notes: list[str] = []
         self._ahead: list[tuple[_Key, dict[str, Any], Path | None]] = []
@@ -299,6 +319,13 @@ class _Prober:
         inner.add_done_callback(lambda done: _settle_outcome(outer, done, timeout_s))
         outer.add_done_callback(lambda done: self.pool.cancel(inner) if done.cancelled() else self._done(key, done))
         return outer
+
+    def remember(self, key: _Key, outcome: Outcome, why: str) -> None:
+        """`key`'s outcome, known without running it (`why`)."""
+        future: Future[Outcome] = Future()
+        future.set_result(outcome)
+        self.futures[key] = future
+        self.known[key] = why
 
     def offer(self, probes: list[tuple[_Key, dict[str, Any], Path | None]], *, first: bool = False) -> None:
         """Probes to start ahead, in this order, as slots free up (`first`: before those offered so far)."""
@@ -440,15 +467,23 @@ def _bisect(prober: _Prober, wire_graph: dict[str, Any], spec: JobSpec,
     if config:
         detail = ", ".join(f"{key}={value} avoids it" for key, value in config.items())
     return Culprit(backend=result.backend, subsystem=result.subsystem, bisect_number=result.bisect_number,
-                   detail=detail, probes=prober.count, notes=list(prober.notes)), None
+                   detail=detail, graph=_compiled_graph(result.backend), probes=prober.count,
+                   notes=list(prober.notes)), None
+
+
+def _compiled_graph(stage: str) -> Literal["forward"] | None:
+    """Which graph the culprit's stage failed on: the last stage (inductor, aot_inductor) compiles
+    under no_grad (backends.py), so the forward graph is the only one there is; the earlier stages
+    (aot_autograd backends) could trace a backward too, which minify does not tell apart."""
+    return "forward" if stage == bisector.FINAL_STAGE else None
 
 
 def _partial(known: dict[str, str | None], prober: _Prober, why: str) -> tuple[Culprit | None, str]:
     reason = f"bisection incomplete after {prober.count} probes: {why}"
     if known["backend"] is None:
         return None, reason
-    return Culprit(backend=known["backend"], subsystem=known["subsystem"], probes=prober.count,
-                   notes=list(prober.notes)), reason
+    return Culprit(backend=known["backend"], subsystem=known["subsystem"], graph=_compiled_graph(known["backend"]),
+                   probes=prober.count, notes=list(prober.notes)), reason
 
 
 def _screen(prober: _Prober, screens: dict[tuple[str, Any], _Key], wire_graph: dict[str, Any],
@@ -466,7 +501,9 @@ def _screen(prober: _Prober, screens: dict[tuple[str, Any], _Key], wire_graph: d
         elif isinstance(future.result(), Passes):
             passing.append(setting)
         else:
-            tried[_name(setting)] = f"minimal program: {_describe(future.result())}"
+            known = prober.known.get(screens[setting])
+            tried[_name(setting)] = f"minimal program: {_describe(future.result())}" + (
+                f" (known without a probe: {known})" if known else "")
     return passing
 
 
