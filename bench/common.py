@@ -25,6 +25,7 @@ class RunResult:
     minifier: str
     status: str = "ok"  # ok | timeout | error
     wall_s: float | None = None  # the minify call itself, program already loaded
+    repro_s: float | None = None  # ours: the minify call until the result was delivered (the culprit phase follows)
     process_s: float | None = None  # the whole child, interpreter start and torch import included
     cpu_s: float | None = None  # user + system CPU of the child's whole process tree (set by the parent)
     checks: int = 0

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from examples import programs
-from minify_client.models import Culprit, JobSpec, JobState, Report, Workaround
+from minify_client.models import Culprit, CulpritState, JobSpec, JobState, Report, Workaround
 from minify_client.progress import culprit_summary
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import culprit
@@ -75,6 +75,31 @@ def test_a_custom_backend_has_no_stages_to_bisect(pattern_matcher_job: MinifyRes
     assert "no stages" in (report.culprit_reason or "") and PATTERN_MATCHER_BUG in (report.culprit_reason or "")
 
 
+def test_the_result_is_delivered_before_the_culprit_phase_which_then_rewrites_it(
+        tmp_path: Path, generous_budget: None) -> None:
+    seen: dict[str, object] = {}
+
+    def delivered(result: MinifyResult) -> None:
+        seen["report"] = result.report
+        seen["report.json"] = json.loads((tmp_path / "out" / "report.json").read_text())
+        seen["repro.py"] = (tmp_path / "out" / "repro.py").read_text()
+
+    ep, _ = programs.BUILDERS["relu_cos"]()
+    torch.export.save(ep, tmp_path / "relu_cos.pt2")
+    final = minify(tmp_path / "relu_cos.pt2", JobSpec(backend="tests.support.backends:fail_on_relu"),
+                   tmp_path / "out", on_result=delivered)
+
+    early = seen["report"]
+    assert isinstance(early, Report) and early.status is JobState.succeeded
+    assert early.culprit_state is CulpritState.running and "culprit" not in early.phase_s
+    assert seen["report.json"]["culprit_state"] == "running"  # type: ignore[index]
+    assert "# Culprit:          pending" in str(seen["repro.py"])
+    assert final.status is JobState.succeeded and final.report.culprit_state is CulpritState.done
+    assert "culprit" in final.report.phase_s and final.report.elapsed_s == early.elapsed_s
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["culprit_state"] == "done"
+    assert "pending" not in (tmp_path / "out" / "repro.py").read_text()
+
+
 def test_a_bug_no_setting_avoids_has_no_workarounds(tmp_path: Path, generous_budget: None) -> None:
     result = run(tmp_path, "relu_cos", backend="tests.support.backends:fail_on_relu")
 
@@ -91,6 +116,7 @@ def test_spec_culprit_false_skips_the_phase(tmp_path: Path, generous_budget: Non
 
     assert result.status is JobState.succeeded, result.reason
     assert "culprit" not in result.report.phase_s
+    assert result.report.culprit_state is CulpritState.skipped
     assert result.report.culprit is None and result.report.workarounds == []
     assert result.report.culprit_reason == "not asked for (spec culprit: false)"
 
@@ -146,7 +172,18 @@ def test_relu_compile_error_is_blamed_on_inductors_relu_lowering(relu_job: Minif
     assert relu_job.status is JobState.succeeded, relu_job.reason
     assert found is not None, relu_job.report.culprit_reason
     assert (found.backend, found.subsystem, found.bisect_number, found.detail) == ("inductor", "lowerings", 0, "relu")
+    assert found.graph == "forward"  # compiled under no_grad: the only graph there is
     assert found.notes == []
+
+
+@pytest.mark.inductor
+def test_probes_the_job_already_answered_are_not_run_again(relu_job: MinifyResult) -> None:
+    tried = relu_job.report.workarounds_tried
+
+    # On CPU inductor turns comprehensive padding off itself: the job's own run answered it.
+    assert "known without a probe" in tried["comprehensive_padding=False"]
+    assert "known without a probe" in tried["layout_optimization=False"]  # relu has no convolution
+    assert relu_job.report.culprit is not None and relu_job.report.culprit.probes <= 17
 
 
 @pytest.mark.inductor

@@ -133,12 +133,12 @@ def budget_s(elapsed_s: float) -> float:
 PENDING_REASON = "pending: the culprit phase runs after the repro is delivered"
 
 
-def report_fields(found: Found | None, spec: JobSpec, *, ended: bool = False) -> dict[str, Any]:
+def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
     """report.json's culprit_state, culprit, culprit_reason, workarounds and workarounds_tried, for
-    a phase that found `found`, or (None) did not run: `ended`, the job ended without a result."""
+    a phase that found `found`, or (None) did not run."""
     if found is None:
-        reason = ("not run: the job ended before the culprit phase" if ended or spec.culprit
-                  else "not asked for (spec culprit: false)")
+        reason = ("not asked for (spec culprit: false)" if not spec.culprit
+                  else "not run: the job ended before the culprit phase")
         return stopped_fields(CulpritState.skipped, reason)
     return {"culprit_state": CulpritState.done, "culprit": found.culprit, "culprit_reason": found.reason,
             "workarounds": found.workarounds, "workarounds_tried": found.tried}

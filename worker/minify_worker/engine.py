@@ -781,7 +781,7 @@ class _Run:
             input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
             input_shapes_final=shrink.input_shapes(best) if succeeded else {},
             **(culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
-               else culprit.report_fields(None, self.spec, ended=status is not JobState.succeeded)),
+               else culprit.report_fields(None, self.spec)),
         )
         if succeeded:
             artifacts.file_under_bug(report, best)
@@ -794,8 +794,10 @@ class _Run:
         except artifacts.ArtifactWriteError as error:  # the disk is full: the job cannot deliver
             status, reason = JobState.failed, f"{reason}; {error}" if reason else str(error)
             files = {name: path for name, path in files.items() if path.is_file()}
+            self._culprit_pending = False  # nothing delivered: no phase follows
             report = report.model_copy(update={"status": status, "reason": reason, "graph_shape_hash": None,
-                                               "bug": None, "artifacts": sorted(files)})
+                                               "bug": None, "artifacts": sorted(files),
+                                               **culprit.report_fields(None, self.spec)})
         self._emit(force=True, status=status, message=reason or status.value)
         return MinifyResult(status, reason, report, files)
 
