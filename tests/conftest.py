@@ -54,3 +54,22 @@ def program(tmp_path: Path) -> Path:
     path = tmp_path / "relu_cos.pt2"
     path.write_bytes(b"PK-not-really-a-program")
     return path
+
+
+# -- scheduling on xdist workers (`make test` runs `-n 2 --dist loadgroup`) ----------------------
+
+# Modules whose module-scoped fixtures start something costly: a pytest session that captures and
+# minimizes (test_capture_plugin), a service with workers, a browser, compiled programs. Tests are
+# otherwise dealt out one at a time, so such a fixture ran once on *each* worker (the capture suite's
+# 100 s twice); grouped, a module's tests go to one worker and its fixtures run once.
+ONE_WORKER_MODULES = frozenset({
+    "test_capture_plugin", "test_culprit", "test_api", "test_api_docs", "test_dashboard", "test_bugs",
+    "test_dynamic_shapes", "test_client_e2e", "test_shrink", "test_offline_out", "test_dashboard_bugs",
+})
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, before any pytest_collection_modifyitems: xdist's turns the mark into a group.
+    module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(module))

@@ -84,6 +84,7 @@ def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
         "backend": backend,
         "config": config,
         "limits": {"candidate_timeout_s": 60, "parallelism": 2},
+        "culprit": False,  # about the reduction of control flow; the culprit phase has its own tests
     })
     return minify(program, spec, out)
 

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.inductor
 
 
 def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = "any",
-        strict_accuracy: bool = False, **config: str) -> MinifyResult:
+        strict_accuracy: bool = False, phases: bool = False, **config: str) -> MinifyResult:
+    """The engine on `builder`'s program; the phases after minimality (shrink, culprit: tested in
+    their own modules, each a few compiles more) only with `phases`."""
     ep, _ = programs.BUILDERS[builder]()
     tmp_path.mkdir(parents=True, exist_ok=True)
     program = tmp_path / f"{builder}.pt2"
@@ -29,6 +31,8 @@ def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = 
         "backend": backend,
         "failure": {"kind": kind, "strict_accuracy": strict_accuracy},
         "config": config,
+        "shrink": phases,
+        "culprit": phases,
     })
     return minify(program, spec, tmp_path / "out")
 
@@ -74,11 +78,15 @@ def forward(self, linear):
     return pytree.tree_unflatten((relu,), self._out_spec)"""
 
 
-@pytest.mark.parametrize("builder", ["linear_relu_sigmoid", "linear_relu_sigmoid_dict"])
-def test_aoti_compile_error_minifies_to_relu_of_a_linear_input(tmp_path: Path, builder: str) -> None:
-    result = run(tmp_path, builder, backend="aot_inductor", kind="compile_error",
+# The plain program goes through every phase (aot_inductor's one end-to-end job with shrink and
+# culprit); the dict one is about the reduction keeping its pytree in and out specs.
+@pytest.mark.parametrize(("builder", "phases"), [("linear_relu_sigmoid", True), ("linear_relu_sigmoid_dict", False)])
+def test_aoti_compile_error_minifies_to_relu_of_a_linear_input(tmp_path: Path, builder: str, phases: bool) -> None:
+    result = run(tmp_path, builder, backend="aot_inductor", kind="compile_error", phases=phases,
                  **{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
     assert result.status is JobState.succeeded, result.reason
     module = torch.export.load(result.artifacts["minimized.pt2"]).module(check_guards=False)
     assert str(module.code).strip() == AOTI_RELU_CODE
+    if phases:
+        assert {"shrink", "culprit"} <= set(result.report.phase_s), result.report.phase_s

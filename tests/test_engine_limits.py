@@ -16,6 +16,11 @@ SUPPORT = "tests.support.backends"
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
+# The phases after minimality (shrink, culprit) would each run the hanging or allocating minimal
+# program again, a timeout apiece: the first test of each failure kind keeps them (the defaults,
+# end to end); the others are about the reduction's timeouts and leave them out.
+REDUCTION_ONLY = {"shrink": False, "culprit": False}
+
 
 @pytest.fixture(scope="module")
 def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -43,7 +48,7 @@ SHORT_HANG = HangCalibration(original_min_s=2.0, confirm_min_s=6.0)
 
 def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting_out_the_original(
         chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu", "limits": {"parallelism": 2}})
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu", "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
@@ -62,7 +67,7 @@ def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting
 
 def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain_pt2: Path, tmp_path: Path) -> None:
     # relu takes 7 s to compile: longer than the guess (2 s) and the candidates' timeout (5 s), no hang.
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:slow_on_relu", "limits": {"parallelism": 2}})
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:slow_on_relu", "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
@@ -75,7 +80,7 @@ def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain
 def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
         chain_pt2: Path, tmp_path: Path) -> None:
     # Candidates with relu take 7 s (past the 5 s timeout: hangs, for now); the original 45 s.
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:slow_on_relu_slowest_when_whole",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:slow_on_relu_slowest_when_whole",
                                   "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
@@ -90,7 +95,7 @@ def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
 
 
 def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu",
                                   "limits": {"original_timeout_s": 4, "parallelism": 2}})
     events: list[ProgressEvent] = []
 
@@ -104,7 +109,8 @@ def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_
 
 def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(
         chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu", "failure": {"kind": "timeout"},
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu",
+                                  "failure": {"kind": "timeout"},
                                   "limits": {"candidate_timeout_s": 10, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
@@ -126,7 +132,7 @@ def test_a_compiler_that_eats_all_memory_is_minimized_as_an_oom(chain_pt2: Path,
 
 
 def test_any_failure_includes_running_out_of_memory(chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:allocate_on_relu",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:allocate_on_relu",
                                   "limits": {"memory_mb": 700, "candidate_timeout_s": 60, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
