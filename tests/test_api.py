@@ -65,7 +65,8 @@ def test_events_arrive_in_order_from_queued_to_succeeded(finished_job: dict) -> 
     events = finished_job["events"]
     statuses = [event.data["status"] for event in events if event.event == "status"]
     assert statuses[0] == "queued" and statuses[1] == "running" and statuses[-1] == "succeeded"
-    assert events[-1].event == "status"
+    # The stream goes on past the succeeded status to the end of the culprit phase (docs/service.md).
+    assert events[-1].event == "culprit" and events[-1].data["culprit_state"] == "done"
     assert [event.id for event in events] == sorted(events_ids := [event.id for event in events],
                                                      key=lambda i: tuple(map(int, i.split("-"))))
     assert len(set(events_ids)) == len(events)
