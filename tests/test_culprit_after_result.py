@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from minify_client.models import CulpritState, JobState, ProgressEvent, Report
 from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
+from tests.test_client_cli import sigint_as_on_a_terminal
+from tests.test_client_support import Exchange, ScriptedServer, job_status, serve_job
 from tests.test_service import submit, work_horse_of
 
 SLOW_CULPRIT = {"backend": "tests.support.backends:fail_on_relu_slow_culprit", "failure": {"kind": "compile_error"}}
@@ -127,3 +130,48 @@ def test_submit_wait_prints_the_result_then_the_culprit_and_refreshes_the_files(
     assert f"report.json and repro.py in {out} now carry the culprit" in done.stdout
     assert json.loads((out / "report.json").read_text())["culprit_state"] == "done"
     assert "pending" not in (out / "repro.py").read_text()
+
+
+def test_ctrl_c_while_only_the_culprit_is_pending_exits_0_with_the_repro_saved(
+        server: ScriptedServer, program: Path, tmp_path: Path) -> None:
+    # A scripted server: job j1 succeeded, its culprit phase running and never ending.
+    status = job_status("j1", JobState.succeeded, artifacts=["repro.py", "report.json"])
+    assert status.result is not None
+    report = status.result.model_copy(update={"culprit_state": CulpritState.running})
+    status = status.model_copy(update={"culprit_state": CulpritState.running, "result": report})
+    files = {"repro.py": b"raise SystemExit(1)\n", "report.json": report.model_dump_json().encode()}
+    serve_job(server, status, [], files)
+
+    def culprit_pending(exchange: Exchange) -> None:
+        exchange.start_events()
+        exchange.send_event("1", ProgressEvent(type="status", status=JobState.succeeded,
+                                               culprit_state=CulpritState.running))
+        time.sleep(30)
+
+    server.route("GET", "/v1/jobs/j1/events", culprit_pending)
+    out = tmp_path / "out"
+    with sigint_as_on_a_terminal():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minify_client.cli", "submit", str(program), "--wait", "--out", str(out),
+             "--server", server.url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={key: value for key, value in os.environ.items() if key not in ("MINIFY_SERVER", "MINIFY_TOKEN")})
+    try:
+        assert process.stdout is not None
+        shown = []
+        for line in process.stdout:
+            shown.append(line)
+            if line.startswith("culprit: bisecting the compiler"):
+                break
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+
+    assert process.returncode == 0, stderr
+    assert any(line.startswith("succeeded:") for line in shown)
+    assert "stopped waiting for the culprit; the repro is saved" in stderr
+    assert f"{out / 'report.json'} after `minify-client download j1`" in stderr
+    assert (out / "repro.py").read_text() == "raise SystemExit(1)\n"
+    assert Report.model_validate_json((out / "report.json").read_text()).culprit_state is CulpritState.running
+    assert server.requests_to("DELETE", "/v1/jobs/j1") == []
