@@ -11,6 +11,7 @@ parent that kills this process at its time limit still knows how far it got.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -84,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     minify_start = time.perf_counter()
     try:
-        outcome = minify(options.program, spec, options.out, on_event=on_event, on_result=on_result)
+        # An engine from before the result came first (--ours-rev) has no on_result: repro_s stays unset.
+        delivery = {"on_result": on_result} if "on_result" in inspect.signature(minify).parameters else {}
+        outcome = minify(options.program, spec, options.out, on_event=on_event, **delivery)
     except Exception as error:  # the engine promises not to raise; a bench reports it if it does
         result.status = "error"
         result.error = f"{type(error).__name__}: {error}"
