@@ -218,6 +218,47 @@ def test_a_job_cancelled_while_preparing_ends_cancelled_at_once(tmp_path: Path) 
     assert result.report.checks_total == 0
 
 
+def test_a_job_cancelled_as_its_original_starts_ends_at_once_without_waiting_for_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+    import uuid
+
+    from minify_client.models import ProgressEvent
+    from minify_worker.environment import ERROR_KEY
+    from tests.support.service import MARKER, marked_pids
+
+    # The tools the environment call runs (compilers, lscpu) take 20 s each, as on a loaded machine.
+    slow_tools = tmp_path / "bin"
+    slow_tools.mkdir()
+    for tool in ("gcc", "g++", "clang", "lscpu", "lsb_release"):
+        (slow_tools / tool).write_text("#!/bin/sh\nsleep 20\n")
+        (slow_tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow_tools}{os.pathsep}{os.environ['PATH']}")
+    marker = uuid.uuid4().hex  # every process the job starts carries it, orphans included
+    monkeypatch.setenv(MARKER, marker)
+    program = chain_program(tmp_path, ("sin", "relu"))
+    hangs = JobSpec.model_validate({"backend": f"{TESTING}:hang_with_grandchild_on_relu",
+                                    "failure": {"kind": "timeout"},
+                                    "limits": {"candidate_timeout_s": 120, "parallelism": 2}})
+    cancel = threading.Event()
+    cancelled_at: list[float] = []
+
+    def on_event(event: ProgressEvent) -> None:
+        # Sent right after the original's run is submitted, while the environment is collected.
+        if (event.message or "").startswith("running the original") and not cancel.is_set():
+            cancelled_at.append(time.monotonic())
+            cancel.set()
+
+    result = minify(program, hangs, tmp_path / "out", on_event=on_event, cancel=cancel)
+
+    took = time.monotonic() - cancelled_at[0]
+    assert result.status is JobState.cancelled
+    assert took < 10, f"the cancel took {took:.1f} s"
+    assert result.report.environment[ERROR_KEY] == "not collected: the job was cancelled"
+    assert marked_pids(marker) == []
+
+
 def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Path,
                                                                    test_backends_allowed: None) -> None:
     program = chain_program(tmp_path, ("sin", "relu"))

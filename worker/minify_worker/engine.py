@@ -732,9 +732,11 @@ class _Run:
     # -- ending ----------------------------------------------------------------------------
 
     def _environment(self) -> dict[str, str]:
-        """The worker's environment (report.json, repro.py): the sandbox call's result, once."""
+        """The worker's environment (report.json, repro.py): the sandbox call's result, once; a
+        cancelled job ends at once instead of waiting for it."""
         if not self.environment:
-            self.environment = environment.collected(self._environment_call)
+            stopped = "the job was cancelled" if self.cancel.is_set() else None
+            self.environment = environment.collected(self._environment_call, stopped=stopped)
         return self.environment
 
     def _enter_phase(self, phase: str) -> None:

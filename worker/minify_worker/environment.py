@@ -77,17 +77,26 @@ def collect(command_timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str]:
     return environment
 
 
-def collected(call: Future[dict[str, Any]] | None, wait_s: float = CALL_TIMEOUT_S) -> dict[str, str]:
+def collected(call: Future[dict[str, Any]] | None, wait_s: float = CALL_TIMEOUT_S,
+              stopped: str | None = None) -> dict[str, str]:
     """The result of a `collect_in_child` call, waiting at most `wait_s`; if the call failed, what
-    the engine knows without a subprocess or CUDA, and the error under `ERROR_KEY`."""
+    the engine knows without a subprocess or CUDA, and the error under `ERROR_KEY`.
+
+    `stopped` (why the job ends early, e.g. a cancel): no wait at all; a call still running is
+    cancelled (its child dies) and the error says why. The collection runs tools that take seconds,
+    tens of seconds on a loaded machine, and a cancel must not wait for them."""
     if call is None:
         return {}
-    try:
-        return dict(call.result(timeout=wait_s))
-    except FutureTimeout:
-        error = f"not collected within {wait_s:g} s"
-    except BaseException as failure:  # a failed or cancelled call costs the environment, never the job
-        error = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
+    if stopped is not None and not call.done():
+        call.cancel()
+        error = f"not collected: {stopped}"
+    else:
+        try:
+            return dict(call.result(timeout=wait_s))
+        except FutureTimeout:
+            error = f"not collected within {wait_s:g} s"
+        except BaseException as failure:  # a failed or cancelled call costs the environment, never the job
+            error = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
     return {
         "PyTorch version": torch.__version__,
         "Python version": sys.version.split()[0],
