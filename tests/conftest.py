@@ -21,6 +21,36 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 os.environ.setdefault("MINIFY_CULPRIT_MIN_BUDGET_S", "5")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread in the test process, set before any test module runs a torch op: the
+    engine tests below make this process a fork origin (`_engine_fork_origin`), which it stays only
+    while no native thread pool has started (OpenMP's threads do not survive a fork). Two xdist
+    workers on a 2-core box gain nothing from more; sandbox children set their own thread count."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_preloaded = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the first test of a module that runs the engine in this process: `preload()` it, as
+    the RQ worker and the offline command preload themselves, so each job's sandbox forks its fork
+    server from here instead of spawning one that imports torch and warms up inductor again (seconds
+    of CPU per job). The spawned path keeps its own tests (`MINIFY_SANDBOX_START=spawn`,
+    `--no-preload`); `fork_refusal` still sends a job to it if this process ever starts a pool."""
+    global _preloaded
+    if _preloaded or not hasattr(getattr(item, "module", None), "minify"):
+        return
+    from minify_worker.engine import minify
+    from minify_worker.sandbox import preload
+
+    if item.module.minify is minify:
+        preload()
+        _preloaded = True
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The example programs relu_cos and chain, saved as .pt2 once per test module."""
