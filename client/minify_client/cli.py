@@ -255,6 +255,7 @@ def _status(args: argparse.Namespace) -> int:
              if progress.checks_total else None),
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("reason", status.reason),
+            ("culprit", _culprit_row(status)),
             *[("warning", warning) for warning in status.warnings],
             ("dashboard", client.dashboard_url(status)),
         ]
@@ -262,6 +263,14 @@ def _status(args: argparse.Namespace) -> int:
             if value:
                 print(f"{label + ':':<11}{value}")
     return EXIT_OK
+
+
+def _culprit_row(status: JobStatus) -> str | None:
+    """`running (after the result)`, or the culprit's summary once the phase ended."""
+    if status.culprit_state is CulpritState.running:
+        return "running (the culprit phase follows the delivered result)"
+    found = culprit_summary(status.result) if status.result is not None and status.culprit_state else None
+    return found.removeprefix("culprit: ") if found else None
 
 
 def _download(args: argparse.Namespace) -> int:
