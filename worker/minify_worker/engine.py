@@ -26,8 +26,9 @@ from minify_client.models import CulpritState, FailureSpec, JobSpec, JobState, P
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, shrink, strategies
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
+from minify_worker.hang import HangCalibration, HangState, HangWatch, Refuted
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Invalid, Outcome, Passes, Signature, TimedOut
+from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
@@ -53,33 +54,8 @@ DEFAULT_TIMEOUT_FAILURE_S = 60.0
 # A run of the original may take this long unless the spec says otherwise: minutes, not the job's
 # hour, so a hanging compile shows as a hang in minutes.
 DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
-# When the failure is a hang, candidates that pass calibrate the timeout: a candidate that runs
-# this many times longer than the slowest passing one hangs; never less than the floor.
-HANG_TIMEOUT_FACTOR = 3.0
-MIN_HANG_TIMEOUT_S = 5.0
-PASSES_TO_CALIBRATE = 2
 EVENT_INTERVAL_S = 0.2
 MAX_SANDBOX_RESTARTS = 3
-
-
-@dataclass(frozen=True)
-class HangCalibration:
-    """How a hang is told with no timeout given (no `--candidate-timeout`, `--original-timeout`),
-    instead of waiting out the original's `DEFAULT_ORIGINAL_TIMEOUT_S`.
-
-    While the original runs, passing runs (the empty program, candidates) show how long a graph
-    takes: the original counts as a hang for now once it ran `original_factor` times what they
-    predict for its size (at least `original_min_s`); candidates then hang after
-    `HANG_TIMEOUT_FACTOR` times the slowest passing run. The minimal result is confirmed at the end
-    with `confirm_factor` times the slowest passing run (at least `confirm_min_s`): it must still be
-    running then, else the reduction starts again from the original and waits for its outcome.
-    Tests scale the floors down.
-    """
-
-    original_factor: float = 10.0
-    original_min_s: float = 30.0
-    confirm_factor: float = 10.0
-    confirm_min_s: float = 60.0
 
 
 @dataclass
@@ -240,7 +216,6 @@ class _Run:
                  on_result: Callable[[MinifyResult], None] | None = None) -> None:
         self.spec = spec
         self.on_result = on_result
-        self.hang = hang
         self.out_dir = out_dir
         self.on_event = on_event
         self.cancel = cancel
@@ -269,12 +244,8 @@ class _Run:
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
         self._provisional: Signature | None = None  # the target guessed while the original runs
         self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
-        self._passes: list[tuple[int, float]] = []  # (ops, seconds) of every passing run
-        # A hang may be guessed before the original's bound only when the user gave no timeout.
-        self._may_guess_hang = (spec.failure.kind in ("any", "timeout") and not spec.limits.candidate_timeout_s
-                                and not spec.limits.original_timeout_s)
-        self._original_submitted = 0.0
-        self.hang_confirm_timeout_s: float | None = None
+        self.hang_watch = HangWatch(hang, spec, hang_state=self._hang_state, shorten=self._shorten_timeout,
+                                    say=lambda message: self._emit(force=True, message=message))
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -455,9 +426,10 @@ class _Run:
     def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
-        evaluator.on_outcome = self._observe
-        self._original_submitted = time.monotonic()
+        evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
+        submitted = time.monotonic()
         self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
+        self.hang_watch.watch(evaluator, self._original_run, submitted, self.nodes_original)
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)
         # The failure must depend on the program: the program with no ops runs beside it.
@@ -535,7 +507,7 @@ class _Run:
         if target.kind == "timeout":
             if self.candidate_timeout_s is None:  # else calibrated while the hang was a guess
                 self.candidate_timeout_s = self._first_timeout()
-            self._calibrate_hang_timeout()
+            self.hang_watch.calibrate()
         else:
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
             bound = self.spec.limits.candidate_timeout_s
@@ -564,97 +536,52 @@ class _Run:
                                  f"as they are) fails the same way on {self.spec.backend} ({self.spec.device}): "
                                  f"{target}"))
 
-    def _observe(self, graph: fx.Graph, outcome: Outcome) -> None:
-        """Every outcome as it comes (the sandbox's thread): passing runs calibrate hangs."""
-        if not isinstance(outcome, Passes):
-            return
-        self._passes.append((count_ops(graph), outcome.duration_s))
-        if self._hang_guessed():
-            self._calibrate_hang_timeout(passes_needed=1)
-        elif self.signature is not None and self.signature.kind == "timeout":
-            self._calibrate_hang_timeout()
+    def _shorten_timeout(self, timeout_s: float) -> None:
+        """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
+        if self.candidate_timeout_s is None or timeout_s < self.candidate_timeout_s:
+            self.candidate_timeout_s = timeout_s
+            self._evaluator.set_timeout(timeout_s)
 
-    def _calibrate_hang_timeout(self, passes_needed: int = PASSES_TO_CALIBRATE) -> None:
-        """When the failure is a hang (known, or guessed while the original runs), passing runs show
-        how long a run that does not hang takes: later candidates (and those running) get a multiple
-        of the slowest, with a floor, so each hanging candidate costs seconds instead of the
-        original's whole bound. A guessed hang needs one passing run (the guess was made from it)."""
-        durations = [seconds for _, seconds in self._passes]
-        if len(durations) < passes_needed:
-            return
-        calibrated = round(max(MIN_HANG_TIMEOUT_S, HANG_TIMEOUT_FACTOR * max(durations)), 2)
-        if self.candidate_timeout_s is None or calibrated < self.candidate_timeout_s:
-            self.candidate_timeout_s = calibrated
-            self._evaluator.set_timeout(calibrated)
+    def _hang_state(self) -> HangState | None:
+        """Whether candidates are judged against a hang: guessed for the original, or known."""
+        if self._hang_guessed():
+            return "guessed"
+        if self.signature is not None and self.signature.kind == "timeout":
+            return "known"
+        return None
 
     def _hang_guessed(self) -> bool:
-        """Whether candidates are judged against a hang guessed for the original (`_watch_original`)."""
+        """Whether candidates are judged against a hang guessed for the original (`HangWatch.poll`)."""
         return self.signature is None and self._provisional is not None and self._provisional.kind == "timeout"
 
     def _poll(self) -> str | None:
         """The scheduler asks this while it waits: is the original a hang by now, should the job stop."""
-        self._watch_original()
+        self.hang_watch.poll(self.signature is not None or self._provisional is not None, self._adopt_hang)
         return self._stop_reason()
 
-    def _watch_original(self) -> None:
-        """With no timeout given, guess that the original hangs once it ran `HangCalibration`'s
-        multiple of what passing runs predict for its size: candidates are judged against that
-        guess from then on (a candidate that runs past the calibrated timeout hangs too), and the
-        result is confirmed at the end (`_confirm_hang`) instead of waiting out the original's
-        minutes. Not when some candidate already failed otherwise (that is the guess then)."""
-        if (not self._may_guess_hang or self.signature is not None or self._provisional is not None
-                or self._original_run is None or self._original_run.done() or not self._passes):
-            return
-        running_s = time.monotonic() - self._original_submitted
-        ops, seconds = max(self._passes)  # the largest passing graph predicts best, per op
-        expected_s = seconds * (self.nodes_original or 1) / max(1, ops)
-        bound_s = max(self.hang.original_min_s, self.hang.original_factor * expected_s)
-        if running_s < bound_s:
-            return
-        guess = _target_of(TimedOut(round(running_s, 1)), self.spec.failure)
+    def _adopt_hang(self, outcome: TimedOut) -> Signature | None:
+        """Judge candidates against the original hanging as `outcome` does, if that may be the target."""
+        guess = _target_of(outcome, self.spec.failure)
         if guess is None or not self._may_be_target(guess):
-            self._may_guess_hang = False
-            return
+            return None
         self._provisional = guess
-        self._calibrate_hang_timeout(passes_needed=1)
-        self._emit(force=True, message=f"the original still runs after {running_s:.0f} s, more than "
-                                       f"{self.hang.original_factor:g}x what passing runs predict for its size "
-                                       f"({expected_s:.1f} s): judged a hang for now, to be confirmed on the result")
+        return guess
 
     def _confirm_hang(self) -> Outcome:
-        """The reduction ended on a guessed hang while the original still runs: run the smallest
-        program with a longer timeout (`HangCalibration.confirm_*`) instead of waiting out the
-        original's bound. Still running then: the hang is confirmed, the original is stopped and
-        its outcome is a hang of the time it ran. Done before: the guess was wrong; the reduction
-        starts again from the original (forgetting what the short timeouts decided) and waits for
-        the original's outcome. The original's own outcome decides if it came meanwhile."""
-        assert self._original_run is not None and self.best is not None and self._provisional is not None
-        slowest_s = max((seconds for _, seconds in self._passes), default=0.0)
-        confirm_s = round(min(max(self.hang.confirm_min_s, self.hang.confirm_factor * slowest_s),
-                              self._remaining()), 1)
-        self._emit(force=True, message=f"confirming the hang: the result ({count_ops(self.best)} ops) runs with a "
-                                       f"{confirm_s:g} s timeout")
-        confirm = self._evaluator.submit(self.best, timeout_s=confirm_s)
-        self._wait_for([confirm])
-        outcome = confirm.result()
-        if self._original_run.done():
-            return self._original_run.result()
-        if oracle.still_fails(outcome, self._provisional, self.spec.failure):
-            running_s = time.monotonic() - self._original_submitted
-            self._evaluator.cancel(self._original_run)
-            self.hang_confirm_timeout_s = confirm_s
-            self._emit(force=True, message=f"hang confirmed: the result still ran after {confirm_s:g} s; the "
-                                           f"original was stopped after {running_s:.0f} s")
-            return TimedOut(round(running_s, 1))
-        assert self.scheduler is not None
-        self._may_guess_hang = False
+        """The reduction ended on a guessed hang while the original still runs: confirm it on the
+        result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided and reduce
+        again from the original, waiting for its outcome."""
+        assert self.best is not None and self._provisional is not None and self.scheduler is not None
+        outcome = self.hang_watch.confirm(self.best, self._provisional, remaining_s=self._remaining(),
+                                          wait_for=self._wait_for)
+        if not isinstance(outcome, Refuted):
+            return outcome
         self._provisional = None
         self._provisional_verdicts.clear()
         self.candidate_timeout_s = None
         self._evaluator.set_timeout(self._first_timeout())
         self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
-        raise _Restart(f"the result did not hang with a {confirm_s:g} s timeout ({outcome.kind}): reducing again "
-                       "from the original, waiting for its outcome")
+        raise _Restart(outcome.reason)
 
     def _verify_in_a_fresh_child(self) -> str | None:
         """Where children are reused, run the result once more in a child that ran nothing else: it
@@ -768,7 +695,7 @@ class _Run:
             original_runs=self.original_runs,
             original_failures=self.original_failures,
             candidate_timeout_s=self.candidate_timeout_s,
-            hang_confirm_timeout_s=self.hang_confirm_timeout_s,
+            hang_confirm_timeout_s=self.hang_watch.confirm_timeout_s,
             backend=self.spec.backend,
             device=self.spec.device,
             config=self.spec.config,
