@@ -28,8 +28,9 @@ demo: setup
 
 # Two pytest workers (pytest-xdist): much of a test's time is waiting on child processes (a
 # service or a sandbox starting, a timeout running out), so two share the 2-core box well. Tests
-# are dealt out one at a time (loadgroup); those marked xdist_group(name) stay on one worker, one
-# after another. docs/internals.md, "Tests", has the figures.
+# are dealt out one at a time (loadgroup); those marked xdist_group(name), and the modules
+# tests/conftest.py lists for their costly fixtures, stay on one worker, one after another.
+# docs/internals.md, "Tests", has the figures.
 PYTEST_WORKERS ?= 2
 
 test: setup browser
