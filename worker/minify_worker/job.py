@@ -274,18 +274,18 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
 
 
 def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
-    """The delivered result with its culprit phase marked lost; report.json rewritten (whole, by a
-    rename) when it is there. repro.py's header keeps saying the phase was pending."""
+    """The delivered result with its culprit phase marked lost; report.json (and the bundle) rewritten
+    as the phase's own end rewrites them (`artifacts.rewrite_for_culprit`), when the result's files
+    are there. repro.py's header keeps saying the phase was pending."""
     lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
                                      "culprit_reason": f"lost: {why}", "workarounds": [], "workarounds_tried": {}})
-    path = out_dir / "report.json"
-    if path.is_file():
+    if (out_dir / "report.json").is_file():
+        from minify_worker import artifacts  # torch behind it: the worker preloaded it, the server never calls this
+
         try:
-            partial = path.with_name(".report.json.new")
-            partial.write_text(lost.model_dump_json(indent=2) + "\n")
-            partial.replace(path)
-        except OSError as error:
-            log.warning("could not mark the culprit lost in %s: %s", path, error)
+            artifacts.rewrite_for_culprit(out_dir, lost, pending_lines=[], final_lines=[])
+        except (OSError, artifacts.ArtifactWriteError) as error:
+            log.warning("could not mark the culprit lost in %s: %s", out_dir, error)
     return lost
 
 
