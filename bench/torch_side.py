@@ -138,14 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
     parser.add_argument("--backend", default="inductor", help='"inductor" or a "module:callable" torch.compile backend')
-    parser.add_argument("--kind", default="compile_error", help="compile_error, or accuracy (not inductor)")
+    parser.add_argument("--kind", default="compile_error", help="compile_error, or accuracy")
     parser.add_argument("--device", default="cpu", help="where the program lives (it was exported there)")
     options = parser.parse_args(argv)
 
     process_start = time.perf_counter()
     import torch
     import torch._dynamo.config as dynamo_config
-    from torch._dynamo.repro.after_aot import dump_compiler_graph_state, inductor_fails, isolate_fails
+    from torch._dynamo.repro.after_aot import ACCURACY_FAILS, dump_compiler_graph_state, isolate_fails
     from torch._functorch.fx_minifier import minifier
 
     # Isolated children get the override too: their repro script embeds inductor's whole config.
@@ -166,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.backend != "inductor":
         module_fails = backend_fails(options.backend, options.kind)
     elif options.mode == "inprocess":
-        module_fails = inductor_fails
+        # after_aot's own check: inductor_fails, or for accuracy its fp64 comparison (`--accuracy accuracy`)
+        module_fails = ACCURACY_FAILS["accuracy" if options.kind == "accuracy" else ""]
     else:
         module_fails = functools.partial(
             isolate_fails,

@@ -9,9 +9,10 @@ constructors and configs (`REAL_MODELS`: torchvision's ResNet-18 and MobileNetV3
 transformers' BertModel and GPT2LMHeadModel, small configs), where those libraries import
 (`missing_library`). Each is exported with `torch.export.export` in eval mode.
 
-A zoo case is a model and a failure (`FAILURES`): the relu compile bug of inductor's C++ backend
-(models with a relu), a backend that fails only when two ops of different kinds are in one graph
-(tests/support/backends.py), and a backend that computes softmax wrong (an accuracy bug).
+A zoo case is a model and a failure (`FAILURES`): the relu bugs of inductor's C++ backend, a
+compile error and wrong results (models with a relu), a backend that fails only when two ops of
+different kinds are in one graph (tests/support/backends.py), and a backend that computes softmax
+wrong (an accuracy bug).
 """
 
 from __future__ import annotations
@@ -331,6 +332,10 @@ class Failure:
 FAILURES: dict[str, Failure] = {
     "relu_compile": Failure("relu_compile", "inductor", "compile_error", "inductor",
                             {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, expected_ops=1, needs="relu"),
+    # Inductor's C++ relu computes x + 1: the program compiles and runs, its results are wrong
+    # (torch's side: after_aot's accuracy check against fp64; ours: failure kind accuracy).
+    "relu_accuracy": Failure("relu_accuracy", "inductor", "accuracy", "inductor",
+                             {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}, expected_ops=1, needs="relu"),
     "two_ops": Failure("two_ops", "", "compile_error", "core", expected_ops=2),  # backend: TWO_OPS
     "softmax_accuracy": Failure("softmax_accuracy", f"{TESTING}:wrong_on_softmax", "accuracy", "core",
                                 expected_ops=1, needs="_softmax"),
