@@ -14,7 +14,8 @@ from typing import Any
 # The bug every case carries: inductor's C++ backend emits code that does not compile for relu.
 DEFAULT_CONFIG: dict[str, Any] = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
 
-MINIFIERS = ("torch", "torch-isolate", "ours", "ours-spawn")
+# The last two are the commands a user runs, whole processes (bench/commands.py).
+MINIFIERS = ("torch", "torch-isolate", "ours", "ours-spawn", "torch-script", "ours-cli")
 
 
 @dataclass
@@ -26,8 +27,16 @@ class RunResult:
     status: str = "ok"  # ok | timeout | error
     wall_s: float | None = None  # the minify call itself, program already loaded
     repro_s: float | None = None  # ours: the minify call until the result was delivered (the culprit phase follows)
-    process_s: float | None = None  # the whole child, interpreter start and torch import included
+    process_s: float | None = None  # the child from its first line: torch's import in, the interpreter's start not
     cpu_s: float | None = None  # user + system CPU of the child's whole process tree (set by the parent)
+    # As the parent times the child, from its spawn: to its exit (imports, loading, preload, teardown
+    # included), to the result delivered (ours: on_result, ours-cli: its summary; the others: exit_s),
+    # ours-cli: to the original submitted to the sandbox (its "running the original" line).
+    exit_s: float | None = None
+    delivered_s: float | None = None
+    first_candidate_s: float | None = None
+    delivered_at: float | None = None  # ours: CLOCK_MONOTONIC at on_result, for the parent's delivered_s
+    import_torch_s: list[float] = field(default_factory=list)  # ours-cli: `python -c "import torch"` before, after
     checks: int = 0
     checks_distinct: int | None = None
     checks_cached: int | None = None

@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_result(delivered: object) -> None:
         """The result is delivered (artifacts written) before the culprit phase: what a user waits for."""
         result.repro_s = time.perf_counter() - minify_start
+        result.delivered_at = time.clock_gettime(time.CLOCK_MONOTONIC)  # system-wide: the parent's clock too
         write_json(options.result, result_to_json(result))
 
     minify_start = time.perf_counter()

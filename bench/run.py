@@ -11,10 +11,14 @@ another:
 
 - `torch`: torch._functorch.fx_minifier.minifier with after_aot's `inductor_fails` (in-process);
 - `torch-isolate`: the same with after_aot's `isolate_fails` (`--isolate`: a fresh Python per check);
-- `ours`: minify_worker.engine.minify (isolated by design).
+- `ours`: minify_worker.engine.minify (isolated by design);
+- `torch-script`: `python minifier_launcher.py`, the script torch writes for a failing compile
+  (its `minify` command, isolated by default), a whole process (bench/commands.py);
+- `ours-cli`: `minify-worker minify CASE.pt2 --config KEY=VALUE --out DIR`, a whole process.
 
-Torch has no time limit of its own; `--limit` bounds every run, and a run that hits it is shown
-as "> limit". See docs/bench.md for what the columns mean.
+Every run is also timed from the parent, spawn to exit (imports and loading included): a second
+table compares the processes. Torch has no time limit of its own; `--limit` bounds every run, and a
+run that hits it is shown as "> limit". See docs/bench.md for what the columns mean.
 """
 
 from __future__ import annotations
@@ -24,15 +28,20 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+import commands
 from common import DEFAULT_CONFIG, MINIFIERS, RunResult, result_to_json
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -41,6 +50,7 @@ CASE_NAMES = ("relu_cos", "transformer_layer", "transformer_stack4", "transforme
 DEFAULT_CASES = CASE_NAMES[:3]  # the last shows torch's drift; it is not a speed comparison
 # bench/zoo.py's MODELS and FAILURES (it imports torch); the tv_ and hf_ models need torchvision and
 # transformers, and are skipped where those do not import.
+COMMANDS = ("torch-script", "ours-cli")  # whole processes as a user starts them (bench/commands.py)
 ZOO_MODELS = ("resnet", "bert", "gpt2", "tv_resnet18", "tv_mobilenet_v3_small", "hf_bert", "hf_gpt2")
 ZOO_FAILURES = ("relu_compile", "relu_accuracy", "two_ops", "softmax_accuracy")
 
@@ -109,25 +119,51 @@ def seed_toolchain(toolchain: Path, scratch: Path, minifier: str) -> None:
         shutil.copytree(toolchain / "tmp", scratch / "tmp", dirs_exist_ok=True)
 
 
-def run_child(
-    command: list[str],
-    env: dict[str, str],
-    scratch: Path,
-    result_path: Path,
-    limit_s: float,
-    case: str,
-    minifier: str,
-) -> RunResult:
+@dataclass
+class ChildRun:
+    """What the parent saw of one child process."""
+
+    returncode: int | None
+    timed_out: bool
+    exit_s: float  # from the spawn to the exit (the limit for a run killed at it)
+    cpu_s: float
+    marks: dict[str, float]  # marker name -> seconds from the spawn to the first output line matching it
+    spawned_at: float  # CLOCK_MONOTONIC at the spawn
+
+
+def monotonic_now() -> float:
+    """CLOCK_MONOTONIC, system-wide: a child's timestamps (ours' `delivered_at`) compare with the parent's."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def copy_output(stream: IO[bytes], log: IO[bytes], spawned_at: float, markers: dict[str, re.Pattern[str]],
+                marks: dict[str, float]) -> None:
+    """Copy the child's output into its log line by line, noting when the first line matching each marker came."""
+    for line in stream:
+        arrived = monotonic_now() - spawned_at
+        log.write(line)
+        text = line.decode(errors="replace")
+        for name, pattern in markers.items():
+            if name not in marks and pattern.search(text):
+                marks[name] = arrived
+
+
+def run_child(command: list[str], env: dict[str, str], scratch: Path, limit_s: float,
+              markers: dict[str, re.Pattern[str]] | None = None) -> ChildRun:
     """Run one minifier in a fresh process group; kill the whole group at the limit."""
-    started = time.perf_counter()
     # The parent runs one child at a time, so the growth of its children's rusage is this child's
     # process tree (every descendant that was reaped; after a kill at the limit, orphans are not, so
     # it is a lower bound there): CPU seconds, which load distorts far less than wall time.
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    marks: dict[str, float] = {}
     with open(scratch / "log.txt", "wb") as log:
+        spawned_at = monotonic_now()
         child = subprocess.Popen(
-            command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
+        assert child.stdout is not None
+        reader = threading.Thread(target=copy_output, args=(child.stdout, log, spawned_at, markers or {}, marks))
+        reader.start()
         try:
             child.wait(timeout=limit_s)
             timed_out = False
@@ -135,23 +171,20 @@ def run_child(
             timed_out = True
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-    elapsed = time.perf_counter() - started
+        exit_s = monotonic_now() - spawned_at
+        # A descendant that outlives the child (an orphan the group kill did not reach) may hold the
+        # pipe open: the log is then cut there.
+        reader.join(timeout=10)
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
-    if result_path.exists():
-        result = RunResult.from_json(json.loads(result_path.read_text()))
-    else:
-        result = RunResult(case=case, minifier=minifier, status="error")
-        result.error = f"no result (exit {child.returncode}); see {scratch / 'log.txt'}"
-    result.case, result.minifier = case, minifier
-    if timed_out:
-        result.status = "timeout"
-        result.wall_s = limit_s
-        result.ops_final = None
-    result.cpu_s = cpu_s
-    if result.process_s is None:
-        result.process_s = elapsed
-    return result
+    return ChildRun(child.returncode, timed_out, limit_s if timed_out else exit_s, cpu_s, marks, spawned_at)
+
+
+def import_torch_s(env: dict[str, str], scratch: Path) -> float:
+    """A bare `python -c "import torch"`, spawn to exit: what every side pays before its first line of work."""
+    started = monotonic_now()
+    subprocess.run([sys.executable, "-c", "import torch"], cwd=scratch, env=env, check=True)
+    return monotonic_now() - started
 
 
 def device_spec_args(device: str) -> list[str]:
@@ -168,15 +201,35 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     result_path = scratch / "result.json"
+    env = child_environment(scratch, minifier, options)
+    if options.toolchain is not None:
+        seed_toolchain(options.toolchain, scratch, minifier)
+    if minifier in COMMANDS:
+        result = run_command(case, program, minifier, scratch, env, options, spec_args)
+    else:
+        command = child_command(program, minifier, scratch, options, spec_args)
+        command += ["--case", case, "--result", str(result_path)]
+        child = run_child(command, env, scratch, options.limit)
+        if result_path.exists():
+            result = RunResult.from_json(json.loads(result_path.read_text()))
+        else:
+            result = RunResult(case=case, minifier=minifier, status="error")
+            result.error = f"no result (exit {child.returncode}); see {scratch / 'log.txt'}"
+        complete(result, child, case, minifier)
+        if result.delivered_at is not None:
+            result.delivered_s = result.delivered_at - child.spawned_at
+    # Compile caches and headers are ~150 MB a run; the log, the result and the artifacts stay.
+    for disposable in ("caches", "tmp"):
+        shutil.rmtree(scratch / disposable, ignore_errors=True)
+    return result
+
+
+def child_command(program: Path, minifier: str, scratch: Path, options: argparse.Namespace,
+                  spec_args: Sequence[str]) -> list[str]:
+    """The bench's own child for `minifier` (bench/ours_side.py, bench/torch_side.py)."""
     if minifier.startswith("ours"):
-        command = [
-            sys.executable,
-            str(BENCH_DIR / "ours_side.py"),
-            str(program),
-            "--out",
-            str(scratch / "artifacts"),
-            *spec_args,
-        ]
+        command = [sys.executable, str(BENCH_DIR / "ours_side.py"), str(program), "--out", str(scratch / "artifacts"),
+                   *spec_args]
         if options.parallelism:
             command += ["--parallelism", str(options.parallelism)]
         if options.reuse is not None:
@@ -185,18 +238,57 @@ def run_once(case: str, program: Path, minifier: str, scratch: Path, options: ar
             command.append("--no-preload")
         if not options.culprit:
             command.append("--no-culprit")
+        return command
+    mode = "inprocess" if minifier == "torch" else "isolate"
+    return [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, *spec_args]
+
+
+def run_command(case: str, program: Path, minifier: str, scratch: Path, env: dict[str, str],
+                options: argparse.Namespace, spec_args: Sequence[str]) -> RunResult:
+    """A minifier as a user runs it (bench/commands.py): the whole process is the run."""
+    spec = commands.spec_from_args(spec_args)
+    if minifier == "torch-script":
+        # What the failing compile wrote; not timed, as the .pt2 ours starts from is not.
+        written = subprocess.run(commands.launcher_command(program, spec), cwd=scratch, env=env,
+                                 capture_output=True, text=True)
+        if written.returncode != 0:
+            return RunResult(case=case, minifier=minifier, status="error",
+                             error=f"writing minifier_launcher.py failed: {written.stderr.strip()[-500:]}")
+        child = run_child(commands.script_command(Path(written.stdout.strip())), env, scratch, options.limit)
+        result = commands.script_result(case, scratch, (scratch / "log.txt").read_text(errors="replace"))
     else:
-        mode = "inprocess" if minifier == "torch" else "isolate"
-        command = [sys.executable, str(BENCH_DIR / "torch_side.py"), str(program), "--mode", mode, *spec_args]
-    command += ["--case", case, "--result", str(result_path)]
-    env = child_environment(scratch, minifier, options)
-    if options.toolchain is not None:
-        seed_toolchain(options.toolchain, scratch, minifier)
-    result = run_child(command, env, scratch, result_path, options.limit, case, minifier)
-    # Compile caches and headers are ~150 MB a run; the log, the result and the artifacts stay.
-    for disposable in ("caches", "tmp"):
-        shutil.rmtree(scratch / disposable, ignore_errors=True)
+        if options.reuse is not None:
+            env["MINIFY_SANDBOX_REUSE"] = str(options.reuse)
+        out_dir = scratch / "artifacts"
+        command = commands.cli_command(program, spec, out_dir, options.parallelism, options.culprit)
+        # A bare import of torch right before and right after: the first candidate counts from there.
+        imports = [import_torch_s(env, scratch)]
+        child = run_child(command, env, scratch, options.limit, commands.CLI_MARKERS)
+        imports.append(import_torch_s(env, scratch))
+        result = commands.cli_result(case, out_dir)
+        result.import_torch_s = [round(seconds, 3) for seconds in imports]
+        result.first_candidate_s = child.marks.get("first_candidate")
+        result.delivered_s = child.marks.get("delivered")
+        if result.status == "ok" and child.returncode != 0:
+            result.status, result.error = "error", f"exit {child.returncode}; see {scratch / 'log.txt'}"
+    complete(result, child, case, minifier)
+    result.wall_s, result.repro_s = result.exit_s, result.delivered_s
     return result
+
+
+def complete(result: RunResult, child: ChildRun, case: str, minifier: str) -> None:
+    """What the parent knows of a run: its name, a kill at the limit, its CPU and whole-process times."""
+    result.case, result.minifier = case, minifier
+    if child.timed_out:
+        result.status = "timeout"
+        result.wall_s = child.exit_s
+        result.ops_final = None
+    result.cpu_s = child.cpu_s
+    result.exit_s = child.exit_s
+    if result.process_s is None:
+        result.process_s = child.exit_s
+    if result.status == "ok" and not minifier.startswith("ours"):
+        result.delivered_s = child.exit_s  # torch's minifiers deliver by ending
 
 
 def median_run(runs: list[RunResult]) -> RunResult:
@@ -256,6 +348,8 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
         ours = median_run(by_minifier["ours"]) if "ours" in by_minifier else None
         torch_median = median_run(by_minifier["torch"]) if "torch" in by_minifier else None
         for minifier, runs in by_minifier.items():
+            if minifier in COMMANDS:  # no call to time apart from the process: the process table has them
+                continue
             run = median_run(runs)
             walls = [r.wall_s for r in runs if r.wall_s is not None and r.status == "ok"]
             spread = f"{max(walls) - min(walls):.1f}" if len(walls) > 1 else "-"
@@ -284,6 +378,10 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
                     culprit_vs_torch(run, torch_median) if minifier.startswith("ours") else "-",
                 )
             )
+    return markdown_table(header, rows)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = [
         "| " + " | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)) + " |",
@@ -293,6 +391,98 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
         "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |" for row in rows
     ]
     return "\n".join(lines)
+
+
+# Issue 23: each side a whole process, ours against its counterpart, and the most ours may take.
+PROCESS_TARGETS = {"ours": ("torch", 0.5), "ours-spawn": ("torch", 0.5), "ours-cli": ("torch-script", 0.75)}
+FIRST_CANDIDATE_TARGET_S = 2.0  # ours-cli: the original submitted at most this long after `import torch`
+
+
+def process_ratios(run: RunResult, against: RunResult) -> tuple[float, float] | None:
+    """Ours' whole process and its time to the repro (from the spawn), over its counterpart's whole process."""
+    if run.status != "ok" or against.status != "ok" or not against.exit_s or run.exit_s is None:
+        return None
+    return run.exit_s / against.exit_s, (run.delivered_s or run.exit_s) / against.exit_s
+
+
+def render_process_table(table: dict[str, dict[str, list[RunResult]]], limit_s: float) -> str:
+    """Every run as a whole process, timed by the parent from the spawn (median runs)."""
+    header = ("case", "minifier", "process s", "to repro s", "outside the call s", "first candidate s", "cpu s",
+              "checks", "ops left", "against", "process ratio", "to repro ratio")
+    rows: list[tuple[str, ...]] = []
+    for case, by_minifier in table.items():
+        for minifier, runs in by_minifier.items():
+            run = median_run(runs)
+            against, _ = PROCESS_TARGETS.get(minifier, ("-", 0.0))
+            ratios = process_ratios(run, median_run(by_minifier[against])) if against in by_minifier else None
+            # The call's own clock runs inside the process: the rest is the interpreter, imports,
+            # loading the program, ours' preload, the teardown.
+            outside = None if minifier in COMMANDS or run.exit_s is None or run.wall_s is None else (
+                run.exit_s - run.wall_s)
+            rows.append((
+                case,
+                minifier,
+                f"> {limit_s:.0f}" if run.status == "timeout" else seconds_cell(run.exit_s),
+                seconds_cell(run.delivered_s),
+                seconds_cell(outside),
+                seconds_cell(run.first_candidate_s),
+                "-" if run.cpu_s is None else f"{run.cpu_s:.0f}",
+                str(run.checks),
+                "error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final),
+                against if ratios else "-",
+                f"{ratios[0]:.2f}x" if ratios else "-",
+                f"{ratios[1]:.2f}x" if ratios else "-",
+            ))
+    return markdown_table(header, rows)
+
+
+def seconds_cell(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
+
+
+def process_summary(table: dict[str, dict[str, list[RunResult]]]) -> list[dict[str, Any]]:
+    """Issue 23's whole-process targets, case by case (median runs): the ratios, whether each is
+    met, and ours-cli's time from `import torch` to its first candidate. Printed and in --json."""
+    summary = []
+    for case, by_minifier in table.items():
+        for minifier, (against, bound) in PROCESS_TARGETS.items():
+            if not by_minifier.get(minifier) or not by_minifier.get(against):  # not run (yet)
+                continue
+            run, counterpart = median_run(by_minifier[minifier]), median_run(by_minifier[against])
+            entry: dict[str, Any] = {"case": case, "minifier": minifier, "against": against, "target": bound,
+                                     "status": f"{run.status}, {counterpart.status}"}
+            ratios = process_ratios(run, counterpart)
+            if ratios is not None:
+                entry.update(process_ratio=ratios[0], to_repro_ratio=ratios[1],
+                             process_met=ratios[0] <= bound, to_repro_met=ratios[1] <= bound)
+            if run.first_candidate_s is not None and run.import_torch_s:
+                import_s = sum(run.import_torch_s) / len(run.import_torch_s)
+                after = run.first_candidate_s - import_s
+                entry.update(first_candidate_s=run.first_candidate_s, import_torch_s=import_s,
+                             first_candidate_after_import_s=after,
+                             first_candidate_met=after <= FIRST_CANDIDATE_TARGET_S)
+            summary.append(entry)
+    return summary
+
+
+def process_verdicts(summary: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for entry in summary:
+        head = f"{entry['case']}: {entry['minifier']}"
+        if "process_ratio" not in entry:
+            lines.append(f"{head} / {entry['against']}: no ratio ({entry['status']})")
+            continue
+        lines.append(
+            f"{head} process <= {entry['target']}x {entry['against']} process: "
+            f"{'yes' if entry['process_met'] else 'NO'} ({entry['process_ratio']:.2f}x; to the repro "
+            f"{entry['to_repro_ratio']:.2f}x: {'yes' if entry['to_repro_met'] else 'NO'})")
+        if "first_candidate_s" in entry:
+            lines.append(
+                f"{head}: first candidate {entry['first_candidate_after_import_s']:.1f} s after import torch "
+                f"(the original submitted {entry['first_candidate_s']:.1f} s after the spawn, a bare import torch "
+                f"{entry['import_torch_s']:.1f} s): <= {FIRST_CANDIDATE_TARGET_S:g} s: "
+                f"{'yes' if entry['first_candidate_met'] else 'NO'}")
+    return lines
 
 
 def verdicts(table: dict[str, dict[str, list[RunResult]]]) -> list[str]:
@@ -470,16 +660,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     write_record(options.json, table, ops, options, load_before, os.getloadavg())
                 print(
                     f"  {case} / {minifier} #{repeat}: {run.status}, "
-                    f"{format_seconds(run, options.limit)} s, {run.checks} checks, "
+                    f"{format_seconds(run, options.limit)} s (process {seconds_cell(run.exit_s)} s), "
+                    f"{run.checks} checks, "
                     f"{run.ops_initial} -> {run.ops_final} ops" + (f" ({run.error})" if run.error else ""),
                     flush=True,
                 )
 
     load_after = os.getloadavg()
+    if any(minifier not in COMMANDS for minifier in options.minifiers):
+        print()
+        print(render_table(table, ops, options.limit))
+        print()
+        for line in verdicts(table) + start_op_mismatches(table, ops):
+            print(line)
+    print("\neach run as a whole process, from its spawn (imports, loading, preload included):\n")
+    print(render_process_table(table, options.limit))
     print()
-    print(render_table(table, ops, options.limit))
-    print()
-    for line in verdicts(table) + start_op_mismatches(table, ops):
+    for line in process_verdicts(process_summary(table)):
         print(line)
     print("\nwhere torch's checks went (checks, duplicates of an earlier check, seconds in them):")
     for line in torch_breakdown(table):
@@ -614,6 +811,7 @@ def write_record(
         "load_after": load_after,
         "limit_s": options.limit,
         "ops": ops,
+        "processes": process_summary(table),
         "runs": [
             result_to_json(run) for by_minifier in table.values() for runs in by_minifier.values() for run in runs
         ],
