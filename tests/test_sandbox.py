@@ -327,3 +327,38 @@ def test_a_deferred_origin_leaves_the_warm_up_to_the_fork_server_after_the_first
     assert report["first_candidate"] == "passes"
     assert report["after_it"] is True
     assert report["warmup_s"] > 0
+
+
+TQDM_ORIGIN = textwrap.dedent("""
+    import sys, threading, torch
+    from pathlib import Path
+    from tqdm import tqdm
+    from minify_client.models import JobSpec
+    from minify_worker.sandbox import SandboxCallError, SandboxPool, preload
+
+    workdir = Path(sys.argv[1])
+    tqdm(disable=True)  # tqdm's locks exist before any fork (fx's Interpreter makes one per run)
+    preload(warm=False)
+    with SandboxPool(workdir, None, JobSpec(backend="eager"),
+                     env={"MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
+        try:
+            pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=3)
+        except SandboxCallError as error:
+            print("killed:", error, flush=True)
+        after = pool.call("tests.support.calls:echo")
+    made = threading.Thread(target=lambda: tqdm(disable=True), daemon=True)
+    made.start()
+    made.join(20)
+    print("origin's tqdm:", "blocked" if made.is_alive() else "made", "child's:", "pid" in after, flush=True)
+""")
+
+
+def test_a_child_killed_holding_tqdms_lock_blocks_neither_the_origin_nor_later_children(tmp_path: Path) -> None:
+    """tqdm's write lock is a semaphore shared with every process forked after it was made; a
+    candidate killed inside fx's Interpreter (its tqdm) would leave it held, and the worker's next
+    tqdm (or any later child's) would wait forever: each forked process gets locks of its own."""
+    done = subprocess.run([sys.executable, "-c", TQDM_ORIGIN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "killed:" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "origin's tqdm: made child's: True", done.stdout

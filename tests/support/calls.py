@@ -63,3 +63,15 @@ def inductor_isa_probed(context: ChildContext) -> dict[str, Any]:
     import torch._inductor.cpu_vec_isa as cpu_vec_isa
 
     return {"probed": cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0}
+
+
+def hold_tqdm_lock(context: ChildContext) -> dict[str, Any]:
+    """Takes tqdm's write lock (as every `tqdm(...)` does for a moment: fx's Interpreter makes one
+    per run) and never lets go: the pool kills the child at its timeout."""
+    import time
+
+    from tqdm import tqdm
+
+    tqdm.get_lock().acquire()
+    time.sleep(600)
+    return {}

@@ -78,6 +78,24 @@ _fork_origin_warm = False
 _clean_at_fork = False
 
 
+def _tqdm_locks_of_its_own() -> None:
+    """In a forked process: tqdm's write lock, which every `tqdm(...)` takes for a moment (fx's
+    Interpreter makes one per run), is a multiprocessing RLock, a semaphore shared with every process
+    forked after it was made. A sandbox child killed while holding it (at its timeout, or a cancel)
+    would leave it held for good, and the next tqdm in the worker, the fork server or any later
+    child would wait forever. So each forked process gets locks of its own (a threading RLock: no
+    process needs to wait for another's progress bar)."""
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return
+    std.TqdmDefaultWriteLock.th_lock = threading.RLock()
+    std.TqdmDefaultWriteLock.mp_lock = None
+    std.tqdm.set_lock(std.TqdmDefaultWriteLock())
+
+
+os.register_at_fork(after_in_child=_tqdm_locks_of_its_own)
+
+
 def preload(warm: bool = True, *, defer: bool = False) -> dict[str, float]:
     """Make this process an origin the sandbox may fork its fork server from (a zygote).
 
