@@ -290,45 +290,6 @@ def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_st
     assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}
 
 
-DEFERRED_ORIGIN = textwrap.dedent("""
-    import json, sys, torch
-    from pathlib import Path
-    from minify_client.models import JobSpec
-    from minify_worker.graph import graph_to_wire
-    from minify_worker.sandbox import SandboxPool, preload
-    from tests.support.graphs import chain_graph
-
-    workdir = Path(sys.argv[1])
-    torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
-    preload(defer=True)
-    with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend="inductor"),
-                     env={"MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
-        probe = "tests.support.calls:inductor_isa_probed"
-        pool.call("tests.support.calls:echo")  # the first fork (a job's is prepare's): the imports follow it
-        report = {"start": pool.start_method, "before_a_candidate": pool.call(probe)["probed"]}
-        report["first_candidate"] = pool.submit(graph_to_wire(chain_graph("sin")), timeout_s=300).result().kind
-        report["after_it"] = pool.call(probe)["probed"]
-        report["warmup_s"] = pool.wait_ready()["warmup_s"]
-    print(json.dumps(report), flush=True)
-""")
-
-
-def test_a_deferred_origin_leaves_the_warm_up_to_the_fork_server_after_the_first_candidate(tmp_path: Path) -> None:
-    """The offline command's origin (`preload(defer=True)`): its fork server imports the compiler
-    after its first fork and runs inductor's CPU warm-up only once the first candidate (the
-    original) is forked, so that candidate compiles beside the warm-up instead of after it; every
-    child forked later inherits the warm-up."""
-    done = subprocess.run([sys.executable, "-c", DEFERRED_ORIGIN, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).parent.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["start"] == "fork"
-    assert report["before_a_candidate"] is False
-    assert report["first_candidate"] == "passes"
-    assert report["after_it"] is True
-    assert report["warmup_s"] > 0
-
-
 TQDM_ORIGIN = textwrap.dedent("""
     import sys, threading, torch
     from pathlib import Path

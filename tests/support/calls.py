@@ -57,14 +57,6 @@ def inductor_config_values(context: ChildContext, keys: list[str]) -> dict[str, 
     return {key: getattr(inductor_config, key) for key in keys}
 
 
-def inductor_isa_probed(context: ChildContext) -> dict[str, Any]:
-    """Whether inductor's vector-ISA probe had run in this child's lineage before it was forked (the
-    CPU warm-up runs it; its results are cached in the process and inherited)."""
-    import torch._inductor.cpu_vec_isa as cpu_vec_isa
-
-    return {"probed": cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0}
-
-
 def hold_tqdm_lock(context: ChildContext) -> dict[str, Any]:
     """Takes tqdm's write lock (as every `tqdm(...)` does for a moment: fx's Interpreter makes one
     per run) and never lets go: the pool kills the child at its timeout."""

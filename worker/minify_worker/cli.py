@@ -81,10 +81,8 @@ def minify_command(argv: list[str]) -> int:
     from minify_worker.engine import minify
     from minify_worker.sandbox import preload
 
-    # The job's fork server is forked from this process, as from the RQ worker; but this process runs
-    # one job, so the server takes the compiler's imports and warm-up itself, while the program loads
-    # and the original compiles, instead of before the job starts (`warm_up_steps`).
-    preload(defer=True)
+    # As the RQ worker does at start: the job's fork server is then forked from this process, warm.
+    preload(warm=spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu")
     cancel = threading.Event()
     terminated = threading.Event()
 

@@ -74,7 +74,7 @@ from .pool import (
     wait_unless_stopped,
 )
 from .server import MAX_WORKER_START_FAILURES, MEMORY_CHECK_INTERVAL_S
-from .warmup import compile_cache_dir, fork_refusal, gpu_present, preload, warm_up_device, warm_up_steps
+from .warmup import compile_cache_dir, fork_refusal, gpu_present, preload, warm_up, warm_up_device
 
 __all__ = [
     "ADDRESS_SPACE_SLACK_MB",
@@ -105,6 +105,6 @@ __all__ = [
     "scrubbed_environment",
     "usable_cores",
     "wait_unless_stopped",
+    "warm_up",
     "warm_up_device",
-    "warm_up_steps",
 ]

@@ -38,7 +38,7 @@ from .processes import (
     write_all,
     write_line,
 )
-from .warmup import origin_warmed_up, warm_up_steps
+from .warmup import origin_warmed_up, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def run_server(options: ServerOptions, request_fd: int, event_fd: int) -> int:
         info: dict[str, Any] = {"imports_s": round(time.monotonic() - started, 3), "warmup_s": 0.0,
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
         if options.warm and not origin_warmed_up():
-            server.warm_up_owed = warm_up_steps(server.spec)
+            server.deferred_warm_up = lambda: warm_up(server.spec)
         if options.values is not None:
             loaded = server.load_values(str(options.values))
             if not loaded["ok"]:
@@ -195,9 +195,7 @@ class _Server:
     wake_r: int = -1
     wake_w: int = -1
     selector: selectors.BaseSelector | None = None
-    warm_up_owed: list[Callable[[], dict[str, Any]]] = field(default_factory=list)  # warm_up_steps still to take
-    warm_up_report: dict[str, Any] = field(default_factory=dict)
-    candidate_forked: bool = False
+    deferred_warm_up: Callable[[], dict[str, Any]] | None = None
     memory_bound_mb: int | None = None
     reuse: int = 0  # candidates per long-lived child; 0: a fresh child per candidate
     workers: dict[int, _Worker] = field(default_factory=dict)  # pid -> long-lived child
@@ -283,7 +281,6 @@ class _Server:
         result_path = self.root / "results" / f"{request_id}.json"
         log_path = self.root / "logs" / f"{request_id}.log"
         setup = self.child_setup()
-        self.candidate_forked = self.candidate_forked or request.get("kind") == "candidate"
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 70
@@ -540,10 +537,12 @@ class _Server:
         listened = False
         while True:
             self.start_queued()
-            if listened:
-                self.take_warm_up_steps()
+            if self.deferred_warm_up is not None and listened:
+                # After the first requests are forked (prepare needs no warm-up), before any later one.
+                warm, self.deferred_warm_up = self.deferred_warm_up, None
+                self.emit({"event": "warm", **warm()})
             listened = True
-            wait = 0.2 if self.warm_up_owed else self.next_wakeup()
+            wait = 0.2 if self.deferred_warm_up is not None else self.next_wakeup()
             for key, _ in self.selector.select(wait):
                 if key.data == "wake":
                     drain(self.wake_r)
@@ -561,17 +560,6 @@ class _Server:
                         self.handle(json.loads(line))
             self.reap()
             self.enforce_deadlines()
-
-    def take_warm_up_steps(self) -> None:
-        """The warm-up owed (`warm_up_steps`), each step once the requests it must not hold up are
-        forked: the imports after the first fork, the compile after the first candidate's (with
-        long-lived children, before any starts: they would not inherit it)."""
-        while self.warm_up_owed and (len(self.warm_up_owed) > 1 or self.candidate_forked or self.reuse):
-            report = self.warm_up_report
-            report.update(self.warm_up_owed.pop(0)())
-            if not self.warm_up_owed:
-                total = report.get("imports_s", 0.0) + report.get("warmup_s", 0.0)
-                self.emit({"event": "warm", **report, "warmup_s": round(total, 3)})
 
     def shutdown(self) -> None:
         self.queue.clear()

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,7 @@ def _tqdm_locks_of_its_own() -> None:
 os.register_at_fork(after_in_child=_tqdm_locks_of_its_own)
 
 
-def preload(warm: bool = True, *, defer: bool = False) -> dict[str, float]:
+def preload(warm: bool = True) -> dict[str, float]:
     """Make this process an origin the sandbox may fork its fork server from (a zygote).
 
     Imports torch and what the candidates need and, with `warm`, runs inductor's CPU warm-up (its
@@ -106,19 +106,14 @@ def preload(warm: bool = True, *, defer: bool = False) -> dict[str, float]:
     RQ worker calls it once at start and every work horse inherits it. Without it, or once this
     process has started a native thread pool or initialized CUDA (see `fork_refusal`), pools spawn
     their server.
-
-    `defer`: import nothing more here and leave the imports and the warm-up to the fork server,
-    which does them while the job's first requests run (`warm_up_steps`): for a process that runs
-    one job and exits (the offline command), where nothing is gained by doing them first.
     """
     global _fork_origin_warm
     started = time.monotonic()
-    if not defer:
-        _import_compiler_modules()
+    _import_compiler_modules()
     imported = time.monotonic()
     before = _native_threads_beyond_python()
     warmed = False
-    if warm and not defer and os.environ.get("MINIFY_CACHE_DIR", "") != "job":
+    if warm and os.environ.get("MINIFY_CACHE_DIR", "") != "job":
         with _compile_cache_environment():
             _warm_inductor_cpu()
         warmed = True
@@ -179,33 +174,22 @@ def origin_warmed_up() -> bool:
     return _fork_origin_warm
 
 
-def warm_up_steps(spec: JobSpec) -> list[Callable[[], dict[str, Any]]]:
-    """The warm-up a fork server owes its children when its origin did not run it, in two steps
-    the server takes between requests (`_Server.serve`) so that neither holds up the job's start:
+def warm_up(spec: JobSpec) -> dict[str, Any]:
+    """Import what every candidate child needs, without initializing CUDA or starting OpenMP threads.
 
-    1. the imports every candidate child needs, right after the server forks its first child
-       (prepare, which needs none of them, loads the program meanwhile);
-    2. for inductor on the CPU, `_warm_inductor_cpu`, right after it forks its first candidate
-       (the original, which compiles beside it): every later child inherits its results.
-
-    Neither initializes CUDA or starts an OpenMP thread. Each step returns its timings.
+    For inductor on the CPU it also runs `_warm_inductor_cpu`, whose results every forked child
+    inherits. The server runs this right after forking its first child (prepare, which needs none
+    of it), so the two overlap; a server forked from a warm `preload()`ed origin skips it.
     """
+    started = time.monotonic()
+    _import_compiler_modules()
+    import torch
 
-    def imports() -> dict[str, Any]:
-        started = time.monotonic()
-        _import_compiler_modules()
-        return {"imports_s": round(time.monotonic() - started, 3)}
-
-    def compile_warm_up() -> dict[str, Any]:
-        import torch
-
-        started = time.monotonic()
-        if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
-            _warm_inductor_cpu()
-        return {"warmup_s": round(time.monotonic() - started, 3),
-                "cuda_initialized": bool(torch.cuda.is_initialized())}
-
-    return [imports, compile_warm_up]
+    imported = time.monotonic()
+    if spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu":
+        _warm_inductor_cpu()
+    return {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - started, 3),
+            "cuda_initialized": bool(torch.cuda.is_initialized())}
 
 
 def warm_up_device(spec: JobSpec) -> None:
