@@ -27,7 +27,7 @@ FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with start_service(tmp_path_factory.mktemp("service"), workers=1, tokens=[TOKEN]) as running:
+    with start_service(tmp_path_factory.mktemp("service"), workers=1, tokens=[TOKEN], warm_up=True) as running:
         yield running
 
 

@@ -107,7 +107,7 @@ def test_the_service_example_submits_waits_and_downloads(tmp_path: Path) -> None
     run_as_written(examples, root)
     service_commands = [command for block in readme_blocks() for command in block if command.kind == "service"]
 
-    with start_service(tmp_path / "data", workers=1) as service:
+    with start_service(tmp_path / "data", workers=1, warm_up=True) as service:
         for command in service_commands:
             run_as_written(command, root, env={"MINIFY_SERVER": service.url})
 

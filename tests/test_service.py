@@ -44,7 +44,7 @@ FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--main
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with start_service(tmp_path_factory.mktemp("service") / "data", workers=1) as running:
+    with start_service(tmp_path_factory.mktemp("service") / "data", workers=1, warm_up=True) as running:
         yield running
 
 

@@ -166,13 +166,17 @@ def limit_file_size(limit_bytes: int) -> Callable[[], None]:
 @contextmanager
 def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers: int = 1,
                   tokens: list[str] | None = None, args: list[str] | None = None,
-                  timeout_s: float = 240.0, file_size_limit: int | None = None) -> Iterator[Service]:
+                  timeout_s: float = 240.0, file_size_limit: int | None = None,
+                  warm_up: bool = False) -> Iterator[Service]:
     """The real `minify-server` on a free port with an embedded Redis in `data_dir` and `workers` workers.
 
     A worker counts once it has registered, after its preload (torch and inductor imports, and on a
     machine whose compile cache is still empty, inductor's first compile: tens of seconds).
 
     `env` adds to (or overrides) the environment; the test backends are allowed by default.
+    `warm_up`: the workers run inductor's CPU warm-up at start, as they do by default; the tests
+    leave it out (`MINIFY_WORKER_WARM_UP=0`, about 2 s of CPU per worker) unless their jobs
+    compile with real inductor.
     `file_size_limit` (bytes) is the largest file the server and every process it starts may write
     (`limit_file_size`): a disk that is full for larger files.
     Yields a Service; stops it on exit and fails if any of its processes is left.
@@ -180,7 +184,8 @@ def start_service(data_dir: Path, *, env: dict[str, str] | None = None, workers:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     marker = uuid.uuid4().hex
-    full_env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS, **(env or {}), MARKER: marker}
+    full_env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS,
+                "MINIFY_WORKER_WARM_UP": "1" if warm_up else "0", **(env or {}), MARKER: marker}
     full_env.pop("MINIFY_REDIS_URL", None)
     if tokens:
         full_env["MINIFY_TOKENS"] = ",".join(tokens)

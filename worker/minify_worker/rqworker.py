@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(env MINIFY_MAINTENANCE_INTERVAL; default {MAINTENANCE_INTERVAL_S})")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the engine (torch) in the worker; each job imports it")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                        default=os.environ.get("MINIFY_WORKER_WARM_UP", "1") != "0",
+                        help="preload without inductor's CPU warm-up (its ISA probe and a compile, ~2 s of CPU at "
+                             "start): for workers that run other backends; an inductor job then warms up its own "
+                             "fork server (env MINIFY_WORKER_WARM_UP=0)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -203,7 +208,7 @@ def main(argv: list[str]) -> int:
         import minify_worker.engine  # noqa: F401
         from minify_worker.sandbox import preload
 
-        log.info("preloaded torch and inductor: %s", preload())
+        log.info("preloaded torch and inductor: %s", preload(warm=args.warm_up))
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
     worker = MinifyWorker(
