@@ -16,7 +16,7 @@ SUPPORT = "tests.support.backends"
 
 
 class CosSinRelu(torch.nn.Module):
-    """Ops in order cos, sin, relu, add: the opening cuts try cos alone first, then sin."""
+    """Op kinds in order cos, sin, relu, add: bisection over kinds tries cos and sin first."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.sin(torch.cos(x))

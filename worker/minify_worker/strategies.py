@@ -7,8 +7,8 @@ no unused inputs, inputs first), so equal candidates hash equal wherever they co
 
 How the scheduler drives them (`scheduler.reduce` with `PASSES` does exactly this):
 
-0. Run `OPENING_STRATEGIES` (bisection over topological ranges, bisection over op kinds, probes
-   of one op per kind) the same way as step 1, once, at the start: they aim at a bug one op
+0. Run `OPENING_STRATEGIES` (bisection over op kinds, probes of one op per kind, bisection
+   over topological ranges) the same way as step 1, once, at the start: they aim at a bug one op
    triggers (found in about log2(ops) checks) and find nothing, quickly, when it needs several.
 1. Run `DEFAULT_STRATEGIES` in list order on the current graph. For each strategy, test its
    candidates and accept the first one *in yield order* that still fails. After an acceptance,
@@ -391,11 +391,10 @@ def _balanced_kind_halves(kinds: dict[str, list[str]]) -> list[list[str]]:
 
 def bisect_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
     """Keep the ops of half the op kinds, halved again by position: about a quarter of the ops
-    each (the other ops' results become inputs), in graph order; halves of a graph of a few
-    dominant kinds (halved by the kinds' number) were nearly the whole graph. After
-    `bisect_ranges`: a quarter of the ops by kinds keeps little of what fused, so it can cost
-    more to compile than a range of the same size (see there); what it does better is keep two
-    ops of different kinds far apart together, for a bug that needs both."""
+    each (the other ops' results become inputs), in graph order. An opening cut is a
+    compile of its size, so it never costs near a full-size compile: a bug one op triggers is in
+    one quarter; halves of a graph of a few dominant kinds (halved by the kinds' number) were
+    nearly the whole graph."""
     proposals = _Proposals(graph, context)
     groups = _op_groups(graph)
     kinds = _kinds(graph)
@@ -419,26 +418,18 @@ def probe_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate
 
 
 def bisect_ranges(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
-    """Keep a quarter of the ops in graph order, each in turn: the halves of the ops, each halved
-    again (results crossing become inputs and outputs).
-
-    The cheapest cuts there are to compile: a range keeps the ops that fuse together together, so
-    its kernels are the graph's own, already in the compile cache once the graph (the original,
-    a larger range) has compiled. A cut by kinds breaks nearly every fusion: more kernels than
-    the whole graph for a quarter of its ops, none of them cached (MobileNetV3-small, inductor on
-    CPU, after the original compiled: a range quarter 2.4 s, a kinds quarter 19.4 s).
-    """
+    """Keep the first half of the ops in graph order, then the second (results crossing become
+    inputs and outputs)."""
     proposals = _Proposals(graph, context)
     groups = _op_groups(graph)
     for half in _halves(list(groups)):
-        for part in _halves(half) or [half]:
-            yield from _extracted(graph, part, groups, proposals, f"keep ops {part[0]} to {part[-1]}")
+        yield from _extracted(graph, half, groups, proposals, f"keep ops {half[0]} to {half[-1]}")
 
 
 OPENING_STRATEGIES: list[Strategy] = [
-    bisect_ranges,
     bisect_kinds,
     probe_kinds,
+    bisect_ranges,
 ]
 
 DEFAULT_STRATEGIES: list[Strategy] = [
