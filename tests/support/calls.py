@@ -67,3 +67,11 @@ def hold_tqdm_lock(context: ChildContext) -> dict[str, Any]:
     tqdm.get_lock().acquire()
     time.sleep(600)
     return {}
+
+
+def make_tqdm(context: ChildContext) -> dict[str, Any]:
+    """Makes a (disabled) tqdm, as fx's Interpreter does on every run: it takes tqdm's write lock."""
+    from tqdm import tqdm
+
+    tqdm(disable=True)
+    return {"made": True}
