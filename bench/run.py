@@ -358,9 +358,7 @@ def render_table(table: dict[str, dict[str, list[RunResult]]], ops: dict[str, in
             ratio = "-"
             if minifier != "ours" and ours is not None and ours.status == "ok" and run.wall_s:
                 ratio = f"{'> ' if run.status == 'timeout' else ''}{run.wall_s / minify_s(ours):.1f}x"
-            ops_left = "-" if run.ops_final is None else str(run.ops_final)
-            if run.status == "error":
-                ops_left = "error"
+            ops_left = ops_left_cell(run)
             rows.append(
                 (
                     case,
@@ -428,12 +426,16 @@ def render_process_table(table: dict[str, dict[str, list[RunResult]]], limit_s: 
                 seconds_cell(run.first_candidate_s),
                 "-" if run.cpu_s is None else f"{run.cpu_s:.0f}",
                 str(run.checks),
-                "error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final),
+                ops_left_cell(run),
                 against if ratios else "-",
                 f"{ratios[0]:.2f}x" if ratios else "-",
                 f"{ratios[1]:.2f}x" if ratios else "-",
             ))
     return markdown_table(header, rows)
+
+
+def ops_left_cell(run: RunResult) -> str:
+    return "error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final)
 
 
 def seconds_cell(seconds: float | None) -> str:
@@ -758,8 +760,7 @@ def render_zoo_table(rows: list[tuple[str, int, RunResult, RunResult]], limit_s:
         walls = (minify_s(ours), torch_run.wall_s)
         cells = (
             case, str(ops),
-            *("error" if run.status == "error" else "-" if run.ops_final is None else str(run.ops_final)
-              for run in (ours, torch_run)),
+            *(ops_left_cell(run) for run in (ours, torch_run)),
             *(str(count) for count in checks),
             f"{checks[1] / checks[0]:.1f}x" if checks[0] else "-",
             *(format_seconds(run, limit_s) for run in (ours, torch_run)),
