@@ -26,12 +26,13 @@ demo: setup
 	$(PY) examples/programs.py examples/
 	.venv/bin/minify-worker minify examples/relu_cos.pt2 --config cpp.inject_relu_bug_TESTING_ONLY=compile_error --out out/demo
 
-# Two pytest workers (pytest-xdist): much of a test's time is waiting on child processes (a
-# service or a sandbox starting, a timeout running out), so two share the 2-core box well. Tests
-# are dealt out one at a time (loadgroup); those marked xdist_group(name), and the modules
+# Three pytest workers (pytest-xdist) on the 2-core box: much of a test's time is waiting (a
+# service or a sandbox starting, a timeout running out, a designed sleep), and with two workers a
+# quarter of the CPU sat idle; a third fills it (about 10% off the suite's time). Tests are dealt
+# out one at a time (loadgroup); those marked xdist_group(name), and the modules
 # tests/conftest.py lists for their costly fixtures, stay on one worker, one after another.
 # docs/internals.md, "Tests", has the figures.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 # The venv and the browser are set up side by side (on a fresh CI machine: about 50 s of pip and
 # 30 s of apt-get, one mostly unpacking wheels, the other fetching and unpacking packages).

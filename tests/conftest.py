@@ -24,7 +24,7 @@ os.environ.setdefault("MINIFY_CULPRIT_MIN_BUDGET_S", "5")
 def pytest_configure(config: pytest.Config) -> None:
     """One intra-op thread in the test process, set before any test module runs a torch op: the
     engine tests below make this process a fork origin (`_engine_fork_origin`), which it stays only
-    while no native thread pool has started (OpenMP's threads do not survive a fork). Two xdist
+    while no native thread pool has started (OpenMP's threads do not survive a fork). Three xdist
     workers on a 2-core box gain nothing from more; sandbox children set their own thread count."""
     import torch
 
@@ -86,7 +86,7 @@ def program(tmp_path: Path) -> Path:
     return path
 
 
-# -- scheduling on xdist workers (`make test` runs `-n 2 --dist loadgroup`) ----------------------
+# -- scheduling on xdist workers (`make test` runs `-n 3 --dist loadgroup`) ----------------------
 
 # Modules whose module-scoped fixtures start something costly: a pytest session that captures and
 # minimizes (test_capture_plugin), a service with workers, a browser, compiled programs. Tests are

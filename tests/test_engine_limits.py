@@ -79,7 +79,7 @@ def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain
 
 def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
         chain_pt2: Path, tmp_path: Path) -> None:
-    # Candidates with relu take 7 s (past the 5 s timeout: hangs, for now); the original 45 s.
+    # Candidates with relu take 7 s (past the 5 s timeout: hangs, for now); the original 30 s.
     job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:slow_on_relu_slowest_when_whole",
                                   "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
