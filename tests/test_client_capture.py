@@ -224,6 +224,49 @@ def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_pa
     assert report["nodes_final"] == 1 and "relu" in report["graph_code"]
 
 
+XDIST_SUITE = """
+import pytest
+import torch
+
+from tests.support.backends import fail_on_relu
+
+
+def compile_and_run(model, x):
+    torch._dynamo.reset()  # each test compiles afresh, as in separate test files
+    torch.compile(model, backend=fail_on_relu)(x)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_bug(seed):
+    compile_and_run(lambda x: torch.tanh(torch.relu(x) + 1), torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_another_bug(seed):
+    compile_and_run(lambda x: torch.relu(x) * 3, torch.randn(2, 2))
+"""
+
+
+def test_pytest_xdist_workers_capture_each_bug_once_with_every_test_that_hit_it(tmp_path: Path):
+    """Each xdist worker runs a capture session of its own, all into one directory: none may lose
+    another's entries or capture a bug another already has."""
+    (tmp_path / "test_bugs.py").write_text(XDIST_SUITE)
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("MINIFY_", "PYTEST_"))}
+    environment.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), MINIFY_CAPTURE_DIR=str(tmp_path / "c"))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "test_bugs.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=environment)
+    assert ran.returncode == 1 and "8 failed" in ran.stdout, ran.stdout[-3000:]
+
+    entries = json.loads((tmp_path / "c" / "captures.json").read_text())["captures"]
+    tests = sorted(sorted(entry["tests"]) for entry in entries)
+    one_bug = sorted(f"test_bugs.py::test_one_bug[{seed}]" for seed in range(6))
+    another = sorted(f"test_bugs.py::test_another_bug[{seed}]" for seed in range(2))
+    assert tests == sorted([one_bug, another]), json.dumps(entries, indent=1)
+    assert sorted(path.name for path in (tmp_path / "c").iterdir() if path.is_dir()) == sorted(
+        entry["name"] for entry in entries)  # no capture saved twice
+    assert "(6 tests)" in ran.stdout and "(2 tests)" in ran.stdout  # the summary reads what the workers wrote
+
+
 # ---- the backend is recorded as the user named it ----------------------------------------------
 
 

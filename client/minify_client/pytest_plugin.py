@@ -67,6 +67,7 @@ class CapturePlugin:
         return (yield from self._around(item))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        self.session.load_manifest()  # under pytest-xdist this process ran no test: its workers captured
         if self.session.entries:
             terminalreporter.write_sep("-", "minify captures")
             for entry in self.session.entries.values():

@@ -7,6 +7,10 @@ saved as `<dir>/<name>/<name>.pt2` + `spec.json` + `inputs.pt` (the name from th
 submitted where the destination says so; the same failing graph (`failed_graph.bug_key`) hit
 again by another test only adds that test to its manifest entry. A capture that fails is logged
 and noted on the test's error; it never changes the test's outcome.
+
+Several processes may capture into one directory at once (pytest-xdist's workers each run a
+session of their own): a session extends the manifest under a lock on the directory, after reading
+what the others wrote, so a bug hit in two workers is captured once and no entry is lost.
 """
 
 from __future__ import annotations
@@ -15,9 +19,16 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one capturing process per directory there
+    fcntl = None  # type: ignore[assignment]
 
 from .destinations import DEFAULT_CAPTURE_DIR, add_note, save_and_submit
 from .failed_graph import bug_key, exported, signature_of
@@ -26,6 +37,7 @@ from .torch_hooks import FailedCompile, Level, add_listener, remove_listener
 logger = logging.getLogger(__name__)
 
 MANIFEST = "captures.json"
+LOCK = ".captures.lock"
 
 
 @dataclass
@@ -60,7 +72,7 @@ class CaptureSession:
         self.entries: dict[str, Entry] = {}
         self._test = "run"
         self._pending: list[FailedCompile] = []
-        self._load_manifest()
+        self.load_manifest()
 
     @classmethod
     def from_environment(cls) -> CaptureSession:
@@ -91,18 +103,22 @@ class CaptureSession:
         """Capture what failed since `begin`; note on `error` where it went."""
         pending, self._pending = self._pending, []
         hit: list[Entry] = []
-        for failed in pending:
-            try:
-                entry = self._capture(failed)
-            except Exception as capture_error:
-                logger.warning("minify: could not capture the failing graph of %s: %s", self._test, capture_error)
-                if error is not None:
-                    add_note(error, f"minify: could not capture the failing graph: {capture_error}")
-                continue
-            if entry not in hit:
-                hit.append(entry)
-        if hit:
-            self._write_manifest()
+        if not pending:
+            return hit
+        with _directory_lock(self.directory):
+            self.load_manifest()  # what other processes captured meanwhile
+            for failed in pending:
+                try:
+                    entry = self._capture(failed)
+                except Exception as capture_error:
+                    logger.warning("minify: could not capture the failing graph of %s: %s", self._test, capture_error)
+                    if error is not None:
+                        add_note(error, f"minify: could not capture the failing graph: {capture_error}")
+                    continue
+                if entry not in hit:
+                    hit.append(entry)
+            if hit:
+                self._write_manifest()
         if error is not None:
             for entry in hit:
                 add_note(error, self.describe(entry))
@@ -145,8 +161,10 @@ class CaptureSession:
             candidate = f"{name}-{number}"
         return candidate
 
-    def _load_manifest(self) -> None:
-        """A directory captured into before (an earlier run, another process) keeps its entries."""
+    def load_manifest(self) -> None:
+        """Read the directory's manifest into this session: a directory captured into before (an
+        earlier run, another process) keeps its entries, and the manifest's version of an entry (a
+        superset: every writer read it first) replaces this session's."""
         path = self.directory / MANIFEST
         try:
             data = json.loads(path.read_text())
@@ -163,6 +181,23 @@ class CaptureSession:
         temporary.write_text(json.dumps({"captures": [asdict(entry) for entry in self.entries.values()]},
                                         indent=2) + "\n")
         temporary.replace(path)
+
+
+@contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """Held while a session reads, extends and rewrites `directory`'s manifest. A directory that
+    cannot be written is not an error here: each capture then fails on its own, noted on its test."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK, "a")  # closed below; closing it releases the lock
+    except OSError as error:
+        logger.warning("minify: cannot lock %s: %s", directory / LOCK, error)
+        yield
+        return
+    with handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def safe_name(test_id: str) -> str:
