@@ -202,6 +202,19 @@ def test_close_kills_children_and_removes_the_sandbox_dir(tmp_path: Path) -> Non
     assert sorted(path.name for path in tmp_path.iterdir()) == ["values.pt"]
 
 
+def test_closing_a_spawned_fork_server_that_is_still_starting_does_not_wait_for_its_start(tmp_path: Path) -> None:
+    """A job cancelled while its spawned server still imports torch: the server reads no request
+    (not even the EOF that tells it to go) until it has started, seconds later; close stops it."""
+    sandbox = SandboxPool(tmp_path, None, JobSpec(backend="inductor"), start="spawn")
+    assert wait_until(lambda: sandbox.server_pid is not None, 30)
+    server = sandbox.server_pid
+    started = time.monotonic()
+    sandbox.close()
+    took = time.monotonic() - started
+    assert not alive(server) and not (tmp_path / "sandbox").exists()
+    assert took < 2.0, f"close took {took:.1f} s"  # it waited for the server's imports: 2.8 s on a quiet box
+
+
 PARENT = textwrap.dedent("""
     import sys, time, torch
     from pathlib import Path

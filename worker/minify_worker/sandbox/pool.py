@@ -221,11 +221,7 @@ class SandboxPool:
             os.close(request_w)  # EOF: the server kills its children, reaps them and exits
         process = self._process
         if process is not None:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()  # its children follow by PR_SET_PDEATHSIG
-                process.wait()
+            _stop_server(process, self._ready.is_set())
         self._thread.join(timeout=15)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -320,6 +316,29 @@ class SandboxPool:
                 pending = self._pending.pop(event["id"], None)
             if pending is not None:
                 _finish(pending, event)
+
+
+def _stop_server(process: subprocess.Popen | ForkedProcess, ready: bool) -> None:
+    """Stop a fork server whose request pipe was just closed, and reap it.
+
+    A serving server reads the EOF at once, kills its children, reaps them and exits. One still
+    starting (a spawned server importing torch, or warming inductor up) reads nothing for seconds:
+    SIGTERM, whose handler exits through the same shutdown. SIGKILL last (its children follow by
+    PR_SET_PDEATHSIG)."""
+    try:
+        process.wait(timeout=2.0 if ready else 0.2)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.kill(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _resolve(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
