@@ -21,6 +21,24 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 os.environ.setdefault("MINIFY_CULPRIT_MIN_BUDGET_S", "5")
 
 
+def _one_compile_cache_for_every_process() -> None:
+    """Point inductor (and triton) at the machine's compile cache, the one the engine's sandboxes
+    use (`compile_cache_dir`), for every process the suite starts. Processes that compile outside a
+    sandbox (the capture suite's pytest run, each repro.py, the capture tests) otherwise use
+    torch's default under /tmp and compile again the kernels the jobs beside them compiled: on a
+    fresh CI machine every cache starts cold. Entries are keyed by source and config, and failed
+    compiles are never cached, so sharing changes no outcome. A cache dir set by hand wins."""
+    import tempfile
+
+    from minify_worker.sandbox.warmup import compile_cache_variables
+
+    for name, value in compile_cache_variables(Path(tempfile.gettempdir())).items():
+        os.environ.setdefault(name, value)
+
+
+_one_compile_cache_for_every_process()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One intra-op thread in the test process, set before any test module runs a torch op: the
     engine tests below make this process a fork origin (`_engine_fork_origin`), which it stays only
