@@ -121,18 +121,3 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
     if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group(module))
-
-
-# Modules whose tests are among the longest (20-45 s each: services with real inductor jobs, the
-# README's stories as written, AOTI jobs), dealt out first: xdist hands tests out in collection
-# order, and in file-name order these came last, so one worker was still running them while the
-# others had finished (24 s apart at the end of a cold run on three workers).
-LONG_TESTS_FIRST = ("test_service", "test_readme", "test_engine_inductor")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        stem = item.path.stem
-        return LONG_TESTS_FIRST.index(stem) if stem in LONG_TESTS_FIRST else len(LONG_TESTS_FIRST)
-
-    items.sort(key=rank)  # stable: every module's own order, and the rest's, stay as collected
