@@ -19,7 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
 
+from minify_worker.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from minify_worker.sandbox.processes import process_stats
 from tests.support.service import (
     MARKER,
@@ -304,6 +306,8 @@ def wait_for_live_workers(client: httpx.Client, count: int, timeout_s: float = 6
 
 def test_a_job_whose_whole_worker_is_sigkilled_runs_again_on_an_idle_worker_within_seconds(
         service_without_workers: Service, programs: dict[str, Path]) -> None:
+    """At the worst moment, too: in the middle of a maintenance pass, holding the queue's lock
+    (here every second), which a dead worker would otherwise keep for MAINTENANCE_LOCK_S."""
     doomed = start_worker(service_without_workers, "doomed", *FAST_HEARTBEAT)
     survivor: subprocess.Popen | None = None
     try:
@@ -313,6 +317,11 @@ def test_a_job_whose_whole_worker_is_sigkilled_runs_again_on_an_idle_worker_with
             assert wait_for_status(client, job_id, {"running"}, timeout_s=60)["worker"] == "doomed"
             survivor = start_worker(service_without_workers, "survivor", *FAST_HEARTBEAT)
             wait_for_live_workers(client, 2)
+            redis = Redis.from_url(service_without_workers.redis_url)
+            lock = MinifyQueue("cpu", connection=redis).registry_cleaning_key
+            while not redis.set(lock, MinifyWorker.redis_worker_namespace_prefix + "doomed", ex=MAINTENANCE_LOCK_S,
+                                nx=True):  # as doomed's acquire_maintenance_lock writes it: wait for a free one
+                time.sleep(0.01)
             killed = time.monotonic()
             kill_whole_worker(doomed)
             deadline = killed + 60

@@ -43,8 +43,19 @@ HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 30
 MAINTENANCE_INTERVAL_S = 15
 # RQ holds a queue's maintenance lock for 899 s: a worker killed while cleaning would stop every
-# other worker's cleaning, and so the recovery of lost jobs, for 15 minutes.
+# other worker's cleaning, and so the recovery of lost jobs, for 15 minutes. Ours lasts a minute,
+# and names its holder: a lock whose holder's worker record has expired is taken over at once.
 MAINTENANCE_LOCK_S = 60
+# Take the lock over if its holder (a worker's Redis key) has no record any more: KEYS[1] the lock,
+# ARGV[1] the new holder, ARGV[2] the lock's lifetime.
+_TAKE_OVER_A_DEAD_HOLDERS_LOCK = """
+local holder = redis.call('GET', KEYS[1])
+if holder and string.sub(holder, 1, 10) == 'rq:worker:' and redis.call('EXISTS', holder) == 0 then
+    redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+    return 1
+end
+return 0
+"""
 _PR_SET_PDEATHSIG = 1
 # Queue name -> when a live worker last served it; the layout is the server's (minify_server/records.py).
 QUEUES_SERVED_KEY = "minify:queues:served_at"
@@ -62,8 +73,19 @@ class _RoutineMaintenanceAtDebug(logging.Filter):
 
 
 class MinifyQueue(Queue):
+    """A queue whose maintenance lock says which worker holds it (`holder`, that worker's Redis key)."""
+
+    holder = ""
+
     def acquire_maintenance_lock(self) -> bool:
-        return bool(self.connection.set(self.registry_cleaning_key, 1, nx=True, ex=MAINTENANCE_LOCK_S))
+        """Free, or held by a worker whose record expired (killed in the middle of a pass: it
+        heartbeats every interval, so its record outlives it by the grace): this worker takes it.
+        Otherwise the lost jobs of the dead worker would wait for the lock to run out."""
+        key, holder = self.registry_cleaning_key, self.holder or "1"
+        if self.connection.set(key, holder, nx=True, ex=MAINTENANCE_LOCK_S):
+            return True
+        return self.holder != "" and bool(
+            self.connection.eval(_TAKE_OVER_A_DEAD_HOLDERS_LOCK, 1, key, holder, MAINTENANCE_LOCK_S))
 
 
 class MinifyWorker(Worker):
@@ -211,10 +233,14 @@ def main(argv: list[str]) -> int:
         log.info("preloaded torch and inductor: %s", preload(warm=args.warm_up))
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
+    name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    served = [MinifyQueue(queue, connection=redis) for queue in queues]
+    for queue in served:
+        queue.holder = MinifyWorker.redis_worker_namespace_prefix + name
     worker = MinifyWorker(
-        [MinifyQueue(name, connection=redis) for name in queues],
+        served,
         connection=redis,
-        name=args.name or f"{socket.gethostname()}-{os.getpid()}",
+        name=name,
         work_horse_killed_handler=_horse_killed,
         maintenance_interval=args.maintenance_interval,
         heartbeat_interval_s=args.heartbeat_interval,
