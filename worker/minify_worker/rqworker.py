@@ -47,10 +47,10 @@ MAINTENANCE_INTERVAL_S = 15
 # and names its holder: a lock whose holder's worker record has expired is taken over at once.
 MAINTENANCE_LOCK_S = 60
 # Take the lock over if its holder (a worker's Redis key) has no record any more: KEYS[1] the lock,
-# ARGV[1] the new holder, ARGV[2] the lock's lifetime.
+# ARGV[1] the new holder, ARGV[2] the lock's lifetime, ARGV[3] the prefix of workers' keys.
 _TAKE_OVER_A_DEAD_HOLDERS_LOCK = """
 local holder = redis.call('GET', KEYS[1])
-if holder and string.sub(holder, 1, 10) == 'rq:worker:' and redis.call('EXISTS', holder) == 0 then
+if holder and string.sub(holder, 1, #ARGV[3]) == ARGV[3] and redis.call('EXISTS', holder) == 0 then
     redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
     return 1
 end
@@ -85,7 +85,8 @@ class MinifyQueue(Queue):
         if self.connection.set(key, holder, nx=True, ex=MAINTENANCE_LOCK_S):
             return True
         return self.holder != "" and bool(
-            self.connection.eval(_TAKE_OVER_A_DEAD_HOLDERS_LOCK, 1, key, holder, MAINTENANCE_LOCK_S))
+            self.connection.eval(_TAKE_OVER_A_DEAD_HOLDERS_LOCK, 1, key, holder, MAINTENANCE_LOCK_S,
+                                 Worker.redis_worker_namespace_prefix))
 
 
 class MinifyWorker(Worker):
