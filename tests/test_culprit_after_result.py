@@ -103,12 +103,15 @@ def test_a_work_horse_killed_during_the_culprit_phase_leaves_a_succeeded_job_who
         time.sleep(1.0)  # RQ's own handling of the dead horse comes after: the job must stay as it is
         after = client.get(f"/v1/jobs/{job_id}").json()
         report = client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
+        repro = client.get(f"/v1/jobs/{job_id}/artifacts/repro.py").text
 
     assert delivered["status"] == "succeeded" and delivered["culprit_state"] == "running"
     assert ended["status"] == "succeeded" and ended["culprit_state"] == "lost", ended
     assert ended["result"]["culprit_reason"].startswith("lost: work horse killed by SIGKILL")
     assert (after["status"], after["culprit_state"], after["attempts"]) == ("succeeded", "lost", 1)
     assert report["culprit_state"] == "lost"
+    assert "pending" not in repro, repro[:1500]
+    assert "# Culprit:          none: lost: work horse killed by SIGKILL" in repro, repro[:1500]
 
 
 def test_submit_wait_prints_the_result_then_the_culprit_and_refreshes_the_files(

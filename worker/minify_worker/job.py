@@ -276,14 +276,17 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
 def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
     """The delivered result with its culprit phase marked lost; report.json (and the bundle) rewritten
     as the phase's own end rewrites them (`artifacts.rewrite_for_culprit`), when the result's files
-    are there. repro.py's header keeps saying the phase was pending."""
+    are there: repro.py's header says the phase was lost, not that it is pending."""
+    reason = f"lost: {why}"
     lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
-                                     "culprit_reason": f"lost: {why}", "workarounds": [], "workarounds_tried": {}})
+                                     "culprit_reason": reason, "workarounds": [], "workarounds_tried": {}})
     if (out_dir / "report.json").is_file():
-        from minify_worker import artifacts  # torch behind it: the worker preloaded it, the server never calls this
+        # torch is behind these two: the worker preloaded it, and the server never calls this
+        from minify_worker import artifacts, culprit
 
         try:
-            artifacts.rewrite_for_culprit(out_dir, lost, pending_lines=[], final_lines=[])
+            artifacts.rewrite_for_culprit(out_dir, lost, pending_lines=culprit.pending_header_lines(),
+                                          final_lines=culprit.stopped_header_lines(reason))
         except (OSError, artifacts.ArtifactWriteError) as error:
             log.warning("could not mark the culprit lost in %s: %s", out_dir, error)
     return lost
