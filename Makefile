@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: serve test demo lint setup browser test-torch-2.14
+.PHONY: serve test demo lint setup browser
 
 setup: $(STAMP)
 
@@ -44,19 +44,23 @@ test:
 lint: setup
 	.venv/bin/ruff check .
 
-# The engine's torch-facing tests (real inductor compiles) on the newest supported torch, in a
-# second venv. torch 2.14.1 is a CUDA build (about 5.5 GB) that these machines have on disk, but
-# not its cuda-bindings requirement (used only by CUDA green contexts and the CUPTI profiler), so
-# torch goes in with --no-deps and everything else from a list without it: nothing is downloaded
-# for torch. CI stays on .venv's 2.13 CPU; see docs/deploy.md, "Supported torch versions".
-TORCH_NEXT_VENV := .venv-torch-2.14
-TORCH_NEXT_PY := $(TORCH_NEXT_VENV)/bin/python
-TORCH_NEXT_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
+# The tests that reach into torch (real inductor and AOTInductor compiles, dynamo's hooks for
+# capture, the compiler bisector for the culprit) on another supported torch, each in a venv of its
+# own: `make test-torch-2.11` (our GPU machines' version), `make test-torch-2.14` (the newest).
+# Both are CUDA builds (2.14.1 about 5.5 GB, which these machines have on disk; 2.11.0 is
+# downloaded from PyPI, with its CUDA libraries), run on the CPU. torch goes in with --no-deps and
+# everything else from a list without cuda-bindings (used only by CUDA green contexts and the CUPTI
+# profiler). CI stays on .venv's 2.13 CPU; see docs/deploy.md, "Supported torch versions".
+TORCH_PIN_2.11 := 2.11.0
+TORCH_PIN_2.14 := 2.14.1
+TORCH_OTHER_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
 	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py \
-	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py
+	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py \
+	tests/test_client_capture.py tests/test_capture_plugin.py tests/test_culprit.py tests/test_bisector.py \
+	tests/test_given_signature.py tests/test_bug_key.py
 
 # torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
-define TORCH_NEXT_REQUIREMENTS
+define TORCH_OTHER_REQUIREMENTS
 import tomllib
 from importlib.metadata import requires
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
@@ -64,17 +68,20 @@ wanted = [*project["dependencies"], *(r for extra in ("server", "worker", "dev")
 wanted += [r for r in requires("torch") if "extra ==" not in r]
 print("\n".join(r for r in wanted if not r.startswith(("minify[", "torch", "cuda-bindings"))))
 endef
-export TORCH_NEXT_REQUIREMENTS
+export TORCH_OTHER_REQUIREMENTS
 
-$(TORCH_NEXT_VENV)/.installed: pyproject.toml
-	test -x $(TORCH_NEXT_PY) || python3 -m venv $(TORCH_NEXT_VENV)
-	$(TORCH_NEXT_PY) -m pip install -q --upgrade pip
-	$(TORCH_NEXT_PY) -m pip install -q --no-deps "torch==2.14.1"
-	$(TORCH_NEXT_PY) -c "$$TORCH_NEXT_REQUIREMENTS" > $(TORCH_NEXT_VENV)/requirements.txt
-	$(TORCH_NEXT_PY) -m pip install -q -r $(TORCH_NEXT_VENV)/requirements.txt
-	$(TORCH_NEXT_PY) -m pip install -q --no-deps -e .
+.PRECIOUS: .venv-torch-%/.installed  # a stamp, not an intermediate file for make to delete
+
+.venv-torch-%/.installed: pyproject.toml
+	@test -n "$(TORCH_PIN_$*)" || { echo "no pin for torch $*: add TORCH_PIN_$* to the Makefile"; exit 2; }
+	test -x .venv-torch-$*/bin/python || python3 -m venv .venv-torch-$*
+	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
+	.venv-torch-$*/bin/python -m pip install -q --no-deps "torch==$(TORCH_PIN_$*)"
+	.venv-torch-$*/bin/python -c "$$TORCH_OTHER_REQUIREMENTS" > .venv-torch-$*/requirements.txt
+	.venv-torch-$*/bin/python -m pip install -q -r .venv-torch-$*/requirements.txt
+	.venv-torch-$*/bin/python -m pip install -q --no-deps -e .
 	touch $@
 
-test-torch-2.14: $(TORCH_NEXT_VENV)/.installed
-	$(TORCH_NEXT_PY) -c "import torch; assert torch.__version__.startswith('2.14.'), torch.__version__"
-	$(TORCH_NEXT_PY) -m pytest -q -ra -p no:cacheprovider $(TORCH_NEXT_TESTS)
+test-torch-%: .venv-torch-%/.installed
+	.venv-torch-$*/bin/python -c "import torch; assert torch.__version__.startswith('$*.'), torch.__version__"
+	.venv-torch-$*/bin/python -m pytest -q -ra -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup $(TORCH_OTHER_TESTS)

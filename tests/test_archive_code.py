@@ -35,7 +35,16 @@ def test_torch_export_load_really_runs_each_payload(tmp_path: Path) -> None:
         archives.shape_expression_archive(tmp_path / "e", markers["expression"]),
     ]
     archives.load_in_child(built)
-    assert [name for name, marker in markers.items() if not marker.exists()] == []
+    # torch before 2.13 (2.11, 2.12) has no opaque objects in archives: it never reads an `opaque_obj_*` file
+    # (the check refuses one all the same, below).
+    expected_silent = [] if _torch_reads_opaque_objects() else ["opaque"]
+    assert [name for name, marker in markers.items() if not marker.exists()] == expected_silent
+
+
+def _torch_reads_opaque_objects() -> bool:
+    from torch.export.pt2_archive import constants
+
+    return hasattr(constants, "OPAQUE_OBJ_FILENAME_PREFIX")
 
 
 @pytest.mark.parametrize("name", ["relu_cos", "linear_relu_sigmoid", "linear_relu_sigmoid_dict"])

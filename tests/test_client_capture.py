@@ -276,8 +276,8 @@ def test_backends_are_recorded_as_named_in_torch_compile():
     from minify_client.capture.torch_hooks import backend_name
     from tests.support.backends import fail_on_relu
 
-    def named(backend: object) -> str:
-        wrapper = (torch._TorchCompileInductorWrapper("default", None, None, "inductor") if backend == "inductor"
+    def named(backend: object) -> str:  # the wrapper torch.compile(backend=...) makes
+        wrapper = (torch._TorchCompileInductorWrapper("default", None, None) if backend == "inductor"
                    else torch._TorchCompileWrapper(backend, None, None, None))
         return backend_name(get_compiler_fn(wrapper))
 

@@ -1,6 +1,7 @@
 """The one place minify touches torch's compiler bisector (`torch._inductor.compiler_bisector`).
 
-Checked on torch 2.13.0 (the source this module's assumptions were read from). What we rely on:
+Read from torch 2.13.0's source; its tests (tests/test_culprit.py, tests/test_bisector.py) pass on
+2.11.0, 2.13.0 and 2.14.1 (`make test-torch-2.11`, `make test-torch-2.14`). What we rely on:
 
 - `CompilerBisector.do_bisect(fn)` drives the search: the first stage of `BACKENDS` (eager,
   aot_eager, aot_eager_decomp_partition, aot_eager_decomp_partition_crossref, inductor) that
@@ -20,6 +21,11 @@ Checked on torch 2.13.0 (the source this module's assumptions were read from). W
   bisecting the applications (`find_max_bounds`, `bisect`) the probe reads and writes the state
   files. `get_env_val` caches the environment per process and `bisection_enabled` is computed at
   import, so a probe forked from a process that imported the module resets both.
+- Which application the bisection ended on (`debug_info`: the lowering's op, `relu`) is noted by
+  the process that compiled it, a probe's child. torch 2.13 keeps the note in the state files
+  (`add_call_counter_debug_info`); 2.11 and 2.12 in a module dict, `call_counter_debug_info`, which
+  the bisecting process never sees: there both processes get a dict that keeps it in a state
+  file too (`_DebugInfoFile`).
 - A `ConfigChange` subsystem is a config patch: `get_config_change(backend)` reads it back.
   torch.compile's inductor wrapper applies it, but minify compiles with `compile_fx` directly,
   so the probe applies it (`enter_probe`'s return value); aot_eager_decomp_partition applies its
@@ -33,14 +39,14 @@ import io
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-CHECKED_ON = ("2.13",)
+CHECKED_ON = ("2.11", "2.13", "2.14")
 # The bisector's stages that are backends of torch.compile (torch._dynamo's registry), in its order.
 STAGE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_decomp_partition_crossref")
 FINAL_STAGE = "inductor"
@@ -96,7 +102,7 @@ def available() -> str | None:
     missing = [name for name in ("do_bisect", "get_backend", "get_subsystem", "get_run_state", "in_process_cache")
                if not hasattr(CompilerBisector, name)]
     if missing or FINAL_STAGE not in BACKENDS:
-        return f"this torch's compiler bisector is not the one minify knows (checked on torch {CHECKED_ON})"
+        return f"this torch's compiler bisector is not the one minify knows (checked on torch {', '.join(CHECKED_ON)})"
     return None
 
 
@@ -175,7 +181,7 @@ def bisect(works: Callable[[Probe], bool], state_dir: Path) -> Result | None:
         assert stage is not None
         return works(Probe(stage, subsystem, run_state, config_patch(stage, subsystem)))
 
-    with _lock:
+    with _lock, _debug_info_in_files():
         saved = (CompilerBisector.bisection_enabled, CompilerBisector.in_process_cache)
         state_dir.mkdir(parents=True, exist_ok=True)
         CompilerBisector.in_process_cache = str(state_dir)
@@ -207,5 +213,62 @@ def enter_probe(environment: dict[str, str], state_dir: Path) -> None:
     os.environ.update(environment)
     compiler_bisector.get_env_val.cache_clear()
     compiler_bisector.subsystem_call_counter.clear()
+    if _keeps_debug_info_in_memory(compiler_bisector):
+        compiler_bisector.call_counter_debug_info = _DebugInfoFile()
     CompilerBisector.in_process_cache = str(state_dir)
     CompilerBisector.bisection_enabled = True
+
+
+class _DebugInfoFile(dict):  # type: ignore[type-arg]
+    """torch 2.11/2.12's `call_counter_debug_info` (application number -> what it applied to), kept
+    in a state file of the bisection (`<state dir>/bisect/`), as 2.13 keeps it: a probe's child
+    notes it, the bisecting process reads it when the bisection ends and clears it between
+    subsystems (`reset_counters`). Lines `N=info`; the last line for N wins."""
+
+    @staticmethod
+    def _path() -> Path:
+        from torch._inductor.compiler_bisector import CompilerBisector
+
+        return Path(CompilerBisector.get_dir()) / "minify_call_counter_debug_info.txt"
+
+    def __setitem__(self, counter: int, info: str) -> None:
+        path = self._path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as file:
+            file.write(f"{counter}={info}\n")
+
+    def get(self, counter: int, default: Any = None) -> Any:
+        try:
+            lines = self._path().read_text().splitlines()
+        except FileNotFoundError:
+            return default
+        for line in reversed(lines):
+            number, _, info = line.partition("=")
+            if number == str(counter):
+                return info
+        return default
+
+    def clear(self) -> None:
+        self._path().unlink(missing_ok=True)
+
+
+def _keeps_debug_info_in_memory(compiler_bisector: Any) -> bool:
+    return (not hasattr(compiler_bisector.CompilerBisector, "add_call_counter_debug_info")
+            and isinstance(getattr(compiler_bisector, "call_counter_debug_info", None), dict))
+
+
+@contextlib.contextmanager
+def _debug_info_in_files() -> Iterator[None]:
+    """In the bisecting process, for the length of a bisection: `_DebugInfoFile` where this torch
+    keeps the debug info in memory; nothing on torch 2.13 and newer."""
+    from torch._inductor import compiler_bisector
+
+    if not _keeps_debug_info_in_memory(compiler_bisector):
+        yield
+        return
+    saved = compiler_bisector.call_counter_debug_info
+    compiler_bisector.call_counter_debug_info = _DebugInfoFile()
+    try:
+        yield
+    finally:
+        compiler_bisector.call_counter_debug_info = saved
