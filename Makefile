@@ -57,7 +57,7 @@ TORCH_OTHER_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/te
 	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py \
 	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py \
 	tests/test_client_capture.py tests/test_capture_plugin.py tests/test_culprit.py tests/test_bisector.py \
-	tests/test_given_signature.py tests/test_bug_key.py
+	tests/test_given_signature.py tests/test_bug_key.py tests/test_gpu_safety.py
 
 # torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
 define TORCH_OTHER_REQUIREMENTS

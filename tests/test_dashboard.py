@@ -83,6 +83,23 @@ def record_chart_redraws(page: Any) -> None:
     }""")
 
 
+def copy_bug_report(page: Any) -> str:
+    """Click "Copy as bug report" and return what reached the clipboard. The button says "Copied"
+    for 1.5 s only: every label it shows is recorded from before the click, so a loaded box that
+    looks late still sees it (and a "Copy failed" is named)."""
+    page.evaluate("""() => {
+        const button = document.querySelector('#copy-bug-report');
+        window.copyLabels = [];
+        new MutationObserver(() => window.copyLabels.push(button.textContent))
+            .observe(button, {childList: true, characterData: true, subtree: true});
+    }""")
+    page.click("#copy-bug-report")
+    page.wait_for_function("window.copyLabels.some(label => label !== 'Copy as bug report')")
+    labels = page.evaluate("window.copyLabels")
+    assert "Copied" in labels, labels
+    return page.evaluate("navigator.clipboard.readText()")
+
+
 def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_repro(
         browser: Any, service: Service, program_dir: Path, tmp_path: Path) -> None:
     page = browser.new_page(viewport=LAPTOP, accept_downloads=True)
@@ -301,9 +318,7 @@ def test_the_job_page_shows_the_workers_environment_and_copies_a_bug_report(
     shown = page.inner_text("#environment")
     for name in ("PyTorch version", "PyTorch git version", "OS", "Python version", "C++ compiler (inductor)"):
         assert name in shown and environment[name] in shown
-    page.click("#copy-bug-report")
-    page.wait_for_selector("#copy-bug-report:text('Copied')")
-    markdown = page.evaluate("navigator.clipboard.readText()")
+    markdown = copy_bug_report(page)
 
     assert markdown.startswith("### 🐛 Describe the bug")
     assert f"```\n{report['signature']}\n```" in markdown
@@ -351,9 +366,7 @@ def test_the_job_page_shows_the_culprit_card_above_the_graph_and_the_bug_report_
     assert "pattern_matcher = false  (original program: compiles and runs)" in shown
     assert "freezing=True: minimal program: crashed" in shown
     assert page.evaluate("document.querySelector('#culprit-card').nextElementSibling.id") == "graph-card"
-    page.click("#copy-bug-report")
-    page.wait_for_selector("#copy-bug-report:text('Copied')")
-    markdown = page.evaluate("navigator.clipboard.readText()")
+    markdown = copy_bug_report(page)
     assert f"Culprit (torch's compiler bisector on the minimal program): none ({report['culprit_reason']})" in markdown
     assert "Workarounds (verified on the original program): `pattern_matcher=false`" in markdown
     screenshot(page, "job-culprit-laptop")

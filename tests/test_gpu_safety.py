@@ -99,9 +99,12 @@ def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2:
     forbidden, allowed = spied_calls(log)
     assert forbidden == []
     assert allowed, "the children of a cuda job use CUDA: the spy must have seen them"
-    if not torch.cuda.is_available():  # this CPU build cannot run it: a sandbox fault, not the bug
+    if not torch.cuda.is_available():  # no GPU here: a sandbox fault, not the bug
+        reason = str(result["reason"])
         assert result["status"] == "failed"
-        assert "Torch not compiled with CUDA enabled" in str(result["reason"])
+        assert "the job's device is unusable in this sandbox child" in reason, reason
+        # a CPU build (CI), or a CUDA build on a machine without a GPU (the torch GPU workers run)
+        assert "Torch not compiled with CUDA enabled" in reason or "Found no NVIDIA driver" in reason, reason
         assert result["signature"] is None
 
 
