@@ -88,10 +88,11 @@ def copy_bug_report(page: Any) -> str:
     for 1.5 s only: every label it shows is recorded from before the click, so a loaded box that
     looks late still sees it (and a "Copy failed" is named)."""
     page.evaluate("""() => {
-        const button = document.querySelector('#copy-bug-report');
         window.copyLabels = [];
-        new MutationObserver(() => window.copyLabels.push(button.textContent))
-            .observe(button, {childList: true, characterData: true, subtree: true});
+        new MutationObserver(() => {  // the page may render the button anew: look it up each time
+            const label = document.querySelector('#copy-bug-report')?.textContent;
+            if (label !== undefined && label !== window.copyLabels.at(-1)) window.copyLabels.push(label);
+        }).observe(document.body, {childList: true, characterData: true, subtree: true});
     }""")
     page.click("#copy-bug-report")
     page.wait_for_function("window.copyLabels.some(label => label !== 'Copy as bug report')")
