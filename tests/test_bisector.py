@@ -3,7 +3,9 @@ the probes are answered by a function."""
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,36 @@ def test_a_bisection_that_finds_the_first_failing_stage_prints_nothing_on_stdout
 
     assert found is not None and found.backend == "aot_eager"
     assert capfd.readouterr().out == ""
+
+
+def _lowerings_in_a_child(probe: bisector.Probe, state_dir: Path, answer: Any) -> None:
+    """What a probe's child does, less the compile: inductor asks the bisector before each lowering
+    (`disable_subsystem("inductor", "lowerings", debug_info)`); the program fails while relu's runs."""
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    bisector.enter_probe(probe.environment(), state_dir)
+    disabled = {op: CompilerBisector.disable_subsystem("inductor", "lowerings", lambda op=op: op)
+                for op in ("sin", "relu", "cos")}
+    answer.put(probe.backend != "inductor" or disabled["relu"])
+
+
+def test_the_op_a_bisection_ends_on_comes_back_from_the_probes_child(tmp_path: Path) -> None:
+    # torch 2.11 and 2.12 keep the debug info (which lowering: relu) in the memory of the process
+    # that lowered, the probe's child, where the bisecting process never saw it: "lowerings #1"
+    # with no op. On 2.13 and newer torch keeps it in the state files itself.
+    context = multiprocessing.get_context("fork")
+
+    def works(probe: bisector.Probe) -> bool:
+        answer = context.Queue()
+        child = context.Process(target=_lowerings_in_a_child, args=(probe, tmp_path / "bisect", answer))
+        child.start()
+        works = answer.get(timeout=60)
+        child.join()
+        return works
+
+    found = bisector.bisect(works, tmp_path / "bisect")
+
+    assert found == bisector.Result("inductor", "lowerings", 1, "relu")
 
 
 DEFAULTS = {"triton.cudagraphs": False, "disable_padding_cpu": True, "force_layout_optimization": False}
