@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: serve test demo lint setup browser
+.PHONY: serve test demo lint setup browser gpu-wheels
 
 setup: $(STAMP)
 
@@ -43,6 +43,32 @@ test:
 
 lint: setup
 	.venv/bin/ruff check .
+
+# Wheels for a GPU machine (the device tool's machines: Python 3.12, torch 2.11 with CUDA, triton,
+# numpy, pytest; nothing can be fetched there): what minify's service and tests need beside those
+# (.whl/requirements.txt), and what an editable install of minify builds with, which pip takes only
+# into its build environment (the image's torch wants setuptools<82), for `carry` (docs/bench.md,
+# "On a GPU machine").
+GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
+
+define GPU_WHEEL_REQUIREMENTS
+import tomllib
+pyproject = tomllib.load(open("pyproject.toml", "rb"))
+project, extras = pyproject["project"], pyproject["project"]["optional-dependencies"]
+wanted = [*project["dependencies"], *extras["server"], *extras["worker"]]
+wanted += [r for r in extras["dev"] if r.startswith(("pytest", "pyyaml", "jsonschema"))]
+print("\n".join(r for r in wanted if not r.startswith(("torch", "numpy"))))
+print("\n".join(pyproject["build-system"]["requires"]), file=open(".whl/build-requirements.txt", "w"))
+endef
+export GPU_WHEEL_REQUIREMENTS
+
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir .whl
+	$(PY) -c "$$GPU_WHEEL_REQUIREMENTS" > .whl/requirements.txt
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_WHEEL_PLATFORMS:%=--platform %) -d .whl -r .whl/requirements.txt -r .whl/build-requirements.txt
+	du -sh .whl
 
 # The tests that reach into torch (real inductor and AOTInductor compiles, dynamo's hooks for
 # capture, the compiler bisector for the culprit) on another supported torch, each in a venv of its
