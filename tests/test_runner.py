@@ -150,14 +150,17 @@ def test_a_kernel_left_half_written_in_the_compile_cache_is_rebuilt_not_reported
     graph = fx.Graph()
     x = graph.placeholder("x")
     x.meta["minify_value"] = "x"
-    # A constant no earlier run used: its kernel is new, so this test knows which files are its own.
-    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (x, random.uniform(2.0, 3.0)))
+    # A constant no earlier run used (exact in binary, so its C++ source spells it as repr does): its
+    # kernel is new, and its source names it. The cache is the machine's, shared with the tests that
+    # other xdist workers run meanwhile: only kernels whose source has the constant are this test's.
+    constant = 2.0 + random.randrange(1, 2**20) / 2**20
+    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (x, constant))
     graph.output((graph.call_function(torch.ops.aten.sin.default, (scaled,)),))
     wire = graph_to_wire(graph)
     assert isinstance(inductor_pool.submit(wire, timeout_s=300).result(), Passes)
     kernels = [path for path in (compile_cache_dir(inductor_pool.root) / "inductor").rglob("*.so")
-               if path.stat().st_mtime >= started]
-    assert kernels, "the candidate compiled no kernel into the cache"
+               if path.stat().st_mtime >= started and repr(constant) in _source_of(path)]
+    assert kernels, f"the candidate compiled no kernel with {constant!r} into the cache"
     sizes = {path: path.stat().st_size for path in kernels}
     for path in kernels:
         os.truncate(path, 64)
@@ -166,6 +169,14 @@ def test_a_kernel_left_half_written_in_the_compile_cache_is_rebuilt_not_reported
 
     assert isinstance(outcome, Passes), outcome
     assert all(path.stat().st_size == size for path, size in sizes.items())
+
+
+def _source_of(kernel: Path) -> str:
+    """The C++ inductor compiled `kernel` (x.main.so) from: x.main.cpp beside it, or x.cpp."""
+    for source in (kernel.with_suffix(".cpp"), kernel.with_name(kernel.name.split(".")[0] + ".cpp")):
+        if source.is_file():
+            return source.read_text(errors="replace")
+    return ""
 
 
 def test_config_keys_of_dynamo_and_functorch_are_set_in_their_modules() -> None:
