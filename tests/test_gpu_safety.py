@@ -103,7 +103,7 @@ def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2:
         reason = str(result["reason"])
         assert result["status"] == "failed"
         assert "the job's device is unusable in this sandbox child" in reason, reason
-        # a CPU build (CI), or a CUDA build on a machine without a GPU (the torch GPU workers run)
+        # a CPU build (CI), or a CUDA build (the GPU machines' torch) on a machine without a GPU
         assert "Torch not compiled with CUDA enabled" in reason or "Found no NVIDIA driver" in reason, reason
         assert result["signature"] is None
 
