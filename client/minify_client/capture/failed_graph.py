@@ -5,6 +5,11 @@ The graph a compiler received is straight-line: it is exported as a module with 
 first one already handled). A backward graph is a plain function of its saved activations and
 tangents, exported the same way. An AOTI failure is its ExportedProgram, as given.
 
+A graph compiled with symbolic sizes is exported with them (`dynamic`: its size inputs become
+dims of the tensors they size). When that export fails (a guard it cannot express), the graph is
+exported static as before: the capture is never lost, a warning says why, the error gets a note,
+`Program.static_reason` keeps the reason and the spec says `dynamic: static`.
+
 The spec records the backend, the settings that differ from torch's defaults, and the failure:
 its kind and its root-cause signature as `minify_client.signatures` computes it (the worker's
 oracle uses the same function), so the worker judges candidates against it from the first check.
@@ -25,6 +30,8 @@ from minify_client.accuracy import ACCURACY_EXC_TYPE
 from minify_client.models import JobSpec
 
 from .config import changed_config
+from .destinations import add_note
+from .dynamic import dynamic_graph, is_symbolic
 from .torch_hooks import FailedCompile
 from .whole_model import on_cuda
 
@@ -40,6 +47,7 @@ class Program:
     kwargs: dict[str, Any]
     spec: JobSpec
     chain: tuple[str, ...]
+    static_reason: str | None = None  # why a graph compiled with symbolic sizes was exported static
 
 
 def signature_of(failed: FailedCompile) -> str:
@@ -55,7 +63,7 @@ def chain_of(failed: FailedCompile) -> tuple[str, ...]:
 
 def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None) -> JobSpec:
     """The recorded backend, config and failure, under what `spec` says explicitly."""
-    given = spec.model_dump(exclude_unset=True) if isinstance(spec, JobSpec) else dict(spec or {})
+    given = _given(spec)
     failure = {"kind": failed.kind, "signature": signature_of(failed), **dict(given.get("failure") or {})}
     data: dict[str, Any] = {**given, "failure": failure,
                             "config": {**changed_config(failed.config), **dict(given.get("config") or {})}}
@@ -73,6 +81,11 @@ def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         raise
 
 
+def _given(spec: JobSpec | dict[str, Any] | None) -> dict[str, Any]:
+    """The fields `spec` sets explicitly."""
+    return spec.model_dump(exclude_unset=True) if isinstance(spec, JobSpec) else dict(spec or {})
+
+
 def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None) -> Program:
     """Export the failing graph (or take the failing ExportedProgram) with its inputs and spec."""
     import torch
@@ -81,8 +94,27 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         args, kwargs = failed.program.example_inputs or ((), {})
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
     inputs = tuple(failed.inputs)
+    static_reason = None
+    if is_symbolic(failed.symbolic):
+        try:
+            dynamic = dynamic_graph(failed.graph, inputs, failed.symbolic)
+            program = torch.export.export(dynamic.module, dynamic.inputs, dynamic_shapes=dynamic.dynamic_shapes,
+                                          strict=False)
+            return Program(program, dynamic.inputs, {}, spec_for(failed, spec), chain_of(failed))
+        except Exception as error:  # the static export below still captures the failure
+            static_reason = _first_line(error)
+            logger.warning("minify: the failing graph was compiled with dynamic shapes, but exporting it with "
+                           "them failed (%s); it is captured with static shapes", static_reason)
+            add_note(failed.error, f"minify: captured with static shapes, the dynamic export failed: {static_reason}")
     program = torch.export.export(failed.graph, inputs, strict=False)
-    return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed))
+    if static_reason is not None:  # the job compiles what the program now is
+        spec = {**_given(spec), "dynamic": "static"}
+    return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _program_inputs(failed: FailedCompile) -> list[Any]:

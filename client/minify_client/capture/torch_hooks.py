@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .dynamic import symbolic_values
+
 logger = logging.getLogger(__name__)
 
 Level = Literal["dynamo", "aot"]
@@ -49,6 +51,8 @@ class FailedCompile:
     program: Any = None  # torch.export.ExportedProgram (level "aoti")
     is_backward: bool = False
     kind: Literal["compile_error", "accuracy"] = "compile_error"
+    # What each placeholder was compiled with (fake values, SymInt sizes), for a dynamic export.
+    symbolic: list[Any] = field(default_factory=list)
 
 
 class Listener(Protocol):
@@ -103,6 +107,17 @@ def _notify(failed: FailedCompile) -> None:
             logger.exception("minify: recording a failing compile failed")
 
 
+def _report(failed: Callable[[], FailedCompile]) -> None:
+    """Notify the listeners of the failing call `failed()` describes; a failure to describe it
+    (inputs that cannot be copied) is logged: the user's own error goes on as it was."""
+    try:
+        described = failed()
+    except Exception:
+        logger.exception("minify: recording a failing compile failed")
+        return
+    _notify(described)
+
+
 def _recorded(error: BaseException) -> bool:
     """Whether an inner hook already reported `error` or one it wraps (a backward graph that
     failed inside the forward's dynamo call: the inner, more precise capture wins)."""
@@ -148,9 +163,10 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             compiled = original(self, gm, example_inputs)
         except Exception as error:
             if not _control_flow(error) and not _recorded(error):
-                _notify(FailedCompile(level="dynamo", error=error, backend=backend_name(self.compiler_fn),
-                                      config=_config(self.compiler_fn), graph=_module(gm, graph),
-                                      inputs=snapshot(example_inputs)))
+                _report(lambda raised=error: FailedCompile(
+                    level="dynamo", error=raised, backend=backend_name(self.compiler_fn),
+                    config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
+                    symbolic=symbolic_values(graph, example_inputs)))
             raise
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
@@ -178,9 +194,10 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 return wrapped(gm, example_inputs, *args, **kwargs)
             except Exception as error:
                 if not _recorded(error):
-                    _notify(FailedCompile(level="aot", error=error, backend=compiler_name, config=_config(None),
-                                          graph=_module(gm, graph), inputs=snapshot(example_inputs),
-                                          is_backward=backward))
+                    _report(lambda raised=error: FailedCompile(
+                        level="aot", error=raised, backend=compiler_name, config=_config(None),
+                        graph=_module(gm, graph), inputs=snapshot(example_inputs), is_backward=backward,
+                        symbolic=symbolic_values(graph, example_inputs)))
                 raise
 
         return inner_compile
@@ -319,9 +336,10 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
         logger.debug("minify: accuracy check skipped", exc_info=True)
         return
     if divergence is not None:
-        _notify(FailedCompile(level="dynamo", error=AccuracyError(divergence), backend=backend_name(compiler_fn),
-                              config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs),
-                              kind="accuracy"))
+        _report(lambda: FailedCompile(
+            level="dynamo", error=AccuracyError(divergence), backend=backend_name(compiler_fn),
+            config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs), kind="accuracy",
+            symbolic=symbolic_values(graph.graph, example_inputs)))
 
 
 def _run_compiled(compiled: Any) -> Callable[[list[Any]], Any]:
