@@ -25,6 +25,7 @@ _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # "openxla". Which names exist depends on what the worker has installed: only the shape is checked here.
 _REGISTERED_BACKEND = re.compile(r"^[A-Za-z_]\w*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # The longest a job or one candidate may be given: a week. Far larger values overflow the timers
 # they become (RQ's alarm, thread waits) and every attempt dies, so they are refused up front.
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -110,6 +111,12 @@ class JobSpec(_Strict):
         description="once the graph is minimal, find the compiler stage to blame (compiler bisection) and the "
                     "settings that avoid the bug on the original (the culprit phase)",
     )
+    op_modules: list[str] = Field(
+        default_factory=list,
+        description="Python modules that register the program's custom ops (torch.library: torch.ops.<ns>.<op> "
+                    "outside torch's own namespaces), imported by the worker before it loads the program, where "
+                    "its operator allows them (MINIFY_ALLOWED_OP_MODULES, module prefixes); a capture records them",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -136,6 +143,14 @@ class JobSpec(_Strict):
             if not re.match(r"^[A-Za-z_][\w.]*$", key):
                 raise ValueError(f"config key {key!r} is not a dotted torch._inductor.config name")
         return value
+
+    @field_validator("op_modules")
+    @classmethod
+    def _op_modules_named(cls, value: list[str]) -> list[str]:
+        for module in value:
+            if not _MODULE.match(module):
+                raise ValueError(f"op module {module!r} is not a dotted Python module name")
+        return list(dict.fromkeys(value))
 
     @property
     def device_class(self) -> Literal["cpu", "cuda"]:

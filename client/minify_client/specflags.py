@@ -29,6 +29,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                             "that fails otherwise ends the job not_reproducible")
     group.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                        help="torch._inductor.config override, repeatable")
+    group.add_argument("--op-module", dest="op_modules", action="append", default=[], metavar="MODULE",
+                       help="a Python module that registers the program's custom ops (torch.library), imported by "
+                            "the worker before it loads the program where its operator allows it "
+                            "(MINIFY_ALLOWED_OP_MODULES); repeatable, added to the spec file's")
     group.add_argument("--strict-accuracy", action="store_true", default=None,
                        help="compare boolean and integer outputs too (torch's --strict-accuracy)")
     group.add_argument("--tolerance", type=float, help="accuracy tolerance (default 1e-3)")
@@ -83,6 +87,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise SpecError(f"--config expects KEY=VALUE, got {item!r}")
         config[key.strip()] = parse_config_value(value)
     data["config"] = config
+    if args.op_modules:
+        data["op_modules"] = [*(data.get("op_modules") or []), *args.op_modules]
     limits = dict(data.get("limits") or {})
     if args.candidate_timeout is not None:
         limits["candidate_timeout_s"] = args.candidate_timeout
