@@ -30,6 +30,7 @@ from minify_client.accuracy import ACCURACY_EXC_TYPE
 from minify_client.models import JobSpec
 
 from .config import changed_config
+from .custom_ops import op_modules
 from .destinations import add_note
 from .dynamic import dynamic_graph, is_symbolic
 from .torch_hooks import FailedCompile
@@ -68,6 +69,7 @@ def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     data: dict[str, Any] = {**given, "failure": failure,
                             "config": {**changed_config(failed.config), **dict(given.get("config") or {})}}
     data.setdefault("backend", failed.backend)
+    data.setdefault("op_modules", op_modules(failed.program if failed.program is not None else failed.graph))
     if "device" not in data and on_cuda(failed.inputs or _program_inputs(failed)):
         data["device"] = "cuda"
     try:
