@@ -56,7 +56,7 @@ from corpus_cases import (
     Case,
     all_cases,
 )
-from run import markdown_table
+from run import export_revision, markdown_table
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -87,8 +87,9 @@ print("SIGNATURE: none (it passed)")
 class Results:
     """OUT/results.json: one record per case, by name; written after every change."""
 
-    def __init__(self, path: Path, resume: bool) -> None:
+    def __init__(self, path: Path, resume: bool, meta: dict[str, Any]) -> None:
         self.path = path
+        self.meta = meta
         self.cases: dict[str, dict[str, Any]] = {}
         if resume and path.exists():
             self.cases = json.loads(path.read_text()).get("cases", {})
@@ -101,7 +102,7 @@ class Results:
         })
 
     def save(self) -> None:
-        write_json(self.path, {"cases": self.cases, "updated": time.strftime("%Y-%m-%d %H:%M:%S")})
+        write_json(self.path, {**self.meta, "updated": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": self.cases})
 
 
 def is_done(record: dict[str, Any] | None, with_torch: bool) -> bool:
@@ -132,14 +133,35 @@ def run_logged(command: Sequence[str], log: Path, env: dict[str, str] | None = N
     return returncode, time.monotonic() - started, log.read_text(errors="replace")
 
 
+# Where minify's packages come from (`--ours-rev`): a checkout of a revision first on PYTHONPATH, or
+# None for the working tree (the editable install).
+OURS_SOURCE: Path | None = None
+
+
 def bench_env(**extra: str) -> dict[str, str]:
-    """The environment of every child: bench/ importable (corpus_cases, corpus_models, zoo), no capture
-    unless asked, no dynamo repro unless asked."""
+    """The environment of every child: minify's packages of `--ours-rev`, bench/ importable
+    (corpus_cases, corpus_models, zoo), no capture unless asked, no dynamo repro unless asked."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("MINIFY_CAPTURE", "TORCHDYNAMO_REPRO"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
+    paths = [str(OURS_SOURCE)] if OURS_SOURCE else []
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, str(BENCH_DIR), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
+
+
+def checkout(revision: str, out: Path) -> Path:
+    """`revision`'s client, worker and server (and the pytest plugin's entry module) in OUT/src-REV:
+    run.py's `export_revision`, plus what the service and the plugin need beside it."""
+    target = export_revision(revision, out)
+    commit = target.name.removeprefix("src-")
+    for path in ("server/minify_server", "client/_minify_pytestplugin.py"):
+        link = target / Path(path).name
+        if not link.exists():
+            archive = subprocess.run(["git", "archive", commit, path], cwd=REPO, capture_output=True,
+                                     check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+            link.symlink_to(target / path)
+    return target
 
 
 def tail(text: str, lines: int = 3, width: int = 400) -> str:
@@ -266,7 +288,7 @@ def minimize(case: Case, record: dict[str, Any], server: str, out: Path, job_lim
     case_dir = out / "jobs" / case.name
     artifacts = case_dir / "artifacts"
     spec = job_spec(capture_dir, entry, case_dir / "spec.json", job_limit_s)
-    command = [str(CLIENT), "--server", server, "submit", str(capture_dir / entry["program"]), "--spec", str(spec),
+    command = [str(CLIENT), "submit", "--server", server, str(capture_dir / entry["program"]), "--spec", str(spec),
                "--inputs", str(capture_dir / entry["inputs"]), "--wait", "--no-wait-culprit", "--json",
                "--out", str(artifacts), "--force"]
     returncode, seconds, _ = run_logged(command, case_dir / "submit.log", env=bench_env(),
@@ -474,7 +496,7 @@ def with_service(out: Path, workers: int, work: Callable[[str], None]) -> None:
     sys.path.insert(0, str(REPO))
     from tests.support.service import start_service
 
-    with start_service(out / "service", workers=workers, warm_up=True, timeout_s=600) as service:
+    with start_service(out / "service", workers=workers, warm_up=True, timeout_s=600, env=bench_env()) as service:
         print(f"minify-server on {service.url} ({workers} worker(s)); dashboard: {service.url}/", flush=True)
         work(service.url)
 
@@ -575,6 +597,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--torch-isolate", action="store_true",
                         help="torch's launcher as by default, a fresh Python per check (slower; default --no-isolate)")
     parser.add_argument("--job-limit", type=float, default=900.0, help="seconds for one of our jobs (job_timeout_s)")
+    parser.add_argument("--ours-rev", default="HEAD",
+                        help="run minify (plugin, client, server, worker) from this git revision, checked out in "
+                             "OUT/src-REV, so a long run is not hit by edits to the tree; 'worktree': the tree")
     parser.add_argument("--check", action="store_true", help="only check that each model builds and has a relu")
     parser.add_argument("--describe", nargs="+", type=Path, help=argparse.SUPPRESS)  # the harness's own child
     options = parser.parse_args(argv)
@@ -600,7 +625,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(selected)
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results = Results(out / "results.json", options.resume)
+    global OURS_SOURCE
+    OURS_SOURCE = None if options.ours_rev == "worktree" else checkout(options.ours_rev, out)
+    results = Results(out / "results.json", options.resume,
+                      {"ours_source": str(OURS_SOURCE or "working tree"), "argv": sys.argv[1:]})
     pending = [case for case in selected if not is_done(results.cases.get(case.name), options.torch)]
     print(f"{len(selected)} cases selected, {len(pending)} to run; results in {out}", flush=True)
     modes = [mode for mode in MODES if any(case.mode == mode for case in pending)]
