@@ -20,18 +20,23 @@ placeholder metadata, `torch.export.Dim` with derived dims, `Dim.DYNAMIC` for in
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
+UNBOUNDED = sys.maxsize - 1  # the largest size a Dim may have (torch's own default before int_oo)
+
 
 @dataclass(frozen=True)
-class DynamicGraph:
-    """A graph ready for a dynamic export: the module, its inputs and their `dynamic_shapes`."""
+class DynamicProgram:
+    """The graph exported with its symbolic sizes, and the inputs it takes (size inputs dropped)."""
 
-    module: Any  # torch.fx.GraphModule
+    program: Any  # torch.export.ExportedProgram
     inputs: tuple[Any, ...]
-    dynamic_shapes: tuple[Any, ...]
 
 
 def symbolic_values(graph: Any, example_inputs: Sequence[Any]) -> list[Any]:
@@ -48,48 +53,73 @@ def symbolic_values(graph: Any, example_inputs: Sequence[Any]) -> list[Any]:
 
 
 def is_symbolic(values: Sequence[Any]) -> bool:
-    """Whether any value is a SymInt or a tensor with a SymInt size: the compile was dynamic."""
-    import torch
-
-    return any(isinstance(value, torch.SymInt) or _symbolic_dims(value) for value in values)
+    """Whether any value is a symbolic int or a tensor with a symbolic size: the compile was dynamic."""
+    return any(_symbolic_int(value) or _symbolic_dims(value) for value in values)
 
 
-def dynamic_graph(module: Any, inputs: Sequence[Any], symbolic: Sequence[Any]) -> DynamicGraph:
-    """`module` with its size inputs tied to the tensors they size, the inputs that remain, and
-    `dynamic_shapes` for them: one Dim per symbol, ranged as the compile's ShapeEnv had it.
-    Raises `ValueError` for a size no export can take (a data-dependent one)."""
+def export_dynamic(module: Any, inputs: Sequence[Any], symbolic: Sequence[Any]) -> DynamicProgram:
+    """Export `module` (a GraphModule) over `inputs` with the symbolic sizes its placeholders were
+    compiled with (`symbolic`). First with one named Dim per symbol and the compile's ranges; when
+    export refuses them (a guard of the graph's own, `s % 2 == 0`, that a range cannot say), with
+    `Dim.DYNAMIC` for each symbolic dim, which lets export infer such relations. Raises what the
+    last export raised, or `ValueError` for a size no export can take (a data-dependent one)."""
     import torch
 
     _refuse_data_dependent(symbolic)
     module, kept = _tie_size_inputs(module, symbolic)
+    kept_inputs = tuple(inputs[position] for position in kept)
+    kept_symbolic = [symbolic[position] for position in kept]
+    try:
+        shapes = _dynamic_shapes(kept_symbolic, named=True)
+        return DynamicProgram(torch.export.export(module, kept_inputs, dynamic_shapes=shapes, strict=False),
+                              kept_inputs)
+    except Exception as refused:  # a constraint violation, mostly: the guard is in the message
+        logger.info("minify: exporting with the compile's named dims failed, trying Dim.DYNAMIC: %s", refused)
+    shapes = _dynamic_shapes(kept_symbolic, named=False)
+    return DynamicProgram(torch.export.export(module, kept_inputs, dynamic_shapes=shapes, strict=False), kept_inputs)
+
+
+def _dynamic_shapes(symbolic: Sequence[Any], *, named: bool) -> tuple[Any, ...]:
+    """`dynamic_shapes` for inputs compiled with `symbolic`: per tensor `{dim: Dim}` for its symbolic
+    dims (named after their symbol, or `Dim.DYNAMIC`), `Dim.DYNAMIC` for a symbolic int (export
+    takes no named Dim for an int), None for anything static."""
+    import torch
+
     dims: dict[Any, Any] = {}
-    shapes = []
-    for position in kept:
-        value = symbolic[position]
-        if isinstance(value, torch.SymInt):
-            shapes.append(torch.export.Dim.DYNAMIC)  # free: no tensor dim equals it
-        elif isinstance(value, torch.Tensor):
-            shapes.append({dim: _dim_for(size, dims) for dim, size in _symbolic_dims(value).items()} or None)
+    shapes: list[Any] = []
+    for value in symbolic:
+        if _symbolic_int(value):
+            shapes.append(torch.export.Dim.DYNAMIC)
+        elif sizes := _symbolic_dims(value):
+            shapes.append({dim: _dim_for(size, dims) if named else torch.export.Dim.DYNAMIC
+                           for dim, size in sizes.items()})
         else:
             shapes.append(None)
-    return DynamicGraph(module, tuple(inputs[position] for position in kept), tuple(shapes))
+    return tuple(shapes)
+
+
+def _symbolic_int(value: Any) -> bool:
+    """A SymInt that is still a symbol (not one the compile specialized to a constant)."""
+    import torch
+
+    return isinstance(value, torch.SymInt) and bool(value.node.expr.free_symbols)
 
 
 def _symbolic_dims(value: Any) -> dict[int, Any]:
+    """The dims of a tensor whose sizes are still symbolic."""
     import torch
 
     if not isinstance(value, torch.Tensor):
         return {}
-    return {dim: size for dim, size in enumerate(value.shape) if isinstance(size, torch.SymInt)}
+    return {dim: size for dim, size in enumerate(value.shape) if _symbolic_int(size)}
 
 
 def _refuse_data_dependent(symbolic: Sequence[Any]) -> None:
     """An input sized by a value computed in another graph (an unbacked symbol, `u0`) has no
     example size to export it with."""
-    import torch
 
     for value in symbolic:
-        sizes = [value] if isinstance(value, torch.SymInt) else list(_symbolic_dims(value).values())
+        sizes = [value] if _symbolic_int(value) else list(_symbolic_dims(value).values())
         for size in sizes:
             if size.node.hint is None:
                 raise ValueError(f"the input size {size.node.expr} is data-dependent")
@@ -112,7 +142,7 @@ def _tie_size_inputs(module: Any, symbolic: Sequence[Any]) -> tuple[Any, list[in
     kept = []
     for position, node in enumerate(placeholders):
         value = symbolic[position] if position < len(symbolic) else None
-        if isinstance(value, torch.SymInt) and value.node.expr in sizes:
+        if _symbolic_int(value) and value.node.expr in sizes:
             tied[node] = sizes[value.node.expr]
             continue
         copied[node] = graph.node_copy(node, lambda arg: copied[arg])
@@ -152,9 +182,12 @@ def _dim_for(size: Any, dims: dict[Any, Any]) -> Any:
 
 
 def _named_dim(symbol: Any, shape_env: Any) -> Any:
+    """A Dim named after `symbol`, with its range; unbounded above is `UNBOUNDED`, not export's
+    default (`int_oo`): the engine and repro.py mark the dim with `mark_dynamic(min=, max=)`, which
+    fails on torch 2.13 when a min comes without a max."""
     import torch
 
     bound = shape_env.var_to_range.get(symbol) if shape_env is not None else None
     lower = int(bound.lower) if bound is not None and bound.lower.is_Integer else None
-    upper = int(bound.upper) if bound is not None and bound.upper.is_Integer else None
-    return torch.export.Dim(str(symbol), min=max(lower, 0) if lower is not None else None, max=upper)
+    upper = int(bound.upper) if bound is not None and bound.upper.is_Integer else UNBOUNDED
+    return torch.export.Dim(str(symbol), min=max(lower, 0) if lower is not None else None, max=min(upper, UNBOUNDED))

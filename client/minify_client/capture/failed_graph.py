@@ -32,7 +32,7 @@ from minify_client.models import JobSpec
 from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
-from .dynamic import dynamic_graph, is_symbolic
+from .dynamic import export_dynamic, is_symbolic
 from .torch_hooks import FailedCompile
 from .whole_model import on_cuda
 
@@ -99,10 +99,8 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     static_reason = None
     if is_symbolic(failed.symbolic):
         try:
-            dynamic = dynamic_graph(failed.graph, inputs, failed.symbolic)
-            program = torch.export.export(dynamic.module, dynamic.inputs, dynamic_shapes=dynamic.dynamic_shapes,
-                                          strict=False)
-            return Program(program, dynamic.inputs, {}, spec_for(failed, spec), chain_of(failed))
+            dynamic = export_dynamic(failed.graph, inputs, failed.symbolic)
+            return Program(dynamic.program, dynamic.inputs, {}, spec_for(failed, spec), chain_of(failed))
         except Exception as error:  # the static export below still captures the failure
             static_reason = _first_line(error)
             logger.warning("minify: the failing graph was compiled with dynamic shapes, but exporting it with "
@@ -110,7 +108,7 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
             add_note(failed.error, f"minify: captured with static shapes, the dynamic export failed: {static_reason}")
     program = torch.export.export(failed.graph, inputs, strict=False)
     if static_reason is not None:  # the job compiles what the program now is
-        spec = {**_given(spec), "dynamic": "static"}
+        spec = {"dynamic": "static", **_given(spec)}
     return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)
 
 
