@@ -65,6 +65,9 @@ def flat_graph_from_exported_program(ep: torch.export.ExportedProgram) -> fx.Gra
 def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Mapping[Any, Any]) -> fx.Graph:
     """`module`'s graph with minify meta, its subgraphs (get_attr) flattened the same way.
 
+    Its placeholders are `module`'s, in order (a name may change: see below); each node's
+    `minify_value` is its name in the copy.
+
     `roles` is None for a subgraph: its nodes get no `minify_value` (the loader adds the keys of
     the values it recorded inside a taken branch).
     """
@@ -79,7 +82,12 @@ def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Map
         if node.op == "call_function":
             target_name(node.target)  # refuse what the wire form could not carry
         new_node = graph.node_copy(node, lambda n: env[n])
-        new_node.meta = _minify_meta(node, ranges)
+        if node.op == "placeholder":
+            # The copy renames a name that shadows a Python builtin or keyword (`input` becomes
+            # `input_1`, as nn.Sequential's argument does): the placeholder's target, the
+            # forward's argument, follows, and the values are keyed by the new name.
+            new_node.target = new_node.name
+        new_node.meta = _minify_meta(new_node, ranges)
         if roles is None:
             new_node.meta.pop(META_VALUE, None)
         if node.op == "placeholder" and roles is not None:

@@ -19,6 +19,14 @@ convention, one of:
 The first reading whose structure fits the program's input spec is used. Without an inputs file:
 the program's own `example_inputs` (torch.export.save keeps them), else inputs made from the
 placeholders' metadata (randn for floating point, randint(0, 2) for integers, zeros for bool).
+An input the program was exported with as a constant (a number, bool, string or None given to
+`torch.export.export`: the graph signature holds its value) must be given that value; export baked
+it into the graph, and its placeholder, which nothing uses, is left out of the flat graph.
+
+A program whose graph calls custom ops (`torch.library`) loads only where they are registered: the
+job spec names the modules that register them (`op_modules`, a capture fills it in), and the
+worker imports those its operator allows (`MINIFY_ALLOWED_OP_MODULES`, comma-separated module
+prefixes); otherwise the load fails naming the missing ops and these two names.
 
 Outputs, in the work dir: `values.pt` (`dict[str, Tensor | int | float | bool]`: every input by
 placeholder name, every promotable intermediate by node name, from one eager run, on the CPU)
@@ -36,9 +44,16 @@ from typing import Any
 
 from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 
+from . import export_load
+
 PROGRAM_JSON = "program.json"
 VALUES = "values.pt"
 FORMAT = "minify-program/1"
+
+# The operator's list of module prefixes a sandbox child may import to register custom ops, and
+# the job spec's field naming the modules a program needs (both read where the ops are imported).
+ALLOWED_OP_MODULES_ENV = "MINIFY_ALLOWED_OP_MODULES"
+OP_MODULES_FIELD = "op_modules"
 
 EXPORT_HINT = (
     "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
@@ -104,7 +119,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     metadata = {
         "source": source,
         "program": program.name,
-        "user_inputs": list(signature.user_inputs),
+        "user_inputs": [spec.arg.name for spec, _ in _user_input_specs(ep)],
         "parameters": list(signature.parameters),
         "buffers": list(signature.buffers),
         "constants": [s.arg.name for s in signature.input_specs if s.kind.name == "CONSTANT_TENSOR"],
@@ -141,8 +156,6 @@ def read_inputs(path: Path) -> Any:
 
 def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
     """The ExportedProgram in `path` and its source kind ("pt2" or "pickle")."""
-    import torch
-
     if not path.is_file():
         raise ProgramError(f"program file {path.name} does not exist")
     if not zipfile.is_zipfile(path):
@@ -158,12 +171,24 @@ def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
     if any(name.endswith("archive_format") or "/models/" in name for name in names):
         _refuse_code_in_archive(path)
         try:
-            return torch.export.load(path), "pt2"
-        except Exception as error:
-            raise ProgramError(f"torch.export.load could not load {path.name}: {_raised(error)}") from error
+            return export_load.load(path), "pt2"
+        except export_load.LoadFailed as failure:
+            raise ProgramError(_load_failure(path, failure)) from failure
     if any(name.endswith("data.pkl") for name in names):
         return _export_pickled_module(path, raw_inputs), "pickle"
     raise ProgramError(f"{path.name} is a zip file but not a torch.export archive; {EXPORT_HINT}")
+
+
+def _load_failure(path: Path, failure: export_load.LoadFailed) -> str:
+    cause = "; ".join(failure.causes)
+    if not failure.missing_ops:
+        return f"torch.export.load could not load {path.name}: {cause}"
+    return (
+        f"{path.name} calls custom ops that are not registered in the worker: {', '.join(failure.missing_ops)}. "
+        f"To provide them, the job spec lists the Python modules that register them in {OP_MODULES_FIELD!r} "
+        f"(a capture fills it in), and the worker's operator allows those modules with "
+        f"{ALLOWED_OP_MODULES_ENV}=<comma-separated module prefixes>. torch.export.load: {cause}"
+    )
 
 
 def _refuse_code_in_archive(path: Path) -> None:
@@ -250,14 +275,15 @@ def _readings(raw: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
 
 def user_inputs(ep: Any, raw_inputs: Any) -> list[Any]:
     """The user inputs, flattened in the order of the user-input placeholders, checked against them."""
-    expected = _user_input_nodes(ep)
+    expected = _user_input_specs(ep)
     if raw_inputs is None:
         example = getattr(ep, "example_inputs", None)
         if example is not None:
             flat = _flatten_for(ep, *example)
             if flat is not None:
                 return flat
-        return [make_value(node.meta.get("val")) for node in expected]
+        return [_constant(spec) if _is_constant(spec) else make_value(node.meta.get("val"))
+                for spec, node in expected]
     for args, kwargs in _readings(raw_inputs):
         flat = _flatten_for(ep, args, kwargs)
         if flat is not None:
@@ -269,9 +295,25 @@ def user_inputs(ep: Any, raw_inputs: Any) -> list[Any]:
     )
 
 
-def _user_input_nodes(ep: Any) -> list[Any]:
-    names = set(ep.graph_signature.user_inputs)
-    return [node for node in ep.graph.nodes if node.op == "placeholder" and node.name in names]
+def _user_input_specs(ep: Any) -> list[tuple[Any, Any]]:
+    """Each user input's spec and placeholder, in the order of the flat inputs. The graph's
+    placeholders follow the signature's input specs (torch's own input check pairs them so); a
+    constant input's spec holds its value where the signature's `user_inputs` would have its name."""
+    from torch.export.graph_signature import InputKind
+
+    placeholder_nodes = [node for node in ep.graph.nodes if node.op == "placeholder"]
+    return [(spec, node) for spec, node in zip(ep.graph_signature.input_specs, placeholder_nodes, strict=True)
+            if spec.kind == InputKind.USER_INPUT]
+
+
+def _is_constant(spec: Any) -> bool:
+    from torch.export.graph_signature import ConstantArgument
+
+    return isinstance(spec.arg, ConstantArgument)
+
+
+def _constant(spec: Any) -> Any:
+    return spec.arg.value
 
 
 def _flatten_for(ep: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
@@ -289,17 +331,22 @@ def _flatten_for(ep: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list
             return None
         if len(tree_flatten((tuple(args), dict(kwargs)))[0]) != in_spec.num_leaves:
             return None
-    return flat if len(flat) == len(_user_input_nodes(ep)) else None
+    return flat if len(flat) == len(_user_input_specs(ep)) else None
 
 
-def check_inputs(expected: list[Any], given: list[Any]) -> None:
-    """Raise a `ProgramError` naming the first input whose kind, dtype or shape differs."""
+def check_inputs(expected: list[tuple[Any, Any]], given: list[Any]) -> None:
+    """Raise a `ProgramError` naming the first input whose kind, dtype, shape or constant value
+    differs; `expected` is `_user_input_specs`."""
     import torch
 
-    for position, (node, value) in enumerate(zip(expected, given, strict=True)):
+    for position, ((spec, node), value) in enumerate(zip(expected, given, strict=True)):
         meta = node.meta.get("val")
-        where = f"input {position} ({node.name!r})"
-        if isinstance(meta, torch.Tensor):
+        where = f"input {position} ({spec.arg.name!r})"
+        if _is_constant(spec):
+            if isinstance(value, torch.Tensor) or value != _constant(spec):
+                raise ProgramError(f"{where} was exported as the constant {_constant(spec)!r}, which the program "
+                                   f"is fixed to; got {_describe_constant(value)}")
+        elif isinstance(meta, torch.Tensor):
             if not isinstance(value, torch.Tensor):
                 raise ProgramError(f"{where} must be a tensor {_describe_value(meta)}, got {_describe_value(value)}")
             if value.dtype != meta.dtype:
@@ -348,40 +395,41 @@ def _hint(value: Any) -> Any:
 
 
 def placeholder_values(ep: Any, graph: Any, flat_inputs: list[Any]) -> dict[str, Any]:
-    """Every placeholder's value by name: user inputs in order, parameters, buffers and constants
-    from the program's state by the graph signature."""
+    """Every placeholder's value by its name in `graph` (the flat copy of `ep`, which may have
+    renamed one): user inputs in order, parameters, buffers and constants from the program's state
+    by the graph signature. A constant input that nothing uses is removed from `graph`: export
+    baked its value into the ops, and a compiler given the user's program never sees it."""
     import torch
     from torch.export.graph_signature import InputKind
 
-    by_name: dict[str, Any] = dict(zip(_names(_user_input_nodes(ep)), flat_inputs, strict=True))
-    for spec in ep.graph_signature.input_specs:
-        name = getattr(spec.arg, "name", None)
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+    from .graph import placeholders
+
+    given = iter(flat_inputs)
+    values: dict[str, Any] = {}
+    for spec, node in zip(ep.graph_signature.input_specs, placeholders(graph), strict=True):
+        if spec.kind == InputKind.USER_INPUT:
+            value = next(given)
+            if _is_constant(spec) and not node.users:
+                graph.erase_node(node)
+                continue
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             if spec.target in ep.state_dict:
-                by_name[name] = ep.state_dict[spec.target]
+                value = ep.state_dict[spec.target]
             elif spec.target in ep.constants:
-                by_name[name] = ep.constants[spec.target]
+                value = ep.constants[spec.target]
             else:
                 raise ProgramError(f"the program has no value for {spec.kind.name.lower()} {spec.target!r}")
-        elif spec.kind != InputKind.USER_INPUT:
-            raise ProgramError(f"input {name!r} is a {spec.kind.name.lower()}, which minify does not support")
-    values: dict[str, Any] = {}
-    for node in graph.nodes:
-        if node.op != "placeholder":
-            continue
-        value = by_name.get(node.name)
+        else:
+            raise ProgramError(f"input {spec.arg.name!r} is a {spec.kind.name.lower()}, "
+                               "which minify does not support")
         if isinstance(value, torch.Tensor):
             values[node.name] = value.detach().to("cpu")
         elif isinstance(value, bool | int | float):
             values[node.name] = value
         else:
-            raise ProgramError(f"input {node.name!r} is a {type(value).__name__}; "
+            raise ProgramError(f"input {spec.arg.name!r} is a {type(value).__name__}; "
                                "only tensors and numbers are supported")
     return values
-
-
-def _names(nodes: list[Any]) -> list[str]:
-    return [node.name for node in nodes]
 
 
 def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str, Any]:
@@ -473,25 +521,6 @@ def _to_device(value: Any, device: str) -> Any:
 # Messages
 
 
-def _raised(error: BaseException) -> str:
-    """What was raised, with its innermost cause: `Type: message (caused by Type: message)`."""
-    cause, seen = error, {id(error)}
-    while True:
-        inner = cause.__cause__ if cause.__cause__ is not None else (
-            None if cause.__suppress_context__ else cause.__context__)
-        if inner is None or id(inner) in seen:
-            break
-        cause = inner
-        seen.add(id(inner))
-    text = _message(error)
-    return text if cause is error else f"{text} (caused by {_message(cause)})"
-
-
-def _message(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}"[:600]
-
-
 def _short(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
@@ -514,7 +543,15 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__
 
 
+def _describe_constant(value: Any) -> str:
+    """A number, bool, string or None as written; anything else by its kind and shape."""
+    return repr(value) if value is None or isinstance(value, bool | int | float | str) else _describe_value(value)
+
+
 def _describe_spec(ep: Any) -> str:
-    nodes = _user_input_nodes(ep)
-    flat = ", ".join(f"{node.name}: {_describe_value(node.meta.get('val'))}" for node in nodes)
-    return f"{len(nodes)} inputs ({flat}) structured as {ep.call_spec.in_spec}"
+    specs = _user_input_specs(ep)
+    flat = ", ".join(
+        f"{spec.arg.name}: " + (f"the constant {_constant(spec)!r}" if _is_constant(spec)
+                                else _describe_value(node.meta.get("val")))
+        for spec, node in specs)
+    return f"{len(specs)} inputs ({flat}) structured as {ep.call_spec.in_spec}"
