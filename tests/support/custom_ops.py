@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from tests.support.backends import raise_on
+
 PREFIX = "tests.support.custom_ops"
 NAMESPACE = "minify_test"
 
@@ -51,3 +53,8 @@ class ShiftRelu(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(torch.ops.minify_test.shift(x))
+
+
+# A compiler bug in the custom op itself: a backend that fails on any graph that calls `scale`
+# (allowed as `tests.support.custom_ops:fail_on_scale` with this module's prefix in MINIFY_ALLOWED_BACKENDS).
+fail_on_scale = raise_on("scale")

@@ -237,6 +237,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     preamble = [
         _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or []),
         _IMPORTS,
+        *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
         _config_lines(spec.config),
         _constants(spec, kind, signature),
@@ -291,6 +292,9 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     elif spec.backend not in BUILTIN_BACKENDS:
         lines.append(f"Backend package:  the one that registers {spec.backend!r} with torch.compile must be "
                      "installed (torch._dynamo.list_backends())")
+    if spec.op_modules:
+        lines.append(f"Custom ops:       registered by importing {', '.join(spec.op_modules)}: must be importable "
+                     "(PYTHONPATH)")
     if culprit_lines:
         lines += ["", *culprit_lines]
     if environment:
@@ -317,6 +321,16 @@ import torch._inductor.config
 from torch._dynamo.debug_utils import AccuracyError, cast_to_fp64
 from torch._dynamo.utils import clone_inputs, same
 """
+
+
+def _op_module_imports(modules: Sequence[str]) -> list[str]:
+    """The imports that register the custom ops the graph calls (the spec's `op_modules`), before
+    anything traces or loads it."""
+    if not modules:
+        return []
+    return ["\n".join(["# the modules that register the graph's custom ops (job spec op_modules)",
+                       *(f"import {module}" for module in modules)])]
+
 
 _REPRO_CLASS = """
 class {name}(torch.nn.Module):

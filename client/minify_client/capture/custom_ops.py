@@ -116,7 +116,15 @@ def _targets(graph: Any) -> list[Any]:
 
 
 def _registering_module(op: Any) -> str | None:
-    """The module that registered the OpOverload `op` (see the module's docstring), or None."""
+    """The module that registered the OpOverload `op` (see the module's docstring), or None, also
+    where this torch's private registries are not as read here (checked on 2.13)."""
+    try:
+        return _read_registering_module(op)
+    except (AttributeError, ImportError, RuntimeError):
+        return None
+
+
+def _read_registering_module(op: Any) -> str | None:
     import torch
     from torch._library import custom_ops, simple_registry
 

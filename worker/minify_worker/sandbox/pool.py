@@ -22,6 +22,7 @@ from minify_client.models import JobSpec
 
 from .. import oracle
 from ..loader import PreparedProgram, ProgramError
+from ..op_modules import OpModuleError, custom_ops_of_program, import_op_modules
 from ..outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict
 from .child import ALLOWED_CALLS_ENV, call_allowed
 from .limits import (
@@ -449,7 +450,16 @@ def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: Job
     inductor warm-up. Any failure (a bad file, inputs that do not fit, a crash or hang while
     loading) raises `ProgramError` with a message for the user. When `should_stop` answers a
     reason (a cancel, a job deadline), the loading child is killed and `PrepareStopped` raised.
+
+    First the spec's `op_modules` are imported in this process, which rebuilds the prepared graph
+    whose targets their custom ops are (the fork server imports them for its children): one the
+    worker does not allow, or that does not import, is a `ProgramError` naming it and the program's
+    custom ops (`op_modules.import_op_modules`).
     """
+    try:
+        import_op_modules(spec.op_modules, custom_ops_of_program(Path(program)) if spec.op_modules else ())
+    except OpModuleError as error:
+        raise ProgramError(str(error)) from None
     own_pool = pool is None
     active = pool or SandboxPool(workdir, None, spec, 1, warm=False)
     kwargs = {"program": str(Path(program).resolve()),

@@ -23,6 +23,7 @@ from typing import Any
 
 from minify_client.models import JobSpec
 
+from ..op_modules import OpModuleError, import_op_modules
 from .child import ChildSetup, run_child, run_long_lived_child
 from .processes import (
     PR_SET_CHILD_SUBREAPER,
@@ -120,6 +121,11 @@ def run_server(options: ServerOptions, request_fd: int, event_fd: int) -> int:
         # overrides per thread context, so a server forked from another thread than the one that
         # preloaded would not see preload()'s: set it here, in the context every child inherits.
         inductor_config.compile_threads = 1
+        try:  # before anything is forked: every child needs the program's custom ops registered
+            import_op_modules(server.spec.op_modules)
+        except OpModuleError as error:
+            server.emit({"event": "fatal", "message": str(error)})
+            return 2
         info: dict[str, Any] = {"imports_s": round(time.monotonic() - started, 3), "warmup_s": 0.0,
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
         if options.warm and not origin_warmed_up():
