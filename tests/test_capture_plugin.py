@@ -126,12 +126,13 @@ AOTI = "case_aoti.py::test_aoti_package_builds"
 ACCURACY = "case_accuracy.py::test_wrong_values_go_unnoticed_by_the_test"
 ONE_BUG = [f"case_one_bug.py::test_same_bug[{seed}]" for seed in range(10)]
 TRAINING = "case_training.py::test_training_step"
+DYNAMIC = "case_dynamic.py::test_dynamic_model_compiles"
 PASSING = "case_passing.py::test_inductor_compile_matches_eager"
 OWN_ASSERTION = "case_passing.py::test_a_failing_assertion_stays_the_tests_own"
 
 
 def test_every_test_keeps_its_outcome(suite: SuiteRun):
-    failing = {GRAPH_BREAKS, BLOCK, BERT, AOTI, *ONE_BUG, TRAINING, OWN_ASSERTION}
+    failing = {GRAPH_BREAKS, BLOCK, BERT, AOTI, *ONE_BUG, TRAINING, DYNAMIC, OWN_ASSERTION}
     assert suite.outcomes == {test_id: "failed" if test_id in failing else "passed"
                               for test_id in [*failing, ACCURACY, PASSING]}, suite.output[-3000:]
     assert suite.returncode == 1
@@ -196,7 +197,18 @@ def test_a_failing_aoti_build_captures_its_exported_program(suite: SuiteRun):
     spec = _spec(suite, entry)
     assert entry["level"] == "aoti" and spec["backend"] == "aot_inductor"
     assert spec["config"] == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
-    assert _ops(_program(suite, entry)) == ["relu.default", "cos.default"]
+    program = _program(suite, entry)
+    assert _ops(program) == ["relu.default", "cos.default"]
+    assert list(program.graph_signature.user_inputs) == ["input"]  # nn.Sequential's argument, a builtin's name
+
+
+def test_a_dynamic_compile_is_captured_with_its_symbolic_dims(suite: SuiteRun):
+    entry = _capture(suite, DYNAMIC)
+    program = _program(suite, entry)
+    assert RELU_BUG.match(entry["signature"]) and "relu.default" in _ops(program)
+    assert program.range_constraints, "the captured program lost its dynamic dims"
+    sizes = [node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"]
+    assert any(isinstance(size, torch.SymInt) for shape in sizes for size in shape), sizes
 
 
 def test_an_accuracy_mismatch_is_captured_when_asked(suite: SuiteRun):
@@ -229,12 +241,17 @@ def minimized(suite: SuiteRun) -> dict[str, dict]:
     return reports
 
 
-@pytest.mark.parametrize("test_id", [GRAPH_BREAKS, BERT, AOTI, ACCURACY, ONE_BUG[0], TRAINING])
+@pytest.mark.parametrize("test_id", [GRAPH_BREAKS, BERT, AOTI, ACCURACY, ONE_BUG[0], TRAINING, DYNAMIC])
 def test_each_capture_minimizes_to_the_relu(suite: SuiteRun, minimized: dict[str, dict], test_id: str):
     report = minimized[_capture(suite, test_id)["name"]]
     assert report["status"] == "succeeded", str(report)[-3000:]
     assert report["nodes_final"] == 1
     assert _ops(torch.export.load(Path(report["out"]) / "minimized.pt2")) == ["relu.default"]
+
+
+def test_a_dynamic_capture_minimizes_to_a_dynamic_relu(suite: SuiteRun, minimized: dict[str, dict]):
+    report = minimized[_capture(suite, DYNAMIC)["name"]]
+    assert torch.export.load(Path(report["out"]) / "minimized.pt2").range_constraints, str(report)[-3000:]
 
 
 def test_the_plugin_module_imports_nothing_until_capture_is_on():
