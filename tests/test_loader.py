@@ -6,6 +6,8 @@ through `prepare_program`, the sandboxed entry the engine uses.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -175,6 +177,69 @@ def test_a_program_torch_export_load_cannot_load_says_what_it_raised(tmp_path: P
                               lambda inner, data: b"9" if inner == "archive_version" else None)
     with pytest.raises(ProgramError, match=r"^torch\.export\.load could not load future\.pt2: ValueError: "
                                            r"Saved archive version 9 does not match"):
+        prepare(program, None, tmp_path / "work")
+
+
+def test_an_nn_sequential_export_loads_with_its_argument_input_renamed(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 8)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "seq.pt2")
+    metadata = prepare(tmp_path / "seq.pt2", None, tmp_path / "work")
+    values = values_of(tmp_path / "work")
+    assert metadata["user_inputs"] == ["input"] and metadata["nodes_original"] == 3
+    assert torch.equal(values["input_1"], x)  # `input` shadows a builtin: the flat copy renames it
+
+
+def test_an_input_the_program_mutates_in_place_is_stored_as_it_was_given(tmp_path: Path) -> None:
+    class Doubles(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x.mul_(2)  # torch.export keeps the in-place op
+            return x.relu()
+
+    x = torch.ones(4)
+    torch.export.save(torch.export.export(Doubles(), (x.clone(),)), tmp_path / "doubles.pt2")
+    prepare(tmp_path / "doubles.pt2", None, tmp_path / "work")
+    values = values_of(tmp_path / "work")
+    assert torch.equal(values["x"], x) and torch.equal(values["relu"], 2 * x)
+
+
+def _with_node_target(old: str, new: str) -> Callable[[str, bytes], bytes | None]:
+    def rewrite(inner: str, data: bytes) -> bytes | None:
+        return data.replace(old.encode(), new.encode()) if inner.startswith("models/") else None
+
+    return rewrite
+
+
+def test_a_program_calling_a_custom_op_the_worker_lacks_names_it_and_how_to_provide_it(tmp_path: Path) -> None:
+    from tests.support.archives import rewrite_archive
+
+    program = rewrite_archive(saved("relu_cos", tmp_path), tmp_path / "custom.pt2", _with_node_target(
+        "torch.ops.aten.relu.default", "torch.ops.minify_unregistered.scale.default"))
+    with pytest.raises(ProgramError) as refused:
+        prepare(program, None, tmp_path / "work")
+    message = str(refused.value)
+    assert message.startswith("custom.pt2 calls custom ops that are not registered in the worker: "
+                              "minify_unregistered::scale. ")
+    assert "'op_modules'" in message and "MINIFY_ALLOWED_OP_MODULES=" in message
+    assert "torch.export.load: SerializeError: We failed to resolve torch.ops.minify_unregistered.scale" in message
+
+
+def test_a_load_torch_only_logs_the_cause_of_says_that_cause(tmp_path: Path) -> None:
+    from tests.support.archives import rewrite_archive
+
+    def unknown_namedtuple(inner: str, data: bytes) -> bytes | None:
+        if not inner.startswith("models/"):
+            return None
+        document = json.loads(data)
+        leaf = {"type": None, "context": None, "children_spec": []}
+        document["graph_module"]["module_call_graph"][0]["signature"]["out_spec"] = json.dumps(
+            [1, {"type": "collections.namedtuple", "context": "elsewhere.Point", "children_spec": [leaf]}])
+        return json.dumps(document).encode()
+
+    program = rewrite_archive(saved("relu_cos", tmp_path), tmp_path / "point.pt2", unknown_namedtuple)
+    with pytest.raises(ProgramError, match=r"^torch\.export\.load could not load point\.pt2: NotImplementedError: "
+                                           r"Can't deserialize TreeSpec of namedtuple class elsewhere\.Point .*; "
+                                           r"RuntimeError: We ran into an error when deserializing"):
         prepare(program, None, tmp_path / "work")
 
 
