@@ -12,10 +12,14 @@ Python int dynamo made symbolic) stays an int input exported as `Dim.DYNAMIC`. T
 the engine's candidates, minimized.pt2 and repro.py after it, are then dynamic wherever the
 compile was.
 
-Relies on (checked on torch 2.13.0): `SymInt.node.expr` and `.node.shape_env.var_to_range` (the
-symbol's range, a sympy bound, `int_oo` when unbounded), dynamo's `example_value` and AOT's `val`
-placeholder metadata, `torch.export.Dim` with derived dims, `Dim.DYNAMIC` for int inputs, and
-`aten.sym_size.int`.
+When export refuses the named dims (a guard of the graph's own that a range cannot say, such as
+an even size for `view(2, -1)`), each symbolic dim is exported `Dim.DYNAMIC`, and export infers
+the relations. A range unbounded above is exported as `UNBOUNDED`, not `int_oo` (see `_range`).
+
+Relies on (checked on torch 2.13.0): `SymInt.node.expr`, `.node.hint` (None for a data-dependent
+size) and `.node.shape_env.var_to_range` (the symbol's range, sympy bounds, `int_oo` when
+unbounded), dynamo's `example_value` and AOT's `val` placeholder metadata, `torch.export.Dim` with
+derived dims, `Dim.DYNAMIC` for int inputs and, with a range, for tensor dims, and `aten.sym_size.int`.
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ def _dynamic_shapes(symbolic: Sequence[Any], *, named: bool) -> tuple[Any, ...]:
         if _symbolic_int(value):
             shapes.append(torch.export.Dim.DYNAMIC)
         elif sizes := _symbolic_dims(value):
-            shapes.append({dim: _dim_for(size, dims) if named else torch.export.Dim.DYNAMIC
+            shapes.append({dim: _dim_for(size, dims) if named else _dynamic_hint(size)
                            for dim, size in sizes.items()})
         else:
             shapes.append(None)
@@ -117,7 +121,6 @@ def _symbolic_dims(value: Any) -> dict[int, Any]:
 def _refuse_data_dependent(symbolic: Sequence[Any]) -> None:
     """An input sized by a value computed in another graph (an unbacked symbol, `u0`) has no
     example size to export it with."""
-
     for value in symbolic:
         sizes = [value] if _symbolic_int(value) else list(_symbolic_dims(value).values())
         for size in sizes:
@@ -182,12 +185,26 @@ def _dim_for(size: Any, dims: dict[Any, Any]) -> Any:
 
 
 def _named_dim(symbol: Any, shape_env: Any) -> Any:
-    """A Dim named after `symbol`, with its range; unbounded above is `UNBOUNDED`, not export's
-    default (`int_oo`): the engine and repro.py mark the dim with `mark_dynamic(min=, max=)`, which
-    fails on torch 2.13 when a min comes without a max."""
     import torch
 
+    low, high = _range(symbol, shape_env)
+    return torch.export.Dim(str(symbol), min=low, max=high)
+
+
+def _dynamic_hint(size: Any) -> Any:
+    """`Dim.DYNAMIC` within the range of the size's symbol (a wider one for any other expression)."""
+    import torch
+
+    symbols = list(size.node.expr.free_symbols)
+    low, high = _range(symbols[0], size.node.shape_env) if len(symbols) == 1 else (None, UNBOUNDED)
+    return torch.export.Dim.DYNAMIC(min=low, max=high)
+
+
+def _range(symbol: Any, shape_env: Any) -> tuple[int | None, int]:
+    """The compile's range of `symbol` (None: no lower bound); unbounded above is `UNBOUNDED`, not
+    export's default (`int_oo`): the engine and repro.py mark the dim with `mark_dynamic(min=,
+    max=)`, which fails on torch 2.13 when a min comes without a max."""
     bound = shape_env.var_to_range.get(symbol) if shape_env is not None else None
     lower = int(bound.lower) if bound is not None and bound.lower.is_Integer else None
     upper = int(bound.upper) if bound is not None and bound.upper.is_Integer else UNBOUNDED
-    return torch.export.Dim(str(symbol), min=max(lower, 0) if lower is not None else None, max=min(upper, UNBOUNDED))
+    return (max(lower, 0) if lower is not None else None), min(upper, UNBOUNDED)
