@@ -54,8 +54,9 @@ def job_spec(backend: str, **fields: object) -> JobSpec:
 
 def test_the_offline_command_minifies_a_program_with_a_custom_op_to_the_relu_where_its_module_is_allowed(
         tmp_path: Path) -> None:
-    # A fresh worker process: the program loads (in the sandbox) and its graph is rebuilt (in the
-    # engine) only because both import the spec's op module.
+    # A fresh worker process: the program loads (in a sandbox child), its graph is rebuilt (in the
+    # engine) and its candidates run only because the engine and the fork server import the spec's
+    # op module (long-lived children are forked from that server too: no test of their own).
     program = save_scale_relu(tmp_path)
     env = dict(os.environ, MINIFY_ALLOWED_BACKENDS=BACKENDS, **{ALLOWED_OP_MODULES_ENV: OPS})
 
