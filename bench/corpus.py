@@ -491,12 +491,18 @@ def run_launcher(launcher: Path, scratch: Path, side: dict[str, Any], options: a
 # --- the service ---------------------------------------------------------------------------------
 
 
+# transformers registers custom ops some models call (Mixtral's experts: `transformers::grouped_mm_fallback`);
+# the service's operator allows the worker to import the module that registers them (issue 30, part 3).
+SERVICE_ENV = {"MINIFY_ALLOWED_OP_MODULES": "transformers"}
+
+
 def with_service(out: Path, workers: int, work: Callable[[str], None]) -> None:
     """One `minify-server` (embedded Redis, `workers` workers warmed up as in production) around `work`."""
     sys.path.insert(0, str(REPO))
     from tests.support.service import start_service
 
-    with start_service(out / "service", workers=workers, warm_up=True, timeout_s=600, env=bench_env()) as service:
+    with start_service(out / "service", workers=workers, warm_up=True, timeout_s=600,
+                       env=bench_env(**SERVICE_ENV)) as service:
         print(f"minify-server on {service.url} ({workers} worker(s)); dashboard: {service.url}/", flush=True)
         work(service.url)
 
