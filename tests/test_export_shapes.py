@@ -175,8 +175,8 @@ def exported(shape: Shape, directory: Path) -> Path:
                            if inner.startswith("models/") else None)
 
 
-def prepared(program: Path, workdir: Path) -> tuple[PreparedProgram, Any, dict[str, Any]]:
-    prepare(program, None, workdir)
+def prepared(program: Path, workdir: Path, inputs: Path | None = None) -> tuple[PreparedProgram, Any, dict[str, Any]]:
+    prepare(program, inputs, workdir)
     prepared = PreparedProgram.read(workdir)
     return prepared, graph_from_wire(prepared.wire_graph), torch.load(prepared.values_path, weights_only=True)
 
@@ -192,6 +192,15 @@ def test_the_family_covers_every_value_of_every_axis() -> None:
     assert len({shape.id for shape in SHAPES}) == len(SHAPES) == 18
 
 
+def assert_inputs_hold(graph: Any, values: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The user-input placeholders hold the call's tensors, in order; constant inputs have none."""
+    inputs = [node for node in placeholders(graph) if node.meta[META_ROLE] == "input"]
+    given = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    assert len(inputs) == len(given)
+    for node, tensor in zip(inputs, given, strict=True):
+        assert torch.equal(values[node.meta[META_VALUE]], tensor), node.name
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.id)
 def test_the_loader_prepares_every_export_shape(shape: Shape, tmp_path: Path) -> None:
     args, kwargs = call_for(shape)
@@ -199,14 +208,18 @@ def test_the_loader_prepares_every_export_shape(shape: Shape, tmp_path: Path) ->
     prepared_program, graph, values = prepared(program, tmp_path / "work")
 
     assert prepared_program.nodes_original == ops_of(program)
-    inputs = [node for node in placeholders(graph) if node.meta[META_ROLE] == "input"]
-    given = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
-    assert len(inputs) == len(given)  # constant inputs are baked in: no placeholder
-    for node, tensor in zip(inputs, given, strict=True):
-        assert torch.equal(values[node.meta[META_VALUE]], tensor), node.name
+    assert_inputs_hold(graph, values, args, kwargs)
     eager = [leaf for leaf in tree_leaves(module_for(shape)(*_clone(args), **_clone(kwargs)))]
     recorded = [values[node.meta[META_VALUE]] for node in output_node(graph).args[0][-len(eager):]]
     assert all(torch.allclose(got, want) for got, want in zip(recorded, eager, strict=True))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.id)
+def test_every_export_shape_takes_its_call_as_an_inputs_file(shape: Shape, tmp_path: Path) -> None:
+    args, kwargs = call_for(shape)
+    torch.save((args, kwargs), tmp_path / "inputs.pt")
+    _, graph, values = prepared(exported(shape, tmp_path), tmp_path / "work", tmp_path / "inputs.pt")
+    assert_inputs_hold(graph, values, args, kwargs)
 
 
 def test_a_builtin_argument_name_keeps_its_value_under_the_name_the_flat_copy_gives_it(tmp_path: Path) -> None:
