@@ -144,13 +144,15 @@ def test_a_job_whose_op_module_does_not_import_fails_at_once_naming_it(
 # -- the spec --------------------------------------------------------------------------------
 
 
-def test_the_op_module_flag_adds_modules_to_the_specs() -> None:
+def test_the_op_module_flag_adds_modules_to_those_of_the_spec_file(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_spec_arguments(parser)
+    (tmp_path / "spec.json").write_text(json.dumps({"op_modules": ["captured.ops"]}))
 
-    spec = spec_from_args(parser.parse_args(["--op-module", "mylib.ops", "--op-module", "other"]))
+    spec = spec_from_args(parser.parse_args(["--spec", str(tmp_path / "spec.json"),
+                                             "--op-module", "mylib.ops", "--op-module", "other"]))
 
-    assert spec.op_modules == ["mylib.ops", "other"]
+    assert spec.op_modules == ["captured.ops", "mylib.ops", "other"]
 
 
 def test_an_op_module_must_be_a_dotted_module_name() -> None:
