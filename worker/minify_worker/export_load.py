@@ -32,6 +32,9 @@ from typing import Any
 # What one cause may take of a message: torch's messages for a node repeat the whole node.
 CAUSE_LIMIT = 400
 
+# Warnings that tell of the future, not of why a load failed.
+_NOT_CAUSES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
 
 class LoadFailed(Exception):
     """`torch.export.load` failed: `causes` says why, torch's logged causes first, then what it
@@ -68,7 +71,8 @@ def load(path: Path) -> Any:
             try:
                 program = torch.export.load(path)
             except Exception as error:
-                causes = records.causes() + [f"{w.category.__name__}: {w.message}" for w in caught]
+                causes = records.causes() + [f"{w.category.__name__}: {w.message}" for w in caught
+                                             if not issubclass(w.category, _NOT_CAUSES)]
                 causes.append(_cause(error))
                 raise LoadFailed(list(dict.fromkeys(_clip(cause) for cause in causes)),
                                  unresolved_ops(documents)) from error
