@@ -47,7 +47,7 @@ def allowed(module: str, prefixes: Sequence[str]) -> bool:
 def import_op_modules(modules: Sequence[str], ops: Sequence[str] = ()) -> None:
     """Import each of `modules` (the spec's `op_modules`), or raise `OpModuleError` saying which
     module, which of the program's custom ops (`ops`, "ns::op") need it, and how to provide it."""
-    import torch
+    import torch  # here, not at the top: a spawned fork server imports this module before it times torch's import
 
     needed = f"the program's custom ops ({', '.join(ops)}) need" if ops else "the job needs"
     prefixes = allowed_prefixes()
