@@ -66,7 +66,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def minimized(captured: Path) -> MinifyResult:
     """The capture minimized by the offline engine, with its spec and inputs as saved."""
     spec = JobSpec.model_validate_json((captured.parent / "spec.json").read_text())
-    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2})})
+    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}), "culprit": False})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")
         return minify(captured, spec, captured.parent / "out", inputs=captured.parent / "inputs.pt")
