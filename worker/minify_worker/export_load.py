@@ -15,8 +15,8 @@ Checked on torch 2.13.0 (`torch/export/__init__.py`, `torch/export/pt2_archive/_
 - **The real cause of a failure.** torch logs what went wrong while deserializing (a warning with
   the exception) and raises a bare "We ran into an error when deserializing the saved file"; the
   records and warnings of the load are kept, and `LoadFailed` carries their causes.
-- **The custom ops that do not resolve here**: the `namespace::op`s the graph calls (node targets
-  `torch.ops.<namespace>.<op>.<overload>`) that `torch.ops` does not have in this process.
+- **The custom ops that do not resolve here**: those of the program's custom ops
+  (`op_modules.custom_ops_of_program`, "namespace::op") that `torch.ops` lacks in this process.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def load(path: Path) -> Any:
                                              if not issubclass(w.category, _NOT_CAUSES)]
                 causes.append(_cause(error))
                 raise LoadFailed(list(dict.fromkeys(_clip(cause) for cause in causes)),
-                                 unresolved_ops(documents)) from error
+                                 unregistered_ops(path)) from error
     finally:
         for logger in loggers:
             logger.removeHandler(records)
@@ -116,20 +116,18 @@ def register_stand_in(serialized_type_name: str) -> type[PytreeStandIn]:
     return stand_in
 
 
-def unresolved_ops(documents: list[dict[str, Any]]) -> list[str]:
-    """The `namespace::op` of every operator the documents' graphs call that `torch.ops` lacks here."""
+def unregistered_ops(path: Path) -> list[str]:
+    """The custom ops ("namespace::op") the program at `path` calls that `torch.ops` lacks here."""
     import torch
 
+    from .op_modules import custom_ops_of_program
+
     missing = []
-    for target in dict.fromkeys(_op_targets(documents)):
-        parts = target.split(".")  # torch, ops, namespace, op, overload
-        resolved: Any = torch.ops
-        for part in parts[2:]:
-            if not hasattr(resolved, part):  # as torch's deserializer resolves a target
-                missing.append(f"{parts[2]}::{parts[3]}" if len(parts) > 3 else target)
-                break
-            resolved = getattr(resolved, part)
-    return list(dict.fromkeys(missing))
+    for op in custom_ops_of_program(path):
+        namespace, _, name = op.partition("::")
+        if not hasattr(getattr(torch.ops, namespace), name):  # as torch's deserializer resolves a target
+            missing.append(op)
+    return missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,19 +176,6 @@ def _spec_types(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from _spec_types(item)
-
-
-def _op_targets(value: Any) -> Iterator[str]:
-    """Every serialized node target `torch.ops.*` in the documents, subgraphs included."""
-    if isinstance(value, dict):
-        target = value.get("target")
-        if isinstance(target, str) and target.startswith("torch.ops.") and "inputs" in value:
-            yield target
-        for item in value.values():
-            yield from _op_targets(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _op_targets(item)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,15 +45,11 @@ from typing import Any
 from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 
 from . import export_load
+from .op_modules import ALLOWED_OP_MODULES_ENV
 
 PROGRAM_JSON = "program.json"
 VALUES = "values.pt"
 FORMAT = "minify-program/1"
-
-# The operator's list of module prefixes a sandbox child may import to register custom ops, and
-# the job spec's field naming the modules a program needs (both read where the ops are imported).
-ALLOWED_OP_MODULES_ENV = "MINIFY_ALLOWED_OP_MODULES"
-OP_MODULES_FIELD = "op_modules"
 
 EXPORT_HINT = (
     "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
@@ -185,7 +181,7 @@ def _load_failure(path: Path, failure: export_load.LoadFailed) -> str:
         return f"torch.export.load could not load {path.name}: {cause}"
     return (
         f"{path.name} calls custom ops that are not registered in the worker: {', '.join(failure.missing_ops)}. "
-        f"To provide them, the job spec lists the Python modules that register them in {OP_MODULES_FIELD!r} "
+        "To provide them, the job spec lists the Python modules that register them in 'op_modules' "
         f"(a capture fills it in), and the worker's operator allows those modules with "
         f"{ALLOWED_OP_MODULES_ENV}=<comma-separated module prefixes>. torch.export.load: {cause}"
     )
