@@ -101,6 +101,27 @@ def test_a_free_int_input_stays_a_dynamic_int(tmp_path: Path) -> None:
     torch.testing.assert_close(program.module()(torch.randn(6, 4), 7)[0].shape, torch.Size([6, 4]))
 
 
+class DropoutRelu(torch.nn.Module):
+    """Floats a backend other than inductor receives symbolic under dynamic=True (p, eps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout, self.eps = torch.nn.Dropout(0.1), 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.dropout(x)) + self.eps
+
+
+def test_floats_dynamo_made_symbolic_are_captured_as_their_values(tmp_path: Path) -> None:
+    """Export cannot take dropout's check of a symbolic `p`: the values are constants, the dims stay."""
+    program = torch.export.load(compile_and_capture(DropoutRelu().eval(), tmp_path, torch.randn(4, 3)))
+
+    (x,) = user_inputs(program)  # the two floats' 0-d tensors are gone
+    assert all(isinstance(size, torch.SymInt) for size in x.shape)
+    y = torch.randn(6, 3)
+    torch.testing.assert_close(program.module()(y)[0], torch.relu(y) + 1e-5)
+
+
 def test_an_automatic_dynamic_recompile_is_captured_as_the_dynamic_graph_that_failed(tmp_path: Path) -> None:
     torch._dynamo.reset()
     compiled = torch.compile(scaled_relu, backend=fail_on_symbolic_relu)

@@ -83,6 +83,40 @@ def export_dynamic(module: Any, inputs: Sequence[Any], symbolic: Sequence[Any]) 
     return DynamicProgram(torch.export.export(module, kept_inputs, dynamic_shapes=shapes, strict=False), kept_inputs)
 
 
+def specialize_floats(module: Any, inputs: Sequence[Any],
+                      symbolic: Sequence[Any]) -> tuple[Any, tuple[Any, ...], list[Any]]:
+    """`module` with the floats dynamo made symbolic passed as constants: `module`, `inputs` and
+    `symbolic` without those inputs. Dynamo passes such a float (a module's `eps`, dropout's `p`,
+    under `dynamic=True` with a backend other than inductor) as a 0-d float64 tensor the graph reads
+    with `.item()`; export cannot guard on the value read (dropout's `p < 0` check), so neither a
+    dynamic nor a static export would take the graph. Each read becomes the example's value, as
+    inductor does when it specializes a float."""
+    import torch
+    import torch.fx as fx
+
+    placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
+    values: dict[fx.Node, float] = {}
+    for position, node in enumerate(placeholders):
+        value = inputs[position] if position < len(inputs) else None
+        if (isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.float64 and node.users
+                and all(user.op == "call_method" and user.target == "item" for user in node.users)):
+            values[node] = value.item()
+    if not values:
+        return module, tuple(inputs), list(symbolic)
+    graph = fx.Graph()
+    copied: dict[fx.Node, Any] = {}
+    for node in module.graph.nodes:
+        if node in values:
+            continue
+        if node.op == "call_method" and node.args[0] in values:
+            copied[node] = values[node.args[0]]
+        else:
+            copied[node] = graph.node_copy(node, lambda arg: copied[arg])
+    kept = [position for position, node in enumerate(placeholders) if node not in values]
+    return (fx.GraphModule(module, graph), tuple(inputs[position] for position in kept),
+            [symbolic[position] for position in kept if position < len(symbolic)])
+
+
 def _dynamic_shapes(symbolic: Sequence[Any], *, named: bool) -> tuple[Any, ...]:
     """`dynamic_shapes` for inputs compiled with `symbolic`: per tensor `{dim: Dim}` for its symbolic
     dims (named after their symbol, or `Dim.DYNAMIC`), `Dim.DYNAMIC` for a symbolic int (export

@@ -8,7 +8,8 @@ tangents, exported the same way. An AOTI failure is its ExportedProgram, as give
 A graph compiled with symbolic sizes is exported with them (`dynamic`: its size inputs become
 dims of the tensors they size). When that export fails (a guard it cannot express), the graph is
 exported static as before: the capture is never lost, a warning says why, the error gets a note,
-`Program.static_reason` keeps the reason and the spec says `dynamic: static`.
+`Program.static_reason` keeps the reason and the spec says `dynamic: static`. Floats dynamo made
+symbolic are passed as constants either way (`dynamic.specialize_floats`).
 
 The spec records the backend, the settings that differ from torch's defaults, and the failure:
 its kind and its root-cause signature as `minify_client.signatures` computes it (the worker's
@@ -32,7 +33,7 @@ from minify_client.models import JobSpec
 from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
-from .dynamic import export_dynamic, is_symbolic
+from .dynamic import export_dynamic, is_symbolic, specialize_floats
 from .torch_hooks import FailedCompile
 from .whole_model import on_cuda
 
@@ -95,18 +96,18 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     if failed.program is not None:
         args, kwargs = failed.program.example_inputs or ((), {})
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
-    inputs = tuple(failed.inputs)
+    module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
-    if is_symbolic(failed.symbolic):
+    if is_symbolic(symbolic):
         try:
-            dynamic = export_dynamic(failed.graph, inputs, failed.symbolic)
+            dynamic = export_dynamic(module, inputs, symbolic)
             return Program(dynamic.program, dynamic.inputs, {}, spec_for(failed, spec), chain_of(failed))
         except Exception as error:  # the static export below still captures the failure
             static_reason = _first_line(error)
             logger.warning("minify: the failing graph was compiled with dynamic shapes, but exporting it with "
                            "them failed (%s); it is captured with static shapes", static_reason)
             add_note(failed.error, f"minify: captured with static shapes, the dynamic export failed: {static_reason}")
-    program = torch.export.export(failed.graph, inputs, strict=False)
+    program = torch.export.export(module, inputs, strict=False)
     if static_reason is not None:  # the job compiles what the program now is
         spec = {"dynamic": "static", **_given(spec)}
     return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)
