@@ -41,6 +41,17 @@ def test_torch_export_load_really_runs_each_payload(tmp_path: Path) -> None:
     assert [name for name, marker in markers.items() if not marker.exists()] == expected_silent
 
 
+def test_a_module_named_in_the_input_structure_is_imported_by_torch_and_named(tmp_path: Path) -> None:
+    marker, module = tmp_path / "imported", "minify_structure_import_marker"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / f"{module}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    archive = archives.structure_import_archive(tmp_path / "e", module)
+    archives.load_in_child([archive], python_path=tmp_path / "m")
+    assert marker.exists()  # plain torch.export.load imported it
+    [finding] = find_unsafe_members(archive)
+    assert f"an enum of module {module!r}" in finding.reason and finding.member.endswith(".json")
+
+
 def _torch_reads_opaque_objects() -> bool:
     from torch.export.pt2_archive import constants
 

@@ -13,6 +13,10 @@ and `torch/_export/serde/serialize.py`, these parts of an archive run code while
   with `weights_only=False`. They are safe only when every global their pickle names is one the
   weights-only unpickler allows (tensors, storages, dtypes), so that is what is checked here;
 - a SymInt/SymFloat/SymBool `expr_str` in `models/<model>.json`: `sympy.sympify`, which is `eval`;
+- a module named in an input or output structure (the treespecs in `models/<model>.json`):
+  `torch.utils._pytree` imports the module of an enum in a node's context (`enum_object_hook`)
+  and of a `defaultdict`'s default factory, so an upload could import any module installed on
+  the worker (its import-time code runs); only torch's own enums and builtin factories pass;
 - anything under `data/aotinductor/`: a compiled shared library that the loader opens.
 
 `torch.export.save` writes none of these for ordinary tensors, so an archive it wrote passes; a
@@ -77,6 +81,13 @@ _SYMPY_FUNCTIONS = frozenset({
 })
 _SYMPY_FUNCTION_FAMILIES = re.compile(r"(?:OpaqueUnaryFn|BitwiseFn)_[a-z_]+")
 _PYTHON_BUILTINS = frozenset(dir(builtins))
+# defaultdict factories a treespec may name: torch imports their module and calls them with no
+# argument for a missing key.
+_SAFE_FACTORIES = frozenset({
+    ("builtins", name) for name in ("list", "dict", "set", "frozenset", "tuple", "int", "float", "str", "bool",
+                                    "bytes", "complex")
+} | {("collections", name) for name in ("OrderedDict", "Counter", "deque", "defaultdict")})
+_NESTED_JSON_LIMIT = 1024 * 1024  # a treespec string longer than this is not decoded but refused
 _EXPRESSION_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Call, ast.Name,
                      ast.Constant, ast.Tuple, ast.keyword, ast.Load, ast.operator, ast.unaryop, ast.boolop,
                      ast.cmpop)
@@ -194,6 +205,8 @@ class _ArchiveScan:
                 shown = expression if len(expression) <= 80 else expression[:77] + "..."
                 yield UnsafeMember(name, f"shape expression {shown!r} {problem}: torch evaluates it "
                                          "with sympy.sympify, which runs Python")
+        for problem in sorted(set(_structure_imports(document))):
+            yield UnsafeMember(name, f"{problem}: torch's pytree reader imports it, which runs the module's code")
 
 
 def _weights_only_first(inner: str) -> bool:
@@ -282,6 +295,43 @@ def _expression_strings(document: Any) -> Iterator[str]:
                     stack.append(item)
         elif isinstance(value, list):
             stack.extend(value)
+
+
+def _structure_imports(value: Any, depth: int = 0) -> Iterator[str]:
+    """What a treespec in `value` would make torch import that is not torch's own or a builtin.
+
+    Treespecs are JSON strings inside the model's JSON, and their contexts JSON strings again:
+    every string that reads as JSON is decoded (a few levels deep) and searched, whatever its key,
+    so the check does not depend on where torch's format keeps them.
+    """
+    if isinstance(value, dict):
+        if "__enum__" in value:
+            fqn = value.get("fqn")
+            module = fqn.partition(":")[0] if isinstance(fqn, str) else "?"
+            if not _torch_module(module):
+                yield f"an enum of module {module!r} in the program's input or output structure"
+        if "default_factory_module" in value or "default_factory_name" in value:
+            factory = (value.get("default_factory_module"), value.get("default_factory_name"))
+            if factory not in _SAFE_FACTORIES:
+                yield f"a defaultdict whose factory is {factory[0]!r}.{factory[1]!r}"
+        for item in value.values():
+            yield from _structure_imports(item, depth)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _structure_imports(item, depth)
+    elif isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+        if depth >= 6 or len(value) > _NESTED_JSON_LIMIT:
+            yield "an input or output structure nested too deeply or too large to check"
+            return
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return
+        yield from _structure_imports(decoded, depth + 1)
+
+
+def _torch_module(module: str) -> bool:
+    return module == "torch" or module.startswith("torch.")
 
 
 def _expression_problem(expression: str) -> str | None:

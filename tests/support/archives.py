@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pathlib
 import pickle
 import subprocess
@@ -165,13 +166,41 @@ def _inject_first_expression(document: object, prefix: str) -> bool:
     return False
 
 
-def load_in_child(archives: list[Path]) -> None:
-    """Plain `torch.export.load` of each archive in a fresh Python (errors after unpickling are ignored)."""
+def load_in_child(archives: list[Path], python_path: Path | None = None) -> None:
+    """Plain `torch.export.load` of each archive in a fresh Python (errors after unpickling are
+    ignored), with `python_path` first on its module path when given."""
     script = ("import sys, torch\n"
               "for path in sys.argv[1:]:\n"
               "    try:\n"
               "        torch.export.load(path)\n"
               "    except Exception:\n"
               "        pass\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(path) for path in (python_path, os.environ.get("PYTHONPATH")) if path)}
     subprocess.run([sys.executable, "-c", script, *map(str, archives)], check=True, capture_output=True,
-                   timeout=120)
+                   timeout=120, env=environment)
+
+
+def structure_import_archive(directory: Path, module: str) -> Path:
+    """A program whose input dict's first key is an enum of `module`: torch's pytree reader imports
+    `module` to rebuild the key (`torch.utils._pytree.enum_object_hook`)."""
+    source = programs.save("linear_relu_sigmoid_dict", directory)
+    key = {"__enum__": True, "fqn": f"{module}:Key", "name": "A"}
+
+    def first_dict(spec: dict) -> dict | None:
+        if spec.get("type") == "builtins.dict":
+            return spec
+        return next(filter(None, map(first_dict, spec.get("children_spec", []))), None)
+
+    def rewrite(inner: str, data: bytes) -> bytes | None:
+        if not inner.startswith("models/") or not inner.endswith(".json"):
+            return None
+        document = json.loads(data)
+        signature = document["graph_module"]["module_call_graph"][0]["signature"]
+        version, spec = json.loads(signature["in_spec"])
+        node = first_dict(spec)
+        node["context"] = json.dumps([key, *json.loads(node["context"])[1:]])
+        signature["in_spec"] = json.dumps([version, spec])
+        return json.dumps(document).encode()
+
+    return rewrite_archive(source, directory / "structure_import.pt2", rewrite)
