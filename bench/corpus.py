@@ -425,7 +425,11 @@ def torch_mode(mode: str, cases: Sequence[Case], out: Path, results: Results, op
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dumps = out / "torch" / f"{mode}-{stamp}"
     test_file = write_tests(out / "tests" / f"torch-{mode}-{stamp}", mode, cases)
-    env = bench_env(TORCHDYNAMO_REPRO_AFTER="aot", CORPUS_TORCH_DEBUG_ROOT=str(dumps))
+    # Without inductor's FX graph and AOT autograd caches: a graph the capture step compiled (the
+    # wrong-values cases compile fine) would be a cache hit, and after_aot's wrapper, which a hit
+    # skips, would never see it: no launcher. A user re-running a suite would meet the same.
+    env = bench_env(TORCHDYNAMO_REPRO_AFTER="aot", CORPUS_TORCH_DEBUG_ROOT=str(dumps),
+                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     if mode == "accuracy":
         env["TORCHDYNAMO_REPRO_LEVEL"] = "4"
     print(f"[{mode}] torch: the tests under TORCHDYNAMO_REPRO_AFTER=aot", flush=True)
@@ -526,7 +530,7 @@ def render_markdown(results: Results) -> str:
         rows.append((
             record["case"],
             f"{yes_no(capture.get('captured'))} ({capture.get('graphs', 0)})",
-            f"{ours.get('nodes_original', '-')} -> {ours.get('nodes_final', '-')}" if ours else "-",
+            f"{cell(ours.get('nodes_original'))} -> {cell(ours.get('nodes_final'))}",
             yes_no(minimal),
             yes_no(ours.get("repro", {}).get("reproduces")) if ours.get("repro") else "-",
             yes_no(dynamic),
@@ -549,6 +553,10 @@ def render_markdown(results: Results) -> str:
         lines += ["## Torch's minifier: cases without a minimal repro", ""]
         lines += [f"- `{case}`: {reason}" for case, reason in torch_failures]
     return "\n".join(lines) + "\n"
+
+
+def cell(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def fmt(seconds: float | None) -> str:
