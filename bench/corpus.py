@@ -164,6 +164,11 @@ def checkout(revision: str, out: Path) -> Path:
     return target
 
 
+def say(line: str) -> None:
+    """A progress line, with the time of day (a long run is followed in its log)."""
+    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
 def tail(text: str, lines: int = 3, width: int = 400) -> str:
     """The last meaningful lines of a log, for a reason in the table."""
     kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
@@ -250,7 +255,7 @@ def capture(mode: str, cases: Sequence[Case], out: Path, results: Results) -> No
     env = bench_env(MINIFY_CAPTURE_DIR=str(capture_dir))
     if mode == "accuracy":
         env["MINIFY_CAPTURE_ACCURACY"] = "1"
-    print(f"[{mode}] capturing {len(cases)} cases: {test_file}", flush=True)
+    say(f"[{mode}] capturing {len(cases)} cases: {test_file}")
     outcomes = run_tests(test_file, cases, env, out / "logs" / f"capture-{mode}-{stamp}.log")
     by_architecture = captures_by_architecture(capture_dir, mode)
     for case in cases:
@@ -264,7 +269,7 @@ def capture(mode: str, cases: Sequence[Case], out: Path, results: Results) -> No
                                                         "inputs")} for entry in entries],
             "test_message": test["message"][:1000],
         }
-        print(f"[{mode}] {case.name}: test {test['outcome']}, {len(entries)} capture(s)", flush=True)
+        say(f"[{mode}] {case.name}: test {test['outcome']}, {len(entries)} capture(s)")
     results.save()
 
 
@@ -383,9 +388,8 @@ def minimize_mode(mode: str, cases: Sequence[Case], server: str, out: Path, resu
         minimize(case, record, server, out, options.job_limit)
         record["ours"]["total_s"] = round((record["capture"]["seconds"] or 0) + record["ours"]["minimize_s"], 1)
         ours = record["ours"]
-        print(f"[{mode}] {case.name}: {ours['status']} {ours.get('nodes_original')} -> {ours.get('nodes_final')} "
-              f"ops {ours.get('ops')} in {ours['minimize_s']} s; repro {ours.get('repro', {}).get('reproduces')}",
-              flush=True)
+        say(f"[{mode}] {case.name}: {ours['status']} {ours.get('nodes_original')} -> {ours.get('nodes_final')} "
+            f"ops {ours.get('ops')} in {ours['minimize_s']} s; repro {ours.get('repro', {}).get('reproduces')}")
         results.save()
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
@@ -432,7 +436,7 @@ def torch_mode(mode: str, cases: Sequence[Case], out: Path, results: Results, op
                     TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     if mode == "accuracy":
         env["TORCHDYNAMO_REPRO_LEVEL"] = "4"
-    print(f"[{mode}] torch: the tests under TORCHDYNAMO_REPRO_AFTER=aot", flush=True)
+    say(f"[{mode}] torch: the tests under TORCHDYNAMO_REPRO_AFTER=aot")
     outcomes = run_tests(test_file, cases, env, out / "logs" / f"torch-dump-{mode}-{stamp}.log")
 
     def one(case: Case) -> None:
@@ -447,8 +451,8 @@ def torch_mode(mode: str, cases: Sequence[Case], out: Path, results: Results, op
             run_launcher(launchers[-1], out / "torch" / "runs" / case.name, side, options,
                          expected=expected_signature(record))
         record["torch"] = side
-        print(f"[{mode}] {case.name}: torch {side['status']}, ops {side.get('ops')}, "
-              f"{side.get('seconds')} s, drifted {side.get('drifted')}", flush=True)
+        say(f"[{mode}] {case.name}: torch {side['status']}, ops {side.get('ops')}, "
+            f"{side.get('seconds')} s, drifted {side.get('drifted')}")
         results.save()
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
@@ -507,7 +511,7 @@ def with_service(out: Path, workers: int, work: Callable[[str], None]) -> None:
 
     with start_service(out / "service", workers=workers, warm_up=True, timeout_s=600,
                        env=bench_env(**SERVICE_ENV)) as service:
-        print(f"minify-server on {service.url} ({workers} worker(s)); dashboard: {service.url}/", flush=True)
+        say(f"minify-server on {service.url} ({workers} worker(s)); dashboard: {service.url}/")
         work(service.url)
 
 
@@ -644,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = Results(out / "results.json", options.resume,
                       {"ours_source": str(OURS_SOURCE or "working tree"), "argv": sys.argv[1:]})
     pending = [case for case in selected if not is_done(results.cases.get(case.name), options.torch)]
-    print(f"{len(selected)} cases selected, {len(pending)} to run; results in {out}", flush=True)
+    say(f"{len(selected)} cases selected, {len(pending)} to run; results in {out}")
     modes = [mode for mode in MODES if any(case.mode == mode for case in pending)]
 
     def work(server: str) -> None:
