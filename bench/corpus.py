@@ -658,9 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ours_cases:
                 capture(mode, ours_cases, out, results)
                 minimize_mode(mode, ours_cases, server, out, results, options)
-            if options.torch:
-                torch_mode(mode, [case for case in cases if "torch" not in results.record(case)], out, results,
-                           options)
+            torch_cases = [case for case in cases if "torch" not in results.record(case)]
+            if options.torch and torch_cases:
+                torch_mode(mode, torch_cases, out, results, options)
             (out / "results.md").write_text(render_markdown(results))
 
     with_service(out, options.jobs, work)
