@@ -298,7 +298,8 @@ def minimize(case: Case, record: dict[str, Any], server: str, out: Path, job_lim
                "--out", str(artifacts), "--force"]
     returncode, seconds, _ = run_logged(command, case_dir / "submit.log", env=bench_env(),
                                         timeout_s=job_limit_s + 120)
-    ours: dict[str, Any] = {"exit": returncode, "minimize_s": round(seconds, 1)}
+    ours: dict[str, Any] = {"exit": returncode, "minimize_s": round(seconds, 1),
+                            "source": str(OURS_SOURCE or "working tree")}
     record["ours"] = ours
     report_path = artifacts / "report.json"
     if returncode is None:
@@ -530,7 +531,7 @@ def render_markdown(results: Results) -> str:
         capture, ours, side = record.get("capture", {}), record.get("ours", {}), record.get("torch")
         minimal = record.get("verdict", {}).get("minimal_repro")
         dynamic = record.get("dynamic", {}).get("kept") if record["mode"] == "dynamic" else None
-        torch_cell = "-" if side is None else ("minimal" if side.get("minimal_repro") else side.get("status", "-"))
+        torch_cell = "-" if side is None else torch_outcome(side)
         rows.append((
             record["case"],
             f"{yes_no(capture.get('captured'))} ({capture.get('graphs', 0)})",
@@ -557,6 +558,14 @@ def render_markdown(results: Results) -> str:
         lines += ["## Torch's minifier: cases without a minimal repro", ""]
         lines += [f"- `{case}`: {reason}" for case, reason in torch_failures]
     return "\n".join(lines) + "\n"
+
+
+def torch_outcome(side: dict[str, Any]) -> str:
+    if side.get("minimal_repro"):
+        return "minimal"
+    if side.get("status") == "ok":
+        return "drifted" if side.get("drifted") else "not minimal"
+    return side.get("status", "-")
 
 
 def cell(value: Any) -> str:
