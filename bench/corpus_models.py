@@ -179,12 +179,14 @@ class _OpCounter(TorchDispatchMode):
 
 
 def check_architecture(name: str) -> dict[str, Any]:
-    """Build the model, run it eagerly in eval mode, count its aten ops: `{"relus", "ops", "error"}`."""
+    """Build the model, run it eagerly in eval mode, count its aten ops, and take an eager training
+    step as the training mode does: `{"relus", "ops", "error"}`."""
     try:
         model, inputs = build(BY_NAME[name])
         counter = _OpCounter()
         with torch.no_grad(), counter:
             model.eval()(**inputs)
+        first_tensor(model.train()(**inputs)).float().mean().backward()
     except Exception as error:  # the check reports every architecture, it does not stop on one
         return {"relus": 0, "ops": 0, "error": f"{type(error).__name__}: {error}"}
     relus = counter.ops["relu"] + counter.ops["relu_"]
