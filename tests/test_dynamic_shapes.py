@@ -158,8 +158,8 @@ def _symbol_of(node: torch.fx.Node) -> str:
 # One candidate (in this process)
 
 
-def run_chain(backend: str, dynamic: str, tmp_path: Path) -> object:
-    ep = export_chain()
+def run_chain(backend: str, dynamic: str, tmp_path: Path, ep: torch.export.ExportedProgram | None = None) -> object:
+    ep = ep or export_chain()
     graph = flat_graph_from_exported_program(ep)
     values = placeholder_values(ep, graph, [torch.randn(8, 16)])
     values.update(concrete_values(graph, values, "cpu"))
@@ -176,6 +176,17 @@ def test_the_backend_sees_symbolic_sizes_unless_static(dynamic: str, tmp_path: P
 
     assert isinstance(outcome, Fails) and outcome.signature.text == SIGNATURE
     assert not isinstance(run_chain(BACKEND, "static", tmp_path), Fails)
+
+
+@pytest.mark.parametrize("bounds", [{"min": 2}, {"max": 64}, {}])
+def test_a_dim_bounded_at_one_end_or_none_is_compiled_symbolic(bounds: dict[str, int], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    ep = torch.export.export(_Chain(), (torch.randn(8, 16),), dynamic_shapes={"x": {0: Dim("batch", **bounds)}})
+
+    outcome = run_chain(BACKEND, "as_exported", tmp_path, ep)
+
+    assert isinstance(outcome, Fails) and outcome.signature.text == SIGNATURE, outcome
 
 
 @pytest.mark.parametrize(("backend", "kind"), [("fail_on_relu", "compile_error"),

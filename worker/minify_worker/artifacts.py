@@ -525,6 +525,8 @@ def mark_dynamic(inputs):
             scale, offset = spec.get("scale", 1), spec.get("offset", 0)
             low = None if spec["min"] is None else scale * spec["min"] + offset
             high = None if spec["max"] is None else scale * spec["max"] + offset
+            if (low is None) != (high is None):  # torch takes both ends or neither
+                low, high = (0 if low is None else low), (sys.maxsize - 1 if high is None else high)
             torch._dynamo.mark_dynamic(value, dim, min=low, max=high)
 
 

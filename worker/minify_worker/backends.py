@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -299,8 +300,17 @@ def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> None:
             if shapes.mode == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, axis)
             else:
-                low, high = size_range(dim)
+                low, high = dynamo_range(*size_range(dim))
                 torch._dynamo.mark_dynamic(value, axis, min=low, max=high)
+
+
+def dynamo_range(low: int | None, high: int | None) -> tuple[int | None, int | None]:
+    """`mark_dynamic`'s min and max: both or neither. torch 2.13 fails the compile on one alone
+    ("not simple sympy type NoneType"), as a dim of `Dim("n", min=2)` has: the missing end becomes
+    0 or the largest size dynamo bounds a dim by."""
+    if (low is None) == (high is None):
+        return low, high
+    return (0 if low is None else low), (sys.maxsize - 1 if high is None else high)
 
 
 def export_dynamic_shapes(shapes: DynamicShapes | None) -> list[dict[int, Any] | None] | None:
