@@ -10,6 +10,7 @@ backends only, no inductor.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import torch
 
 from minify_client.capture import capture_failures
 from minify_client.capture.failed_graph import exported
+from minify_client.capture.session import CaptureSession
 from minify_client.capture.torch_hooks import FailedCompile
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
@@ -146,7 +148,7 @@ def test_a_guard_a_named_dim_cannot_say_is_left_to_export(tmp_path: Path) -> Non
     assert JobSpec.model_validate_json((tmp_path / "spec.json").read_text()).dynamic == "as_exported"
 
 
-def test_a_graph_whose_sizes_no_export_can_take_is_captured_static_and_says_why() -> None:
+def data_dependent_failure() -> FailedCompile:
     """An input sized by a data-dependent value (an unbacked symbol) has no example size."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -155,9 +157,13 @@ def test_a_graph_whose_sizes_no_export_can_take_is_captured_static_and_says_why(
     with FakeTensorMode(shape_env=shape_env):
         fake = torch.empty(shape_env.create_unbacked_symint(), 4)
     graph = torch.fx.symbolic_trace(lambda x: torch.relu(x))
-    error = RuntimeError("injected failure on relu")
-    failed = FailedCompile(level="aot", error=error, backend="inductor", config={}, graph=graph,
-                           inputs=[torch.randn(3, 4)], symbolic=[fake])
+    return FailedCompile(level="aot", error=RuntimeError("injected failure on relu"), backend="inductor",
+                         config={}, graph=graph, inputs=[torch.randn(3, 4)], symbolic=[fake])
+
+
+def test_a_graph_whose_sizes_no_export_can_take_is_captured_static_and_says_why() -> None:
+    failed = data_dependent_failure()
+    error = failed.error
 
     program = exported(failed)
 
@@ -165,6 +171,17 @@ def test_a_graph_whose_sizes_no_export_can_take_is_captured_static_and_says_why(
     assert program.static_reason is not None and "data-dependent" in program.static_reason
     assert program.spec.dynamic == "static"
     assert any("captured with static shapes" in note for note in error.__notes__)
+
+
+def test_the_manifest_says_why_a_capture_is_static(tmp_path: Path) -> None:
+    session = CaptureSession(tmp_path)
+    session.begin("test_data_dependent")
+    session.on_failure(data_dependent_failure())
+
+    session.finish()
+
+    [entry] = json.loads((tmp_path / "captures.json").read_text())["captures"]
+    assert "data-dependent" in entry["static_reason"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class Entry:
     tests: list[str] = field(default_factory=list)
     job: str | None = None
     dashboard: str | None = None
+    static_reason: str | None = None  # compiled with symbolic sizes, captured static: why
 
 
 class CaptureSession:
@@ -151,7 +152,7 @@ class CaptureSession:
                      kind=failed.kind, backend=failed.backend, signature=signature_of(failed),
                      chain=list(program.chain), program=f"{name}/{name}.pt2", spec=f"{name}/spec.json",
                      inputs=f"{name}/inputs.pt", job=captured.job.id if captured.job else None,
-                     dashboard=captured.dashboard)
+                     dashboard=captured.dashboard, static_reason=program.static_reason)
 
     def _free_name(self, name: str) -> str:
         taken = {entry.name for entry in self.entries.values()}
