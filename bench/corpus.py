@@ -200,10 +200,15 @@ def write_tests(directory: Path, mode: str, cases: Sequence[Case]) -> Path:
 
 
 def run_tests(test_file: Path, cases: Sequence[Case], env: dict[str, str], log: Path) -> dict[str, dict[str, Any]]:
-    """One pytest process over the generated file; per architecture: outcome, seconds, message."""
+    """One pytest run over the generated file; per architecture: outcome, seconds, message.
+
+    Its tests run in one pytest-xdist worker (`-n 1`): a test that crashes the process (a segfault
+    in a compiled kernel) fails alone, the worker is replaced, and the run goes on to the others.
+    """
     junit = log.with_suffix(".xml")
     command = [sys.executable, "-m", "pytest", str(test_file), "-c", str(test_file.parent / "pytest.ini"),
-               "-q", "-p", "no:randomly", f"--timeout={TEST_TIMEOUT_S}", f"--junitxml={junit}"]
+               "-q", "-p", "no:randomly", "-n", "1", "--max-worker-restart", str(len(cases)),
+               f"--timeout={TEST_TIMEOUT_S}", f"--junitxml={junit}"]
     returncode, seconds, output = run_logged(command, log, env=env, cwd=test_file.parent,
                                              timeout_s=TEST_TIMEOUT_S * (len(cases) + 1))
     outcomes = parse_junit(junit) if junit.exists() else {}
