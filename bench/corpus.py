@@ -106,8 +106,14 @@ class Results:
 
 
 def is_done(record: dict[str, Any] | None, with_torch: bool) -> bool:
-    """A case is done once ours reached a verdict (and torch's side, when it runs)."""
+    """A case is done once ours reached a verdict (and torch's side, when it runs). A verdict the
+    harness caused is not one: a test pytest never ran, a job without a report (the client could not
+    reach the service, or gave up waiting); `--resume` runs those again."""
     if record is None or "verdict" not in record:
+        return False
+    if record.get("capture", {}).get("test_outcome") == "not run" or \
+            record.get("ours", {}).get("status") in ("error", "timeout"):
+        del record["verdict"]
         return False
     return not with_torch or "torch" in record
 
