@@ -105,17 +105,17 @@ class Results:
         write_json(self.path, {**self.meta, "updated": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": self.cases})
 
 
-def is_done(record: dict[str, Any] | None, with_torch: bool) -> bool:
-    """A case is done once ours reached a verdict (and torch's side, when it runs). A verdict the
-    harness caused is not one: a test pytest never ran, a job without a report (the client could not
-    reach the service, or gave up waiting); `--resume` runs those again."""
+def needs_ours(record: dict[str, Any] | None) -> bool:
+    """Our side has yet to run: no verdict, or one the harness caused (a test pytest never ran, a job
+    without a report: the client could not reach the service, or gave up waiting)."""
     if record is None or "verdict" not in record:
-        return False
-    if record.get("capture", {}).get("test_outcome") == "not run" or \
-            record.get("ours", {}).get("status") in ("error", "timeout"):
-        del record["verdict"]
-        return False
-    return not with_torch or "torch" in record
+        return True
+    return (record.get("capture", {}).get("test_outcome") == "not run"
+            or record.get("ours", {}).get("status") in ("error", "timeout"))
+
+
+def needs_torch(record: dict[str, Any] | None) -> bool:
+    return record is None or "torch" not in record
 
 
 # --- running children ----------------------------------------------------------------------------
@@ -667,18 +667,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     OURS_SOURCE = None if options.ours_rev == "worktree" else checkout(options.ours_rev, out)
     results = Results(out / "results.json", options.resume,
                       {"ours_source": str(OURS_SOURCE or "working tree"), "argv": sys.argv[1:]})
-    pending = [case for case in selected if not is_done(results.cases.get(case.name), options.torch)]
+    pending = [case for case in selected if needs_ours(results.cases.get(case.name))
+               or (options.torch and needs_torch(results.cases.get(case.name)))]
     say(f"{len(selected)} cases selected, {len(pending)} to run; results in {out}")
     modes = [mode for mode in MODES if any(case.mode == mode for case in pending)]
+    if not pending:
+        (out / "results.md").write_text(render_markdown(results))
+        return 0
 
     def work(server: str) -> None:
         for mode in modes:
             cases = [case for case in pending if case.mode == mode]
-            ours_cases = [case for case in cases if "verdict" not in results.cases.get(case.name, {})]
+            ours_cases = [case for case in cases if needs_ours(results.cases.get(case.name))]
             if ours_cases:
                 capture(mode, ours_cases, out, results)
                 minimize_mode(mode, ours_cases, server, out, results, options)
-            torch_cases = [case for case in cases if "torch" not in results.record(case)]
+            torch_cases = [case for case in cases if needs_torch(results.cases.get(case.name))]
             if options.torch and torch_cases:
                 torch_mode(mode, torch_cases, out, results, options)
             (out / "results.md").write_text(render_markdown(results))
