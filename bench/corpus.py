@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,9 +53,11 @@ from corpus_cases import (
     BY_NAME,
     DEFAULT_MODES,
     MODES,
+    SIGNATURE_BY_BUG,
     STRUCTURAL_OPS,
     Case,
     all_cases,
+    same_signature,
 )
 from run import export_revision, markdown_table
 
@@ -303,6 +306,7 @@ def minimize(case: Case, record: dict[str, Any], server: str, out: Path, job_lim
     entry = record["capture"]["entries"][0]
     case_dir = out / "jobs" / case.name
     artifacts = case_dir / "artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)  # a run resumed: no report of an earlier attempt
     spec = job_spec(capture_dir, entry, case_dir / "spec.json", job_limit_s)
     command = [str(CLIENT), "submit", "--server", server, str(capture_dir / entry["program"]), "--spec", str(spec),
                "--inputs", str(capture_dir / entry["inputs"]), "--wait", "--no-wait-culprit", "--json",
@@ -364,7 +368,9 @@ def judge(record: dict[str, Any]) -> None:
     """Ours' verdict: a minimal repro of the buggy op, or the reason it is not one."""
     capture, ours = record.get("capture", {}), record.get("ours", {})
     reason = None
-    if not capture.get("captured"):
+    if not capture.get("captured") and capture.get("test_outcome") == "passed":
+        reason = "not captured: the test passed and the plugin captured nothing (no failing compile seen)"
+    elif not capture.get("captured"):
         reason = f"not captured: test {capture.get('test_outcome')}: {first_line(capture.get('test_message', ''))}"
     elif ours.get("status") != "succeeded":
         reason = f"job {ours.get('status')}: {ours.get('reason')}"
@@ -461,7 +467,7 @@ def torch_mode(mode: str, cases: Sequence[Case], out: Path, results: Results, op
                                f"{first_line(outcomes[case.architecture]['message'])})")
         else:
             run_launcher(launchers[-1], out / "torch" / "runs" / case.name, side, options,
-                         expected=expected_signature(record))
+                         expected=SIGNATURE_BY_BUG[case.bug])
         record["torch"] = side
         say(f"[{mode}] {case.name}: torch {side['status']}, ops {side.get('ops')}, "
             f"{side.get('seconds')} s, drifted {side.get('drifted')}")
@@ -471,14 +477,8 @@ def torch_mode(mode: str, cases: Sequence[Case], out: Path, results: Results, op
         list(pool.map(one, cases))
 
 
-def expected_signature(record: dict[str, Any]) -> str | None:
-    """The failure's signature as the capture recorded it (what torch's result must still fail with)."""
-    entries = record.get("capture", {}).get("entries") or []
-    return entries[0].get("signature") if entries else None
-
-
 def run_launcher(launcher: Path, scratch: Path, side: dict[str, Any], options: argparse.Namespace,
-                 expected: str | None) -> None:
+                 expected: str) -> None:
     """`python minifier_launcher.py minify` under the limit, then its repro.py run for its signature."""
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / "repro.py").unlink(missing_ok=True)
@@ -501,10 +501,10 @@ def run_launcher(launcher: Path, scratch: Path, side: dict[str, Any], options: a
                                   scratch / "repro-run.log", env=bench_env(), cwd=scratch, timeout_s=REPRO_TIMEOUT_S)
     found = _SIGNATURE_LINE.search(run_output)
     side["signature"] = found["signature"].strip() if found else None
-    side["drifted"] = expected is not None and side["signature"] != expected
+    side["drifted"] = not same_signature(side["signature"], expected)
     side["minimal_repro"] = is_minimal(side["ops"]) and not side["drifted"]
     if not side["minimal_repro"]:
-        side["reason"] = (f"drifted: its repro fails with {side['signature']!r}, the capture with {expected!r}"
+        side["reason"] = (f"drifted: its repro fails with {side['signature']!r}, the bug with {expected!r}"
                           if side["drifted"] else f"not minimal: ops left {side['ops']}")
 
 

@@ -30,6 +30,19 @@ DEFAULT_MODES = MODES
 BUG_KEY = "cpp.inject_relu_bug_TESTING_ONLY"
 BUG_BY_MODE = {"inference": "compile_error", "dynamic": "compile_error", "training": "compile_error",
                "accuracy": "accuracy"}
+# How the injected bug fails, as minify's signatures name it (minify_client.signatures): the C++
+# compiler's first error for the relu kernel (gcc quotes with U+2018/U+2019 in a UTF-8 locale, ' in
+# the C locale: compare with `same_signature`); an accuracy failure by its type alone.
+SIGNATURE_BY_BUG = {"compile_error": "CppCompileError: \u2018compile\u2019 was not declared in this scope",
+                    "accuracy": "AccuracyError"}
+
+
+def same_signature(first: str | None, second: str | None) -> bool:
+    """Equal signatures, whichever quotes the compiler's locale gave them."""
+    def plain(text: str) -> str:
+        return text.replace("\u2018", "'").replace("\u2019", "'")
+
+    return first is not None and second is not None and plain(first) == plain(second)
 # The ops a minimal repro of the bug keeps: the relu, and what only reads a size or an output of it.
 BUGGY_OPS = frozenset({"relu", "relu_"})
 STRUCTURAL_OPS = frozenset({"getitem", "sym_size", "sym_numel", "sym_stride", "sym_storage_offset"})
