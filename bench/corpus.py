@@ -340,7 +340,7 @@ def minimize(case: Case, record: dict[str, Any], server: str, out: Path, job_lim
         ours["repro"] = {"exit": code, "seconds": round(repro_s, 1),
                          "signature": failed["signature"].strip() if failed else None,
                          "reproduces": bool(failed) and code not in (0, None)
-                         and failed["signature"].strip() == report.get("signature"),
+                         and same_signature(failed["signature"].strip(), report.get("signature")),
                          "output": None if failed else tail(output)}
         dims = re.search(r"^DYNAMIC_DIMS = \[(?P<body>.*?)^\]", repro.read_text(), re.MULTILINE | re.DOTALL)
         ours["repro_dynamic_dims"] = bool(dims and dims["body"].strip().strip(",").strip("{}, \n"))
