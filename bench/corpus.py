@@ -530,6 +530,13 @@ def with_service(out: Path, workers: int, work: Callable[[str], None]) -> None:
 # --- the table -----------------------------------------------------------------------------------
 
 
+def ordered(results: Results) -> list[dict[str, Any]]:
+    """The records mode by mode, architectures in the table's order (a resumed run appends)."""
+    architectures = list(BY_NAME)
+    return sorted(results.cases.values(),
+                  key=lambda record: (MODES.index(record["mode"]), architectures.index(record["architecture"])))
+
+
 def yes_no(value: Any) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
@@ -538,7 +545,7 @@ def render_markdown(results: Results) -> str:
     header = ("case", "captured (graphs)", "ops: captured -> ours", "minimal", "repro reproduces", "dynamic kept",
               "capture s", "minimize s", "total s", "torch", "torch ops left", "torch drifted", "torch s")
     rows = []
-    for record in results.cases.values():
+    for record in ordered(results):
         capture, ours, side = record.get("capture", {}), record.get("ours", {}), record.get("torch")
         minimal = record.get("verdict", {}).get("minimal_repro")
         dynamic = record.get("dynamic", {}).get("kept") if record["mode"] == "dynamic" else None
@@ -557,13 +564,13 @@ def render_markdown(results: Results) -> str:
             "-" if side is None else fmt(side.get("seconds")),
         ))
     lines = ["# Corpus benchmark", "", markdown_table(header, rows), "", summary(results), ""]
-    failures = [(record["case"], record["verdict"]["reason"]) for record in results.cases.values()
+    failures = [(record["case"], record["verdict"]["reason"]) for record in ordered(results)
                 if record.get("verdict") and not record["verdict"]["minimal_repro"]]
     if failures:
         lines += ["## Cases that did not end in a minimal repro (ours)", ""]
         lines += [f"- `{case}`: {reason}" for case, reason in failures]
         lines.append("")
-    torch_failures = [(record["case"], record["torch"].get("reason")) for record in results.cases.values()
+    torch_failures = [(record["case"], record["torch"].get("reason")) for record in ordered(results)
                       if record.get("torch") and not record["torch"].get("minimal_repro")]
     if torch_failures:
         lines += ["## Torch's minifier: cases without a minimal repro", ""]
