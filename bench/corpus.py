@@ -346,6 +346,20 @@ def minimize(case: Case, record: dict[str, Any], server: str, out: Path, job_lim
         ours["repro_dynamic_dims"] = bool(dims and dims["body"].strip().strip(",").strip("{}, \n"))
 
 
+def dead_ops(code: str) -> list[str]:
+    """The ops of a graph's printed code whose results nothing reads (FX's `x = None` cleanups aside)."""
+    statements = [line.strip().split(";")[0] for line in code.splitlines()[1:] if line.strip()]
+    dead = []
+    for index, statement in enumerate(statements):
+        assignment = re.match(r"(?P<name>\w+) = (?P<call>.*)$", statement)
+        if not assignment or not _TORCH_OP.search(assignment["call"]):
+            continue
+        later = " ".join(statements[index + 1:])
+        if not re.search(rf"\b{assignment['name']}\b", later):
+            dead += code_ops(assignment["call"])[:1]
+    return dead
+
+
 def code_ops(code: str) -> list[str]:
     """The aten ops a graph's printed code calls, in order (`torch.ops.aten.relu.default` -> relu)."""
     return [match["op"] or match["py"] for match in _TORCH_OP.finditer(code)]
@@ -496,7 +510,7 @@ def run_launcher(launcher: Path, scratch: Path, side: dict[str, Any], options: a
     if code is None:
         side.update(status="error", minimal_repro=False, reason=f"no minimized repro.py: {tail(output)}")
         return
-    side.update(status="ok", ops_left=count_code_ops(code), ops=code_ops(code))
+    side.update(status="ok", ops_left=count_code_ops(code), ops=code_ops(code), dead_ops=dead_ops(code))
     _, _, run_output = run_logged([sys.executable, "-c", _SIGNATURE_RUNNER, str(repro), "run"],
                                   scratch / "repro-run.log", env=bench_env(), cwd=scratch, timeout_s=REPRO_TIMEOUT_S)
     found = _SIGNATURE_LINE.search(run_output)
@@ -504,8 +518,9 @@ def run_launcher(launcher: Path, scratch: Path, side: dict[str, Any], options: a
     side["drifted"] = not same_signature(side["signature"], expected)
     side["minimal_repro"] = is_minimal(side["ops"]) and not side["drifted"]
     if not side["minimal_repro"]:
+        dead = f" ({', '.join(side['dead_ops'])} dead: its result unused)" if side["dead_ops"] else ""
         side["reason"] = (f"drifted: its repro fails with {side['signature']!r}, the bug with {expected!r}"
-                          if side["drifted"] else f"not minimal: ops left {side['ops']}")
+                          if side["drifted"] else f"not minimal: ops left {side['ops']}{dead}")
 
 
 # --- the service ---------------------------------------------------------------------------------
@@ -559,7 +574,7 @@ def render_markdown(results: Results) -> str:
             yes_no(dynamic),
             fmt(capture.get("seconds")), fmt(ours.get("minimize_s")), fmt(ours.get("total_s")),
             torch_cell,
-            "-" if side is None or side.get("ops_left") is None else str(side["ops_left"]),
+            torch_ops_cell(side),
             "-" if side is None else yes_no(side.get("drifted")),
             "-" if side is None else fmt(side.get("seconds")),
         ))
@@ -576,6 +591,14 @@ def render_markdown(results: Results) -> str:
         lines += ["## Torch's minifier: cases without a minimal repro", ""]
         lines += [f"- `{case}`: {reason}" for case, reason in torch_failures]
     return "\n".join(lines) + "\n"
+
+
+def torch_ops_cell(side: dict[str, Any] | None) -> str:
+    """`2 (1 dead)`: torch's ops left, and how many of them nothing reads."""
+    if side is None or side.get("ops_left") is None:
+        return "-"
+    dead = len(side.get("dead_ops") or [])
+    return f"{side['ops_left']}" + (f" ({dead} dead)" if dead else "")
 
 
 def torch_outcome(side: dict[str, Any]) -> str:
