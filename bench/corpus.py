@@ -121,6 +121,16 @@ def needs_torch(record: dict[str, Any] | None) -> bool:
     return record is None or "torch" not in record
 
 
+def merge_torch_side(results: Results, source: Path) -> None:
+    """Torch's side of each case from another run's results (a `--no-ours` run beside this one)."""
+    for name, record in json.loads(source.read_text()).get("cases", {}).items():
+        if "torch" in record:
+            merged = results.cases.setdefault(name, {key: value for key, value in record.items()
+                                                     if key not in ("torch", "ours", "capture", "verdict")})
+            merged["torch"] = record["torch"]
+    results.save()
+
+
 # --- running children ----------------------------------------------------------------------------
 
 
@@ -660,6 +670,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--jobs", type=int, default=1, help="jobs at once (and workers of the service)")
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch's minifier")
+    parser.add_argument("--no-ours", dest="ours", action="store_false",
+                        help="skip minify's side (torch's alone, e.g. in another --out beside a --no-torch run)")
+    parser.add_argument("--merge", type=Path, metavar="DIR",
+                        help="take torch's side of every case from DIR/results.json into --out's, and re-render")
     parser.add_argument("--resume", action="store_true", help="skip the cases results.json already has done")
     parser.add_argument("--torch-limit", type=float, default=240.0, help="seconds for torch's minifier, per case")
     parser.add_argument("--torch-isolate", action="store_true",
@@ -695,9 +709,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     global OURS_SOURCE
     OURS_SOURCE = None if options.ours_rev == "worktree" else checkout(options.ours_rev, out)
-    results = Results(out / "results.json", options.resume,
+    results = Results(out / "results.json", options.resume or options.merge is not None,
                       {"ours_source": str(OURS_SOURCE or "working tree"), "argv": sys.argv[1:]})
-    pending = [case for case in selected if needs_ours(results.cases.get(case.name))
+    if options.merge is not None:
+        merge_torch_side(results, options.merge / "results.json")
+        (out / "results.md").write_text(render_markdown(results))
+        return 0
+    pending = [case for case in selected if (options.ours and needs_ours(results.cases.get(case.name)))
                or (options.torch and needs_torch(results.cases.get(case.name)))]
     say(f"{len(selected)} cases selected, {len(pending)} to run; results in {out}")
     modes = [mode for mode in MODES if any(case.mode == mode for case in pending)]
@@ -708,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def work(server: str) -> None:
         for mode in modes:
             cases = [case for case in pending if case.mode == mode]
-            ours_cases = [case for case in cases if needs_ours(results.cases.get(case.name))]
+            ours_cases = [case for case in cases if options.ours and needs_ours(results.cases.get(case.name))]
             if ours_cases:
                 capture(mode, ours_cases, out, results)
                 minimize_mode(mode, ours_cases, server, out, results, options)
@@ -717,7 +735,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 torch_mode(mode, torch_cases, out, results, options)
             (out / "results.md").write_text(render_markdown(results))
 
-    with_service(out, options.jobs, work)
+    if options.ours:
+        with_service(out, options.jobs, work)
+    else:
+        work("")  # torch's side needs no service
     (out / "results.md").write_text(render_markdown(results))
     print((out / "results.md").read_text())
     return 0
