@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from corpus_cases import BUG_BY_MODE, BUG_KEY, BY_NAME, Architecture
 from torch import nn
-from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from zoo import BasicBlock  # the zoo's ResNet block
 
 BATCH, SEQUENCE, IMAGE, AUDIO = 2, 8, 32, 400
 # Set by the harness for torch's side only: torch's after_aot writes each case's
@@ -36,29 +36,13 @@ class ResNetBN(nn.Module):
     def __init__(self, width: int = 8, classes: int = 10) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.block1 = _BasicBlock(width, width, 1)
-        self.block2 = _BasicBlock(width, 2 * width, 2)
+        self.block1 = BasicBlock(width, width, 1)
+        self.block2 = BasicBlock(width, 2 * width, 2)
         self.fc = nn.Linear(2 * width, classes)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         features = self.block2(self.block1(self.stem(pixel_values)))
         return self.fc(features.mean((2, 3)))
-
-
-class _BasicBlock(nn.Module):
-    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(outputs)
-        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(outputs)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or inputs != outputs:
-            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
 class DepthwiseNet(nn.Module):
