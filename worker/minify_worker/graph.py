@@ -451,20 +451,7 @@ def structural_hash(graph: fx.Graph) -> str:
         narrow = f" narrow {node.meta[META_NARROW]!r}" if META_NARROW in node.meta else ""
         return f"{node.meta.get(META_VALUE, node.target)!r}{narrow}"
 
-    return _digest(graph, placeholder, _hash_text, structural_hash)
-
-
-def _hash_text(value: Any, index: dict[fx.Node, int]) -> str:
-    """Unambiguous text of an argument, nodes by position (repr tells 1 from 1.0 and "x")."""
-    if isinstance(value, fx.Node):
-        return f"%{index[value]}"
-    if isinstance(value, tuple):
-        return "(" + ",".join(_hash_text(item, index) for item in value) + ",)"
-    if isinstance(value, list):
-        return "[" + ",".join(_hash_text(item, index) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{key!r}:{_hash_text(item, index)}" for key, item in value.items()) + "}"
-    return repr(value)
+    return _digest(graph, placeholder, exact=True)
 
 
 def graph_shape_hash(graph: fx.Graph) -> str:
@@ -477,17 +464,12 @@ def graph_shape_hash(graph: fx.Graph) -> str:
         tensor = node.meta.get(META_TENSOR) or {}
         return f"{node.meta.get(META_KIND)} {tensor.get('dtype')} {tensor.get('device')} {node.meta.get(META_SCALAR)}"
 
-    return _digest(graph, placeholder, _shape_text, graph_shape_hash)
+    return _digest(graph, placeholder, exact=False)
 
 
-def _digest(
-    graph: fx.Graph,
-    placeholder: Callable[[fx.Node], str],
-    text: Callable[[Any, dict[fx.Node, int]], str],
-    subgraph: Callable[[fx.Graph], str],
-) -> str:
-    """sha256 of one line per node, nodes numbered in order: `placeholder` writes an input, `text` an
-    argument, `subgraph` hashes a control-flow branch (the hash being computed, recursively)."""
+def _digest(graph: fx.Graph, placeholder: Callable[[fx.Node], str], *, exact: bool) -> str:
+    """sha256 of one line per node, nodes numbered in order: `placeholder` writes an input,
+    `_argument_text` the arguments, a control-flow branch enters by its own digest."""
     index: dict[fx.Node, int] = {}
     lines = []
     for position, node in enumerate(graph.nodes):
@@ -495,23 +477,27 @@ def _digest(
         if node.op == "placeholder":
             lines.append(f"placeholder {placeholder(node)}")
         elif node.op == "call_function":
-            lines.append(f"call {target_name(node.target)} {text(node.args, index)} {text(node.kwargs, index)}")
+            lines.append(f"call {target_name(node.target)} {_argument_text(node.args, index, exact)} "
+                         f"{_argument_text(node.kwargs, index, exact)}")
         elif node.op == "get_attr":
-            lines.append(f"subgraph {subgraph(subgraph_of(node))}")
+            lines.append(f"subgraph {_digest(subgraph_of(node), placeholder, exact=exact)}")
         else:
-            lines.append(f"{node.op} {text(node.args, index)}")
+            lines.append(f"{node.op} {_argument_text(node.args, index, exact)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def _shape_text(value: Any, index: dict[fx.Node, int]) -> str:
-    """`_hash_text` with every int and float replaced by its type: sizes, offsets and constants drop out."""
+def _argument_text(value: Any, index: dict[fx.Node, int], exact: bool) -> str:
+    """Unambiguous text of an argument, nodes by position (repr tells 1 from 1.0 and "x"). Not
+    `exact`: every int and float by its type (sizes, offsets and constants drop out), tuples as lists."""
     if isinstance(value, fx.Node):
         return f"%{index[value]}"
+    if isinstance(value, tuple) and exact:
+        return "(" + ",".join(_argument_text(item, index, exact) for item in value) + ",)"
     if isinstance(value, (tuple, list)):
-        return "[" + ",".join(_shape_text(item, index) for item in value) + "]"
+        return "[" + ",".join(_argument_text(item, index, exact) for item in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{key!r}:{_shape_text(item, index)}" for key, item in value.items()) + "}"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "{" + ",".join(f"{key!r}:{_argument_text(item, index, exact)}" for key, item in value.items()) + "}"
+    if not exact and isinstance(value, (int, float)) and not isinstance(value, bool):
         return type(value).__name__
     return repr(value)
 
