@@ -31,16 +31,16 @@ def settings_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_capture_key_of_a_known_call_never_changes() -> None:
     # Each captures.json entry keeps its key: a capture run extending a manifest matches on it.
-    assert failed_graph.bug_key(failed_call()) == "94177ab53a47e5f1"
+    assert failed_graph.capture_key(failed_call()) == "94177ab53a47e5f1"
 
 
 def test_the_capture_key_sees_the_backend_the_inputs_and_the_error_but_not_node_names() -> None:
-    key = failed_graph.bug_key(failed_call())
+    key = failed_graph.capture_key(failed_call())
     renamed = fx.symbolic_trace(_model)
     for node in renamed.graph.nodes:
         if node.op == "call_function":
             node.name = f"renamed_{node.name}"
-    assert failed_graph.bug_key(failed_call(graph=renamed)) == key
-    assert failed_graph.bug_key(failed_call(backend="eager")) != key
-    assert failed_graph.bug_key(failed_call(inputs=[torch.zeros(4, 2, dtype=torch.float64), 3])) != key
-    assert failed_graph.bug_key(failed_call(error=RuntimeError("injected failure on cos"))) != key
+    assert failed_graph.capture_key(failed_call(graph=renamed)) == key
+    assert failed_graph.capture_key(failed_call(backend="eager")) != key
+    assert failed_graph.capture_key(failed_call(inputs=[torch.zeros(4, 2, dtype=torch.float64), 3])) != key
+    assert failed_graph.capture_key(failed_call(error=RuntimeError("injected failure on cos"))) != key

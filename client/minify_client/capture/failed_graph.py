@@ -125,9 +125,10 @@ def _program_inputs(failed: FailedCompile) -> list[Any]:
     return [*args, *kwargs.values()]
 
 
-def bug_key(failed: FailedCompile) -> str:
-    """Two failing calls are one bug to capture when this matches: the graph's structure (names
-    aside), its inputs' metadata, the backend, the settings and the signature."""
+def capture_key(failed: FailedCompile) -> str:
+    """Which failing calls a capture run saves once (16 hex digits, kept in captures.json): two calls
+    with the same graph structure (names aside), inputs' metadata, backend, settings and signature.
+    Not the bug's key (minify_client.bugs.bug_key), which groups minimized graphs across jobs."""
     graph = failed.program.graph if failed.program is not None else failed.graph.graph
     inputs = failed.inputs or _program_inputs(failed)
     text = json.dumps({
@@ -139,7 +140,9 @@ def bug_key(failed: FailedCompile) -> str:
 
 
 def structure(graph: Any) -> list[str]:
-    """One line per node, nodes by position instead of name, so renamed copies compare equal."""
+    """One line per node, nodes by position instead of name, so renamed copies compare equal. Not
+    the worker's graph hashes (minify_worker.graph): a graph as dynamo hands it over has methods and
+    Python functions as targets, which those refuse, and the client never imports the worker."""
     index: dict[Any, int] = {}
     lines = []
     for position, node in enumerate(graph.nodes):

@@ -4,7 +4,7 @@ manifest (`captures.json`) of what was captured and which tests hit it.
 The pytest plugin and the script runner drive one `CaptureSession`: `begin(test_id)` before a test
 (or the script), `finish(error)` after it. Failing compiler calls reported meanwhile are exported,
 saved as `<dir>/<name>/<name>.pt2` + `spec.json` + `inputs.pt` (the name from the test id) and
-submitted where the destination says so; the same failing graph (`failed_graph.bug_key`) hit
+submitted where the destination says so; the same failing graph (`failed_graph.capture_key`) hit
 again by another test only adds that test to its manifest entry. A capture that fails is logged
 and noted on the test's error; it never changes the test's outcome.
 
@@ -31,7 +31,7 @@ except ImportError:  # Windows: no advisory locks; one capturing process per dir
     fcntl = None  # type: ignore[assignment]
 
 from .destinations import DEFAULT_CAPTURE_DIR, add_note, save_and_submit
-from .failed_graph import bug_key, exported, signature_of
+from .failed_graph import capture_key, exported, signature_of
 from .torch_hooks import FailedCompile, Level, add_listener, remove_listener
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class CaptureSession:
                 f"submit with: minify-client submit-captures {self.directory}")
 
     def _capture(self, failed: FailedCompile) -> Entry:
-        key = bug_key(failed)
+        key = capture_key(failed)
         entry = self.entries.get(key)
         if entry is None:
             entry = self._save(failed, key)
