@@ -89,8 +89,8 @@ def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def server() -> Iterator[Any]:
-    """A `ScriptedServer` (tests/test_client_support.py) on a loopback port, for this test."""
-    from tests.test_client_support import ScriptedServer
+    """A `ScriptedServer` (tests/support/scripted_server.py) on a loopback port, for this test."""
+    from tests.support.scripted_server import ScriptedServer
 
     with ScriptedServer() as scripted:
         yield scripted

@@ -12,8 +12,8 @@ from urllib.parse import urljoin
 
 import pytest
 
+from tests.support.browser import LAPTOP, launched_browser, needs_chromium, watch_for_errors
 from tests.support.service import Service, start_service
-from tests.test_dashboard_support import LAPTOP, launched_browser, needs_chromium, watch_for_errors
 
 DOCS_PAGES = ("/docs", "/redoc")
 

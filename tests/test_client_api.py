@@ -21,7 +21,7 @@ from minify_client import (
     Unauthorized,
 )
 from minify_client._sse import parse_events
-from tests.test_client_support import (
+from tests.support.scripted_server import (
     Exchange,
     ScriptedServer,
     closed_port_url,

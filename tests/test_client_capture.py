@@ -15,7 +15,7 @@ import torch
 from examples.programs import ReluCos
 from minify_client.capture import capture, capture_failures
 from minify_client.models import JobSpec, JobState
-from tests.test_client_support import ScriptedServer, closed_port_url, job_status, serve_job
+from tests.support.scripted_server import ScriptedServer, closed_port_url, job_status, serve_job
 
 
 class ScaledRelu(torch.nn.Module):

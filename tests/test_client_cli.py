@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from minify_client.models import JobState, ProgressEvent
-from tests.test_client_support import (  # fixtures server and program: tests/conftest.py
+from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
     closed_port_url,

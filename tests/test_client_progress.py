@@ -6,7 +6,7 @@ import io
 
 from minify_client.models import JobState, ProgressEvent
 from minify_client.progress import PlainProgress, RichProgress, describe, progress_view, summary
-from tests.test_client_support import job_status, minimizing_events
+from tests.support.scripted_server import job_status, minimizing_events
 
 
 class FakeClock:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minify_client import Client, ConnectionFailed, JobState, ServerError
-from tests.test_client_support import (  # fixtures server and program: tests/conftest.py
+from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     Handler,
     ScriptedServer,

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from minify_client.models import CulpritState, JobState, ProgressEvent, Report
+from tests.support.scripted_server import Exchange, ScriptedServer, job_status, serve_job
 from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
 from tests.test_client_cli import sigint_as_on_a_terminal
-from tests.test_client_support import Exchange, ScriptedServer, job_status, serve_job
 from tests.test_service import submit, work_horse_of
 
 SLOW_CULPRIT = {"backend": "tests.support.backends:fail_on_relu_slow_culprit", "failure": {"kind": "compile_error"}}

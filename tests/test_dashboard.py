@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from examples import programs
-from tests.support.service import Service, start_service, wait_for_culprit, wait_for_status
-from tests.test_dashboard_support import (
+from tests.support.browser import (
     LAPTOP,
     PHONE,
     launched_browser,
@@ -24,6 +23,7 @@ from tests.test_dashboard_support import (
     screenshot,
     watch_for_errors,
 )
+from tests.support.service import Service, start_service, wait_for_culprit, wait_for_status
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 

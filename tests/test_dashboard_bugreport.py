@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_dashboard_support import launched_browser, needs_chromium, static_server
+from tests.support.browser import launched_browser, needs_chromium, static_server
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 

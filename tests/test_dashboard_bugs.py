@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.browser import LAPTOP, launched_browser, needs_chromium, screenshot, watch_for_errors
 from tests.support.service import Service, start_service, wait_for_status
 from tests.test_bugs import FIVE_BUGS, build_programs
-from tests.test_dashboard_support import LAPTOP, launched_browser, needs_chromium, screenshot, watch_for_errors
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_dashboard_support import (
+from tests.support.browser import (
     STATIC_DIR,
     launched_browser,
     needs_chromium,

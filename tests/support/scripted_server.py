@@ -1,4 +1,4 @@
-"""A scripted HTTP server for the client's tests (no tests here; the name fits the client's files).
+"""A scripted HTTP server for the client's tests.
 
 It is a real server on a loopback port, answering the routes a test scripts, so the client's real
 HTTP stack meets what a real minify server cannot be made to do on demand: a stream that drops

@@ -1,4 +1,4 @@
-"""Helpers for the dashboard's browser tests (no tests here; the name fits the dashboard's files).
+"""Helpers for the dashboard's browser tests.
 
 Headless Debian Chromium driven by Playwright (never a downloaded browser), a plain static file
 server for tests of the page's own modules, and the folder screenshots go to.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STATIC_DIR = REPO / "server" / "minify_server" / "static"
 CHROMIUM = Path(os.environ.get("MINIFY_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
