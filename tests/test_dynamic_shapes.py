@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from minify_worker.graph import (
     to_graph_module,
 )
 from minify_worker.loader import concrete_values, placeholder_values
-from minify_worker.outcomes import Fails
+from minify_worker.outcomes import Fails, Passes
 from minify_worker.runner import run_wire_candidate
 
 SUPPORT = "tests.support.backends"
@@ -47,6 +48,13 @@ class _Chain(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(torch.cos(torch.relu(torch.sin(x) * 2)))
+
+
+class _Project(torch.nn.Module):
+    """relu(x @ weight): x's batch exported dynamic, the weight (an input) static."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ weight)
 
 
 class _TwoInputs(torch.nn.Module):
@@ -187,6 +195,37 @@ def test_a_dim_bounded_at_one_end_or_none_is_compiled_symbolic(bounds: dict[str,
     outcome = run_chain(BACKEND, "as_exported", tmp_path, ep)
 
     assert isinstance(outcome, Fails) and outcome.signature.text == SIGNATURE, outcome
+
+
+def fail_on_relu_with_a_symbolic_static_dim(gm: torch.fx.GraphModule,
+                                             example_inputs: list[Any]) -> Callable[..., Any]:
+    """A test backend: fails on relu when a tensor placeholder's example value (dynamo's fake one:
+    the example inputs are real) has a symbolic size past its first dim, which `_Project` exports
+    static; else eager."""
+    values = [node.meta.get("example_value") for node in gm.graph.nodes if node.op == "placeholder"]
+    symbolic = any(isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in value.shape[1:])
+                   for value in values)
+    if symbolic and any(node.target is torch.ops.aten.relu.default for node in gm.graph.nodes):
+        raise RuntimeError("injected failure on relu with a symbolic static dim")
+    return gm.forward
+
+
+def test_dims_the_program_keeps_static_stay_static_when_the_config_assumes_dynamic(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A capture of torch.compile(dynamic=True) records the assume_static_by_default=False it sets;
+    # the weight (an input here, a parameter in the user's compile) must not turn symbolic.
+    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", __name__)
+    ep = torch.export.export(_Project(), (torch.randn(8, 16), torch.randn(16, 4)),
+                             dynamic_shapes={"x": {0: Dim("batch", min=2)}, "weight": None})
+    graph = flat_graph_from_exported_program(ep)
+    values = placeholder_values(ep, graph, [torch.randn(8, 16), torch.randn(16, 4)])
+    spec = JobSpec.model_validate({"backend": f"{__name__}:fail_on_relu_with_a_symbolic_static_dim",
+                                   "config": {"torch._dynamo.config.assume_static_by_default": False}})
+
+    with torch._dynamo.config.patch(assume_static_by_default=False):  # restored after the run sets it
+        outcome = run_wire_candidate(graph_to_wire(graph), values, spec, tmp_path)
+
+    assert isinstance(outcome, Passes), outcome
 
 
 @pytest.mark.parametrize(("backend", "kind"), [("fail_on_relu", "compile_error"),

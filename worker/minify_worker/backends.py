@@ -21,7 +21,8 @@ callable raising means a runtime error. Runs in sandbox children only.
 Dynamic shapes (`DynamicShapes`, from the placeholders' `minify_tensor["dynamic"]` and the spec's
 `dynamic`): a candidate with dims to keep symbolic goes through `torch.compile(gm, backend=...,
 fullgraph=True)` with those dims marked (`torch._dynamo.mark_dynamic` with the program's range, or
-`maybe_mark_dynamic` for `auto`), so the backend receives what dynamo gives it for a user's
+`maybe_mark_dynamic` for `auto`) and every other tensor dim marked static (`mark_static`, whatever
+dynamo's config assumes), so the backend receives what dynamo gives it for a user's
 dynamic compile: placeholders whose example values have SymInt sizes, the size symbols lifted to
 SymInt inputs, and a tracing context whose ShapeEnv knows the ranges (inductor and aot_autograd
 read it from there). Re-tracing with make_fx over hand-made symbolic fake inputs would give the
@@ -293,9 +294,21 @@ def size_range(dim: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> None:
-    """Mark the dynamic dims of `inputs` for dynamo: with their range (`as_exported`), or as
-    automatic dynamic marks a dim it saw change, which the graph may still specialize (`auto`)."""
+    """Mark the dims of `inputs` for dynamo as the program has them: each dynamic one with its
+    range (`as_exported`), or as automatic dynamic marks a dim it saw change, which the graph may
+    still specialize (`auto`); every other dim of a tensor static.
+
+    Static by a mark, not by dynamo's default: a capture of `torch.compile(dynamic=True)` records
+    the `assume_static_by_default=False` that it sets, which would make every unmarked dim
+    symbolic, a module's weights included (dynamo keeps a user's parameters static, but here they
+    are plain inputs). Such a candidate is another program than the one exported, and inductor may
+    fail on it where the program compiles (a ResNet's strided conv over symbolic kernel sizes:
+    "ValueError: Exponent must be non-negative.")."""
     for value, dims in zip(inputs, shapes.dims, strict=True):
+        if isinstance(value, torch.Tensor):
+            for axis in range(value.dim()):
+                if axis not in dims:
+                    torch._dynamo.mark_static(value, axis)
         for axis, dim in dims.items():
             if shapes.mode == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, axis)
