@@ -489,12 +489,13 @@ class _Run:
         if target is not None and not self._may_be_target(target):
             raise _Unreproduced(self._finish(JobState.not_reproducible, (
                 f"the original program fails with {target}, not with the signature the spec gives "
-                f"({failure.signature}), on backend {self.spec.backend} ({self.spec.device})")))
+                f"({failure.signature}), on backend {self.spec.backend} ({self.spec.device})"), seen=target))
         if target is None and outcome.kind == "invalid":
             raise _Unreproduced(self._finish(
                 JobState.failed, f"the program could not be run: {outcome.message}"))  # type: ignore[union-attr]
         if target is None:
-            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason(outcome, self.spec)))
+            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason(outcome, self.spec),
+                                             seen=oracle.outcome_signature(outcome)))
         self._check_depends_on_program(target)
         self.signature = target
         self.original_failures = getattr(outcome, "failed_runs", 1)
@@ -672,7 +673,12 @@ class _Run:
         self.phase_s[self.phase] = round(self.phase_s.get(self.phase, 0.0) + now - self._phase_started, 3)
         self.phase, self._phase_started = phase, now
 
-    def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None) -> MinifyResult:
+    def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None, *,
+                seen: Signature | None = None) -> MinifyResult:
+        """End the job with `status`. `seen`: a failure of the original that the job did not take
+        (another signature than the spec's, another kind): report.json's `signature_chain` is its
+        chain, which says where it came from (a compiler's wrapper) where the reason names only the
+        root cause."""
         self._enter_phase("done")
         if status is JobState.succeeded and self.flaky and reason is None:
             reason = (f"flaky: the original failed in {self.original_failures} of {self.original_runs} runs, so a "
@@ -680,6 +686,7 @@ class _Run:
         stats = self.scheduler.stats if self.scheduler else None
         best = self.best
         succeeded = best is not None and status is JobState.succeeded
+        chained = self.signature or seen
         report = Report(
             status=status,
             reason=reason,
@@ -690,7 +697,7 @@ class _Run:
             elapsed_s=round(time.monotonic() - self.started, 3),
             signature=str(self.signature) if self.signature else None,
             failure_kind=self.signature.kind if self.signature else None,
-            signature_chain=list(self.signature.chain) if self.signature else [],
+            signature_chain=list(chained.chain) if chained else [],
             flaky=self.flaky,
             original_runs=self.original_runs,
             original_failures=self.original_failures,
