@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._sympy.numbers import int_oo
 
 from minify_client.capture import capture_failures
 from minify_client.capture.failed_graph import exported
@@ -84,6 +85,12 @@ def test_a_dynamic_compile_is_captured_with_its_symbolic_dims(captured: Path) ->
     assert [bound.lower for bound in program.range_constraints.values()] == [2, 2]  # dynamo's, for sizes
     (x,) = user_inputs(program)
     assert all(isinstance(size, torch.SymInt) for size in x.shape)  # dynamic=True: every dim
+
+
+def test_a_range_unbounded_above_is_captured_unbounded(captured: Path) -> None:
+    program = torch.export.load(captured)
+
+    assert [bound.upper for bound in program.range_constraints.values()] == [int_oo, int_oo]
 
 
 def test_a_size_input_becomes_the_dim_of_the_tensor_it_sizes(captured: Path) -> None:

@@ -14,7 +14,7 @@ compile was.
 
 When export refuses the named dims (a guard of the graph's own that a range cannot say, such as
 an even size for `view(2, -1)`), each symbolic dim is exported `Dim.DYNAMIC`, and export infers
-the relations. A range unbounded above is exported as `UNBOUNDED`, not `int_oo` (see `_range`).
+the relations. A range unbounded above stays unbounded (export's `int_oo`), as the compile had it.
 
 Relies on (checked on torch 2.13.0): `SymInt.node.expr`, `.node.hint` (None for a data-dependent
 size) and `.node.shape_env.var_to_range` (the symbol's range, sympy bounds, `int_oo` when
@@ -25,14 +25,11 @@ derived dims, `Dim.DYNAMIC` for int inputs and, with a range, for tensor dims, a
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-UNBOUNDED = sys.maxsize - 1  # the largest size a Dim may have (torch's own default before int_oo)
 
 
 @dataclass(frozen=True)
@@ -230,15 +227,15 @@ def _dynamic_hint(size: Any) -> Any:
     import torch
 
     symbols = list(size.node.expr.free_symbols)
-    low, high = _range(symbols[0], size.node.shape_env) if len(symbols) == 1 else (None, UNBOUNDED)
+    low, high = _range(symbols[0], size.node.shape_env) if len(symbols) == 1 else (None, None)
     return torch.export.Dim.DYNAMIC(min=low, max=high)
 
 
-def _range(symbol: Any, shape_env: Any) -> tuple[int | None, int]:
-    """The compile's range of `symbol` (None: no lower bound); unbounded above is `UNBOUNDED`, not
-    export's default (`int_oo`): the engine and repro.py mark the dim with `mark_dynamic(min=,
-    max=)`, which fails on torch 2.13 when a min comes without a max."""
+def _range(symbol: Any, shape_env: Any) -> tuple[int | None, int | None]:
+    """The compile's range of `symbol`, None at an end it leaves unbounded: the Dim then takes
+    export's default there (`int_oo` above), so the program says what the compile did. (The
+    engine and repro.py give `mark_dynamic` the end it needs: `backends.dynamo_range`.)"""
     bound = shape_env.var_to_range.get(symbol) if shape_env is not None else None
     lower = int(bound.lower) if bound is not None and bound.lower.is_Integer else None
-    upper = int(bound.upper) if bound is not None and bound.upper.is_Integer else UNBOUNDED
-    return (max(lower, 0) if lower is not None else None), min(upper, UNBOUNDED)
+    upper = int(bound.upper) if bound is not None and bound.upper.is_Integer else None
+    return (max(lower, 0) if lower is not None else None), upper
