@@ -22,7 +22,7 @@ from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
 from minify_client.models import JobSpec, JobState
-from minify_worker.artifacts import export_minimized
+from minify_worker.artifacts import export_minimized, write_program_files
 from minify_worker.backends import dynamic_shapes_of, resolve_backend
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.graph import (
@@ -226,6 +226,21 @@ def test_dims_the_program_keeps_static_stay_static_when_the_config_assumes_dynam
         outcome = run_wire_candidate(graph_to_wire(graph), values, spec, tmp_path)
 
     assert isinstance(outcome, Passes), outcome
+
+
+def test_the_repro_keeps_static_the_dims_the_program_keeps_static(tmp_path: Path) -> None:
+    ep = torch.export.export(_Project(), (torch.randn(8, 16), torch.randn(16, 4)),
+                             dynamic_shapes={"x": {0: Dim("batch", min=2)}, "weight": None})
+    graph = flat_graph_from_exported_program(ep)
+    values = placeholder_values(ep, graph, [torch.randn(8, 16), torch.randn(16, 4)])
+    spec = JobSpec.model_validate({"backend": "tests.test_dynamic_shapes:fail_on_relu_with_a_symbolic_static_dim",
+                                   "config": {"torch._dynamo.config.assume_static_by_default": False}})
+    write_program_files(graph, values, tmp_path, spec)
+
+    done = subprocess.run([sys.executable, str(tmp_path / "repro.py")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+    assert done.returncode == 0 and "repro passed" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
 @pytest.mark.parametrize(("backend", "kind"), [("fail_on_relu", "compile_error"),

@@ -516,8 +516,13 @@ _DYNAMIC_FUNCTIONS = {
     "mark": '''
 def mark_dynamic(inputs):
     """Mark DYNAMIC_DIMS on the inputs for dynamo: with their range, or (auto) as automatic dynamic
-    marks a dim it saw change."""
+    marks a dim it saw change; every other dim static, as the program has it, whatever dynamo's
+    config assumes (assume_static_by_default=False would make a weight's dims symbolic too)."""
     for value, dims in zip(inputs, DYNAMIC_DIMS):
+        if isinstance(value, torch.Tensor):
+            for dim in range(value.dim()):
+                if dim not in dims:
+                    torch._dynamo.mark_static(value, dim)
         for dim, spec in dims.items():
             if DYNAMIC == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, dim)
