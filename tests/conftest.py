@@ -12,7 +12,7 @@ import pytest
 # As every worker entry point does (minify_worker/__init__.py), before anything asks about CUDA:
 # otherwise one `torch.cuda.is_available()` here makes CUDA unusable in every forked sandbox child.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-# Spawned sandbox servers import test backends by path (tests.support.backends): from the repo root.
+# Spawned sandbox servers import test backends by path (tests/support/backends.py): from the repo root.
 REPO = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 # Every job ends with the culprit phase (culprit.py), whose floor is 20 s of compiler bisection: the
@@ -81,7 +81,10 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sandbox children may import the test backends (tests/support/backends.py)."""
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")
+    from minify_worker.backends import ALLOWED_BACKENDS_ENV
+    from tests.support.backends import PREFIX
+
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
 
 
 # -- the client's tests against a scripted server (test_client_cli.py, test_client_retry.py) ----

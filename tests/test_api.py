@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.backends import PREFIX
 from tests.support.service import Service, read_events, start_service
 
-FAIL_ON_RELU = {"backend": "tests.support.backends:fail_on_relu", "failure": {"kind": "compile_error"}}
+FAIL_ON_RELU = {"backend": f"{PREFIX}:fail_on_relu", "failure": {"kind": "compile_error"}}
 UPLOAD_LIMIT = 2_000_000
 
 

@@ -11,8 +11,6 @@ import math
 import operator
 import os
 import signal
-import subprocess
-import sys
 import tarfile
 import textwrap
 from dataclasses import asdict
@@ -29,12 +27,8 @@ from minify_client.models import JobSpec, JobState, Report, TimelinePoint
 from minify_worker import artifacts
 from minify_worker import graph as G
 from minify_worker.outcomes import Signature
-
-SEED_AOTI_CODE = """\
-def forward(self, linear):
-    linear, = fx_pytree.tree_flatten_spec(([linear], {}), self._in_spec)
-    relu = torch.ops.aten.relu.default(linear);  linear = None
-    return pytree.tree_unflatten((relu,), self._out_spec)"""
+from tests.support.graphs import AOTI_RELU_CODE
+from tests.support.repro import run_repro
 
 RELU_BACKENDS = '''
 import os
@@ -119,12 +113,6 @@ def _write(graph: fx.Graph, values: dict[str, Any], out_dir: Path, signature: Si
     return artifacts.write_program_files(graph, values, out_dir, JobSpec(**spec), signature)
 
 
-def _run_repro(directory: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(directory)}
-    return subprocess.run([sys.executable, "repro.py"], cwd=directory, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
-
-
 def _failure_line(stderr: str) -> str:
     """What repro.py prints after the traceback: "ExceptionType: first line of the message"."""
     lines = [line for line in stderr.splitlines() if line.startswith("repro failed with: ")]
@@ -142,7 +130,7 @@ def test_minimized_pt2_of_the_seed_aoti_case_has_linear_as_its_only_input(seed_a
 
     assert artifacts.MINIMIZED in result["files"]
     loaded = torch.export.load(tmp_path / artifacts.MINIMIZED)
-    assert str(loaded.module(check_guards=False).code).strip() == SEED_AOTI_CODE
+    assert str(loaded.module(check_guards=False).code).strip() == AOTI_RELU_CODE
 
 
 def test_minimized_pt2_runs_on_inputs_pt_like_the_graph(seed_aoti, tmp_path):
@@ -320,7 +308,7 @@ def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, t
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 1
     assert "relu_backends.ReluNotSupported: relu is not supported by this backend" in run.stderr
@@ -331,7 +319,7 @@ def test_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(_cos_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 0, run.stderr
     assert "repro passed" in run.stdout
@@ -341,7 +329,7 @@ def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path):
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:segfault_on_relu")
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == -signal.SIGSEGV
 
@@ -358,7 +346,7 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path)
     _write(graph, {"x": torch.arange(4.0)}, tmp_path, backend="eager")
 
     text = (tmp_path / artifacts.REPRO).read_text()
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert "from math import sqrt as math_sqrt" in text
     assert run.returncode == 0, run.stderr
@@ -369,7 +357,7 @@ def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="inductor",
            config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 1
     # The root cause, in the form the engine records it (the compiler's first error: line).
@@ -384,7 +372,7 @@ def test_repro_reproduces_an_inductor_accuracy_error(relu_cos, tmp_path):
            backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
            failure={"kind": "accuracy"})
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 1
     assert _failure_line(run.stderr) == "AccuracyError"
@@ -401,7 +389,7 @@ def test_repro_moves_inputs_to_the_spec_device(relu_cos, tmp_path):
         '''))
     _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:require_cuda", device="cuda")
 
-    run = _run_repro(tmp_path)
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 0, run.stderr
     assert torch.load(tmp_path / artifacts.INPUTS, weights_only=True)[0].device.type == "cpu"

@@ -26,10 +26,10 @@ import pytest
 import redis
 
 from minify_client.bugs import bug_key
-from tests.support.backends import FIVE_BUG_OPS
+from tests.support.backends import ALLOWED, FIVE_BUG_OPS, PREFIX
 from tests.support.service import MARKER, Service, start_service, wait_for_status
 
-FIVE_BUGS = {"backend": "tests.support.backends:fail_on_each_of_five", "failure": {"kind": "compile_error"},
+FIVE_BUGS = {"backend": f"{PREFIX}:fail_on_each_of_five", "failure": {"kind": "compile_error"},
              "culprit": False, "shrink": False}
 NOT_REPRODUCIBLE = {"backend": "eager", "culprit": False, "shrink": False}
 FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
@@ -365,7 +365,7 @@ def test_a_worker_that_cannot_write_an_artifact_fails_the_job_naming_it(
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    env = {**os.environ, MARKER: idle_service.marker, "MINIFY_ALLOWED_BACKENDS": "tests.support.backends"}
+    env = {**os.environ, MARKER: idle_service.marker, **ALLOWED}
     worker = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url", idle_service.redis_url,
                                "--queues", "cpu", "--name", "small-disk", "--no-preload"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limited)

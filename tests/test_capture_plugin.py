@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.backends import ALLOWED
+from tests.support.graphs import ops_of
+
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tests" / "capture_suite"
 RELU_BUG = re.compile(r"^CppCompileError: .compile. was not declared in this scope$")  # g++'s quotes follow the locale
@@ -60,7 +63,7 @@ def _start_minimizing(directory: Path, entry: dict, work: Path) -> tuple[subproc
             [sys.executable, "-m", "minify_worker.cli", "minify", str(directory / entry["program"]),
              "--spec", str(spec_path), "--inputs", str(directory / entry["inputs"]), "--out", str(out)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            env=_environment(MINIFY_ALLOWED_BACKENDS="tests.support.backends"))
+            env=_environment(**ALLOWED))
     return process, out
 
 
@@ -111,10 +114,6 @@ def _program(suite: SuiteRun, entry: dict) -> torch.export.ExportedProgram:
     return torch.export.load(suite.directory / entry["program"])
 
 
-def _ops(program: torch.export.ExportedProgram) -> list[str]:
-    return [node.target.__name__ for node in program.graph.nodes if node.op == "call_function"]
-
-
 def _spec(suite: SuiteRun, entry: dict) -> dict:
     return json.loads((suite.directory / entry["spec"]).read_text())
 
@@ -158,7 +157,7 @@ def test_passing_compiles_and_the_tests_own_failures_capture_nothing(suite: Suit
 def test_with_graph_breaks_only_the_graph_that_failed_is_captured(suite: SuiteRun):
     entry = _capture(suite, GRAPH_BREAKS)
     assert entry["level"] == "dynamo" and RELU_BUG.match(entry["signature"])
-    assert _ops(_program(suite, entry)) == ["relu.default", "cos.default"]  # not the linear of the first graph
+    assert ops_of(_program(suite, entry).graph) == ["relu", "cos"]  # not the linear of the first graph
     args, kwargs = torch.load(suite.directory / entry["inputs"], weights_only=True)
     assert [arg.shape for arg in args] == [(4, 8)] and kwargs == {}
 
@@ -172,7 +171,7 @@ def test_the_spec_records_the_backend_the_settings_and_the_signature(suite: Suit
 
 def test_capture_failures_takes_the_failing_graph_too(suite: SuiteRun):
     program = torch.export.load(suite.directory / "block" / "GraphBreaks.pt2")
-    assert _ops(program) == ["relu.default", "cos.default"]
+    assert ops_of(program.graph) == ["relu", "cos"]
     # The plugin saw the same bug again: one capture, both tests listed.
     assert _capture(suite, GRAPH_BREAKS)["tests"] == [GRAPH_BREAKS, BLOCK]
 
@@ -188,8 +187,8 @@ def test_ten_tests_that_hit_one_bug_are_captured_once_with_every_test_id(suite: 
 
 def test_a_real_architecture_is_captured(suite: SuiteRun):
     entry = _capture(suite, BERT)
-    ops = _ops(_program(suite, entry))
-    assert RELU_BUG.match(entry["signature"]) and "relu.default" in ops and len(ops) > 20
+    ops = ops_of(_program(suite, entry).graph)
+    assert RELU_BUG.match(entry["signature"]) and "relu" in ops and len(ops) > 20
 
 
 def test_a_failing_aoti_build_captures_its_exported_program(suite: SuiteRun):
@@ -198,14 +197,14 @@ def test_a_failing_aoti_build_captures_its_exported_program(suite: SuiteRun):
     assert entry["level"] == "aoti" and spec["backend"] == "aot_inductor"
     assert spec["config"] == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
     program = _program(suite, entry)
-    assert _ops(program) == ["relu.default", "cos.default"]
+    assert ops_of(program.graph) == ["relu", "cos"]
     assert list(program.graph_signature.user_inputs) == ["input"]  # nn.Sequential's argument, a builtin's name
 
 
 def test_a_dynamic_compile_is_captured_with_its_symbolic_dims(suite: SuiteRun):
     entry = _capture(suite, DYNAMIC)
     program = _program(suite, entry)
-    assert RELU_BUG.match(entry["signature"]) and "relu.default" in _ops(program)
+    assert RELU_BUG.match(entry["signature"]) and "relu" in ops_of(program.graph)
     assert program.range_constraints, "the captured program lost its dynamic dims"
     sizes = [node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"]
     assert any(isinstance(size, torch.SymInt) for shape in sizes for size in shape), sizes
@@ -225,7 +224,7 @@ def test_a_backward_compile_failure_is_captured_as_the_backward_graph(suite: Sui
     program = _program(suite, entry)
     placeholders = [node.name for node in program.graph.nodes if node.op == "placeholder"]
     assert any(name.startswith("tangents") for name in placeholders), placeholders
-    assert "relu.default" in _ops(program) and "mm.default" in _ops(program)
+    assert "relu" in ops_of(program.graph) and "mm" in ops_of(program.graph)
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +245,7 @@ def test_each_capture_minimizes_to_the_relu(suite: SuiteRun, minimized: dict[str
     report = minimized[_capture(suite, test_id)["name"]]
     assert report["status"] == "succeeded", str(report)[-3000:]
     assert report["nodes_final"] == 1
-    assert _ops(torch.export.load(Path(report["out"]) / "minimized.pt2")) == ["relu.default"]
+    assert ops_of(torch.export.load(Path(report["out"]) / "minimized.pt2").graph) == ["relu"]
 
 
 def test_a_dynamic_capture_minimizes_to_a_dynamic_relu(suite: SuiteRun, minimized: dict[str, dict]):
@@ -287,7 +286,7 @@ def test_the_script_runner_runs_the_script_as_main_and_captures_its_failing_grap
     (entry,) = json.loads((tmp_path / "captures" / "captures.json").read_text())["captures"]
     assert entry["name"] == "train.py" and entry["tests"] == ["train.py"]
     program = torch.export.load(tmp_path / "captures" / entry["program"])
-    assert _ops(program) == ["linear.default", "relu.default"]
+    assert ops_of(program.graph) == ["linear", "relu"]
 
 
 def test_the_script_runner_keeps_the_scripts_exit_code(tmp_path: Path):

@@ -19,10 +19,11 @@ import torch
 
 from examples.programs import save
 from minify_client import Client, JobState, Unauthorized
+from tests.support.backends import PREFIX
 from tests.support.service import Service, start_service
 
 TOKEN = "e2e-token"
-FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
+FAIL_ON_RELU = f"{PREFIX}:fail_on_relu"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_submit_wait_minimizes_the_seed_relu_program(service: Service, programs:
 def test_a_program_that_passes_exits_3(service: Service, programs: Path, tmp_path: Path):
     # accuracy_vs_strict has relu too; fail_on_cos fails only on cos, which it lacks.
     result = run_cli("submit", programs / "accuracy_vs_strict.pt2",
-                     "--backend", "tests.support.backends:fail_on_cos", "--wait", "--json",
+                     "--backend", f"{PREFIX}:fail_on_cos", "--wait", "--json",
                      "--out", tmp_path / "out", server=service.url)
     assert result.returncode == 3, result.stdout + result.stderr
     outcome = json.loads(result.stdout)
@@ -115,7 +116,7 @@ def test_status_list_and_download_subcommands(service: Service, programs: Path, 
 
 def test_cancel_ends_a_running_job_and_watch_exits_1(service: Service, programs: Path, tmp_path: Path):
     created = run_cli("submit", programs / "relu_cos.pt2", "--backend",
-                      "tests.support.backends:hang_on_relu", "--candidate-timeout", "300",
+                      f"{PREFIX}:hang_on_relu", "--candidate-timeout", "300",
                       server=service.url)
     job_id = created.stdout.splitlines()[0]
     watcher = subprocess.Popen([sys.executable, "-m", "minify_client.cli", "watch", job_id],

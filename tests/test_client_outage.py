@@ -16,15 +16,16 @@ import time
 from pathlib import Path
 
 from examples.programs import save
-from tests.support.service import MARKER, TEST_BACKENDS, Service, free_port, start_service, wait_healthy
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.service import MARKER, Service, free_port, start_service, wait_healthy
 
-FAIL_ON_RELU = f"{TEST_BACKENDS}:fail_on_relu"
+FAIL_ON_RELU = f"{PREFIX}:fail_on_relu"
 OUTAGE_S = 6.0
 
 
 def start_api(backing: Service, port: int, data_dir: Path) -> subprocess.Popen:
     """A `minify-server` API in front of `backing`'s Redis, healthy on `port`."""
-    env = {**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS}
+    env = {**os.environ, MARKER: backing.marker, **ALLOWED}
     env.pop("MINIFY_TOKENS", None)
     with open(data_dir / "api.log", "ab") as log:
         process = subprocess.Popen(
@@ -65,7 +66,7 @@ def test_submit_wait_exits_0_with_the_artifacts_after_the_server_was_away_for_se
             stop(api)
             worker = subprocess.Popen(
                 [sys.executable, "-m", "minify_worker.cli", "--redis-url", backing.redis_url, "--queues", "cpu"],
-                env={**os.environ, MARKER: backing.marker, "MINIFY_ALLOWED_BACKENDS": TEST_BACKENDS},
+                env={**os.environ, MARKER: backing.marker, **ALLOWED},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(OUTAGE_S)
             assert client.poll() is None, "the client gave up during the outage"

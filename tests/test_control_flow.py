@@ -9,9 +9,6 @@ backends (tests/support/backends.py) fail on relu anywhere, or only on relu insi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,13 +22,11 @@ from minify_worker import graph as G
 from minify_worker import strategies
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.loader import PreparedProgram, prepare
+from tests.support.backends import PREFIX
+from tests.support.graphs import ops_of, targets_of
+from tests.support.repro import run_repro
 
-BACKENDS = "tests.support.backends"
-
-
-@pytest.fixture(autouse=True)
-def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", BACKENDS)
+pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 
 class ReluInCondBranch(torch.nn.Module):
@@ -89,16 +84,11 @@ def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
     return minify(program, spec, out)
 
 
-def aten_ops(code: str) -> list[str]:
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
-
-
 def assert_artifacts_reproduce(out: Path, signature: str) -> None:
     """minimized.pt2 loads and runs on inputs.pt; repro.py fails the same way in a fresh process."""
     module = torch.export.load(out / "minimized.pt2").module()
     module(*torch.load(out / "inputs.pt", weights_only=True))
-    done = subprocess.run([sys.executable, "repro.py"], cwd=out, env=dict(os.environ), capture_output=True,
-                          text=True, timeout=300)
+    done = run_repro(out / "repro.py")
     assert done.returncode == 1, done.stderr[-3000:]
     assert f"repro failed with: {signature}" in done.stderr, done.stderr[-3000:]
 
@@ -203,8 +193,7 @@ def test_scan_and_map_run_from_the_wire_as_one_op(module: torch.nn.Module, input
 
     expected = program.module()(*inputs)
     torch.testing.assert_close(list(results), list(expected) if isinstance(expected, tuple) else [expected])
-    names = [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
-    assert [name for name in names if name.startswith("higher_order.")] == [op]
+    assert [name for name in targets_of(graph) if name.startswith("higher_order.")] == [op]
 
 
 def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> None:
@@ -226,47 +215,47 @@ def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> N
 
 
 def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path) -> None:
-    result = run(cond_program(tmp_path), f"{BACKENDS}:fail_on_relu_anywhere", tmp_path / "out")
+    result = run(cond_program(tmp_path), f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
-    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    assert ops_of(code) == ["relu"] and "higher_order" not in code
     # sin, sum, gt, cond, getitem, tanh; relu, mul, cos, add in one branch; sub, exp in the other
     assert result.report.nodes_original == 12 and result.report.nodes_final == 1
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
 
 
 def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(tmp_path: Path) -> None:
-    result = run(cond_program(tmp_path), f"{BACKENDS}:fail_on_relu_in_subgraph", tmp_path / "out")
+    result = run(cond_program(tmp_path), f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert "torch.ops.higher_order.cond" in code
-    assert aten_ops(code) == ["relu"]  # alone in its branch; the predicate became an input
+    assert ops_of(code) == ["relu"]  # alone in its branch; the predicate became an input
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
 
 
 def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path) -> None:
     program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
 
-    result = run(program, f"{BACKENDS}:fail_on_relu_anywhere", tmp_path / "out")
+    result = run(program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
-    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    assert ops_of(code) == ["relu"] and "higher_order" not in code
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
 
 
 def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path) -> None:
     program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
 
-    result = run(program, f"{BACKENDS}:fail_on_relu_in_subgraph", tmp_path / "out")
+    result = run(program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert "torch.ops.higher_order.while_loop" in code
     # The condition and the counter that moves the loop on stay; the body is relu besides.
-    assert sorted(aten_ops(code)) == ["add", "lt", "relu"]
+    assert sorted(ops_of(code)) == ["add", "lt", "relu"]
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
 
 
@@ -277,7 +266,7 @@ def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(tmp_path: Path) ->
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
-    assert aten_ops(code) == ["relu"] and "higher_order" not in code
+    assert ops_of(code) == ["relu"] and "higher_order" not in code
     signature = result.report.signature or ""
     assert signature.startswith("CppCompileError")
     assert_artifacts_reproduce(tmp_path / "out", signature)

@@ -20,10 +20,12 @@ from minify_client.models import Culprit, CulpritState, JobSpec, JobState, Repor
 from minify_client.progress import culprit_summary
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import culprit
+from minify_worker.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.sandbox.warmup import compile_cache_dir
+from tests.support.backends import PREFIX
 
-PATTERN_MATCHER_BUG = "tests.support.backends:fail_on_relu_unless_pattern_matcher_off"
+PATTERN_MATCHER_BUG = f"{PREFIX}:fail_on_relu_unless_pattern_matcher_off"
 RELU_BUG = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
 
 
@@ -41,7 +43,7 @@ def generous_budget() -> Iterator[None]:
     results depend on the load, so these jobs get minutes."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(culprit.MIN_BUDGET_ENV, "300")
-        patch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")
+        patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
         yield
 
 
@@ -86,7 +88,7 @@ def test_the_result_is_delivered_before_the_culprit_phase_which_then_rewrites_it
 
     ep, _ = programs.BUILDERS["relu_cos"]()
     torch.export.save(ep, tmp_path / "relu_cos.pt2")
-    final = minify(tmp_path / "relu_cos.pt2", JobSpec(backend="tests.support.backends:fail_on_relu"),
+    final = minify(tmp_path / "relu_cos.pt2", JobSpec(backend=f"{PREFIX}:fail_on_relu"),
                    tmp_path / "out", on_result=delivered)
 
     early = seen["report"]
@@ -101,13 +103,13 @@ def test_the_result_is_delivered_before_the_culprit_phase_which_then_rewrites_it
 
 
 def test_a_bug_no_setting_avoids_has_no_workarounds(tmp_path: Path, generous_budget: None) -> None:
-    result = run(tmp_path, "relu_cos", backend="tests.support.backends:fail_on_relu")
+    result = run(tmp_path, "relu_cos", backend=f"{PREFIX}:fail_on_relu")
 
     assert result.status is JobState.succeeded, result.reason
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["workarounds"] == []
     assert set(written["workarounds_tried"]) == {f"{key}={value}" for key, value in culprit.settings(
-        JobSpec(backend="tests.support.backends:fail_on_relu"))}
+        JobSpec(backend=f"{PREFIX}:fail_on_relu"))}
     assert all(outcome.startswith("minimal program: fails") for outcome in written["workarounds_tried"].values())
 
 

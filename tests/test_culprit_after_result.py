@@ -22,14 +22,15 @@ from pathlib import Path
 import pytest
 
 from minify_client.models import CulpritState, JobState, ProgressEvent, Report
+from tests.support.backends import ALLOWED, PREFIX
 from tests.support.scripted_server import Exchange, ScriptedServer, job_status, serve_job
 from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
 from tests.test_client_cli import sigint_as_on_a_terminal
 from tests.test_service import submit, work_horse_of
 
-SLOW_CULPRIT = {"backend": "tests.support.backends:fail_on_relu_slow_culprit", "failure": {"kind": "compile_error"}}
+SLOW_CULPRIT = {"backend": f"{PREFIX}:fail_on_relu_slow_culprit", "failure": {"kind": "compile_error"}}
 # Its pattern_matcher screen sleeps past the probe timeout: a phase of 10 s or more.
-SLOWER_CULPRIT = {**SLOW_CULPRIT, "backend": "tests.support.backends:fail_on_relu_slower_culprit"}
+SLOWER_CULPRIT = {**SLOW_CULPRIT, "backend": f"{PREFIX}:fail_on_relu_slower_culprit"}
 FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
 
 
@@ -184,10 +185,10 @@ def test_ctrl_c_while_only_the_culprit_is_pending_exits_0_with_the_repro_saved(
 def test_the_offline_command_prints_the_result_first_and_the_culprit_after(
         programs: dict[str, Path], tmp_path: Path, as_json: bool) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "MINIFY_ALLOWED_BACKENDS": "tests.support.backends"}
+    env = {**os.environ, **ALLOWED}
     done = subprocess.run(
         [sys.executable, "-m", "minify_worker.cli", "minify", str(programs["relu_cos"]), "--out", str(out),
-         "--backend", "tests.support.backends:fail_on_relu", "--failure", "compile_error", "--quiet",
+         "--backend", f"{PREFIX}:fail_on_relu", "--failure", "compile_error", "--quiet",
          *(["--json"] if as_json else [])],
         capture_output=True, text=True, timeout=300, env=env)
 

@@ -24,12 +24,14 @@ from minify_client.capture import capture_failures
 from minify_client.capture.custom_ops import CustomOp, custom_ops, op_modules
 from minify_client.models import JobSpec, JobState
 from minify_client.specflags import add_spec_arguments, spec_from_args
+from minify_worker.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.engine import minify
 from minify_worker.op_modules import ALLOWED_OP_MODULES_ENV
 from tests.support import custom_ops as test_ops
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.repro import run_repro
 
 OPS = test_ops.PREFIX
-BACKENDS = "tests.support.backends"
 
 
 def ops_called(code: str | None) -> list[str]:
@@ -58,10 +60,10 @@ def test_the_offline_command_minifies_a_program_with_a_custom_op_to_the_relu_whe
     # engine) and its candidates run only because the engine and the fork server import the spec's
     # op module (long-lived children are forked from that server too: no test of their own).
     program = save_scale_relu(tmp_path)
-    env = dict(os.environ, MINIFY_ALLOWED_BACKENDS=BACKENDS, **{ALLOWED_OP_MODULES_ENV: OPS})
+    env = {**os.environ, **ALLOWED, ALLOWED_OP_MODULES_ENV: OPS}
 
     done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program),
-                           "--backend", f"{BACKENDS}:fail_on_relu", "--op-module", OPS, "--no-shrink", "--no-culprit",
+                           "--backend", f"{PREFIX}:fail_on_relu", "--op-module", OPS, "--no-shrink", "--no-culprit",
                            "--out", str(tmp_path / "out"), "--json"],
                           capture_output=True, text=True, timeout=300, env=env)
 
@@ -76,7 +78,7 @@ def bug_in_the_op(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str |
     """A job on sin -> scale -> cos -> relu whose backend fails on the custom op: its out dir and graph code."""
     directory = tmp_path_factory.mktemp("bug_in_the_op")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIFY_ALLOWED_BACKENDS", OPS)
+        patch.setenv(ALLOWED_BACKENDS_ENV, OPS)
         patch.setenv(ALLOWED_OP_MODULES_ENV, OPS)
         result = minify(save_scale_relu(directory), job_spec(f"{OPS}:fail_on_scale"), directory / "out")
     assert result.status is JobState.succeeded, result.reason
@@ -93,8 +95,7 @@ def test_the_repro_imports_the_op_module_and_reproduces(bug_in_the_op: tuple[Pat
     out, _ = bug_in_the_op
     assert f"\nimport {OPS}\n" in (out / "repro.py").read_text()
 
-    ran = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+    ran = run_repro(out / "repro.py", timeout_s=120)
 
     assert ran.returncode != 0
     assert "repro failed with: RuntimeError: injected failure on scale" in ran.stderr
@@ -112,12 +113,11 @@ def test_the_minimized_program_loads_where_the_op_module_is_imported(bug_in_the_
 
 
 def test_a_job_whose_op_module_the_worker_does_not_allow_fails_at_once_saying_how_to_allow_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", BACKENDS)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_backends_allowed: None) -> None:
     monkeypatch.delenv(ALLOWED_OP_MODULES_ENV, raising=False)
     started = time.monotonic()
 
-    result = minify(save_scale_relu(tmp_path), job_spec(f"{BACKENDS}:fail_on_relu"), tmp_path / "out")
+    result = minify(save_scale_relu(tmp_path), job_spec(f"{PREFIX}:fail_on_relu"), tmp_path / "out")
 
     assert result.status is JobState.failed
     assert time.monotonic() - started < 30
@@ -128,11 +128,10 @@ def test_a_job_whose_op_module_the_worker_does_not_allow_fails_at_once_saying_ho
 
 
 def test_a_job_whose_op_module_does_not_import_fails_at_once_naming_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", BACKENDS)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_backends_allowed: None) -> None:
     monkeypatch.setenv(ALLOWED_OP_MODULES_ENV, "tests.support")
 
-    result = minify(save_scale_relu(tmp_path), job_spec(f"{BACKENDS}:fail_on_relu", op_modules=["tests.support.gone"]),
+    result = minify(save_scale_relu(tmp_path), job_spec(f"{PREFIX}:fail_on_relu", op_modules=["tests.support.gone"]),
                     tmp_path / "out")
 
     assert result.status is JobState.failed

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from examples import programs
+from tests.support.backends import PREFIX
 from tests.support.browser import (
     LAPTOP,
     PHONE,
@@ -27,8 +28,8 @@ from tests.support.service import Service, start_service, wait_for_culprit, wait
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
-FAIL_ON_RELU = "tests.support.backends:fail_on_relu"
-PATTERN_MATCHER_BUG = "tests.support.backends:fail_on_relu_unless_pattern_matcher_off"
+FAIL_ON_RELU = f"{PREFIX}:fail_on_relu"
+PATTERN_MATCHER_BUG = f"{PREFIX}:fail_on_relu_unless_pattern_matcher_off"
 JOB_TIMEOUT_MS = 120_000
 
 
@@ -157,7 +158,7 @@ def test_jobs_page_lists_every_job_and_filters_by_status(
     with service.client() as client:
         succeeded = _submit(client, program_dir / "relu_cos.pt2", FAIL_ON_RELU)
         not_reproducible = _submit(client, program_dir / "linear_relu_sigmoid.pt2",
-                                   "tests.support.backends:fail_on_cos")
+                                   f"{PREFIX}:fail_on_cos")
         wait_for_status(client, succeeded, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
         wait_for_status(client, not_reproducible, {"not_reproducible"}, timeout_s=JOB_TIMEOUT_MS / 1000)
 
@@ -198,7 +199,7 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
     page = browser.new_page(viewport=LAPTOP)
     page.goto(service.url)
     submit_through_page(page, program_dir / "linear_relu_sigmoid.pt2",
-                        backend="tests.support.backends:fail_on_cos")
+                        backend=f"{PREFIX}:fail_on_cos")
     page.wait_for_selector("#job-status [data-status=not_reproducible]", timeout=JOB_TIMEOUT_MS)
     reason = page.locator("#job-reason")
     reason.wait_for()
@@ -209,7 +210,7 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
 def test_cancel_button_ends_a_running_job(browser: Any, service: Service, program_dir: Path) -> None:
     page = browser.new_page(viewport=LAPTOP)
     page.goto(service.url)
-    submit_through_page(page, program_dir / "relu_cos.pt2", backend="tests.support.backends:hang_on_relu",
+    submit_through_page(page, program_dir / "relu_cos.pt2", backend=f"{PREFIX}:hang_on_relu",
                         candidate_timeout_s=300)
     page.wait_for_selector("#job-status [data-status=running]", timeout=JOB_TIMEOUT_MS)
     screenshot(page, "job-running-laptop")
@@ -334,7 +335,7 @@ def test_the_job_page_shows_the_workers_environment_and_copies_a_bug_report(
 def test_the_job_page_shows_the_root_cause_and_the_exception_chain(
         browser: Any, service: Service, program_dir: Path) -> None:
     with service.client() as client:
-        job_id = _submit(client, program_dir / "relu_cos.pt2", "tests.support.backends:failed_import_on_relu")
+        job_id = _submit(client, program_dir / "relu_cos.pt2", f"{PREFIX}:failed_import_on_relu")
         wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
     page = browser.new_page(viewport=LAPTOP)
     errors = watch_for_errors(page)
@@ -379,7 +380,7 @@ def test_the_culprit_card_says_bisecting_while_the_phase_runs_after_the_result_t
         browser: Any, service: Service, program_dir: Path) -> None:
     # The result is delivered before the culprit phase, which this backend makes last seconds.
     with service.client() as client:
-        job_id = _submit(client, program_dir / "relu_cos.pt2", "tests.support.backends:fail_on_relu_slow_culprit")
+        job_id = _submit(client, program_dir / "relu_cos.pt2", f"{PREFIX}:fail_on_relu_slow_culprit")
         delivered = wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
     assert delivered["culprit_state"] == "running"
     page = browser.new_page(viewport=LAPTOP)

@@ -17,84 +17,69 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.graphs import ops_of, save_chain
 
-TESTING = "tests.support.backends"
-
-
-@pytest.fixture(autouse=True)
-def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
+pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 
 def spec(backend: str, parallelism: int = 2, **failure: object) -> JobSpec:
     return JobSpec.model_validate({
-        "backend": f"{TESTING}:{backend}",
+        "backend": f"{PREFIX}:{backend}",
         "failure": failure,
         "limits": {"candidate_timeout_s": 4, "parallelism": parallelism},
     })
 
 
-def chain_program(tmp_path: Path, ops: tuple[str, ...]) -> Path:
-    ep, _ = programs.chain(ops)
-    path = tmp_path / "chain.pt2"
-    torch.export.save(ep, path)
-    return path
-
-
-def ops_of(code: str) -> list[str]:
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
-
-
 def test_a_failing_op_is_isolated_from_a_chain(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    program = save_chain(tmp_path, ("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
 
     result = minify(program, spec("fail_on_relu"), tmp_path / "out")
 
     assert result.status is JobState.succeeded
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.nodes_original == 8 and result.report.nodes_final == 1
     assert result.report.signature == "RuntimeError: injected failure on relu"
     assert set(result.artifacts) >= {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
 
 
 def test_a_segfaulting_op_is_isolated_and_the_job_survives(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu", "cos", "exp"))
+    program = save_chain(tmp_path, ("sin", "relu", "cos", "exp"))
 
     result = minify(program, spec("segfault_on_relu", kind="crash"), tmp_path / "out")
 
     assert result.status is JobState.succeeded
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.signature == "SIGSEGV"
     assert result.report.failure_kind == "crash"
 
 
 def test_a_hanging_op_costs_one_timeout(tmp_path: Path) -> None:
     # relu raises; without relu, sin hangs. One candidate at a time, so none is cancelled early.
-    program = chain_program(tmp_path, ("sin", "cos", "relu"))
+    program = save_chain(tmp_path, ("sin", "cos", "relu"))
 
     result = minify(program, spec("fail_on_relu_hang_on_sin", parallelism=1), tmp_path / "out")
 
     assert result.status is JobState.succeeded
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.outcomes.get("timed_out") == 1
 
 
 def test_a_different_error_on_another_op_does_not_make_the_job_drift(tmp_path: Path) -> None:
     # relu raises RuntimeError; without relu, cos raises ValueError: not the same bug.
-    program = chain_program(tmp_path, ("cos", "sin", "relu", "exp"))
+    program = save_chain(tmp_path, ("cos", "sin", "relu", "exp"))
 
     result = minify(program, spec("fail_on_relu_other_error_on_cos"), tmp_path / "out")
 
     assert result.status is JobState.succeeded
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.outcomes.get("other_failure", 0) >= 1
 
 
 def test_a_program_that_does_not_fail_is_not_reproducible_with_the_reason(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "cos"))
+    program = save_chain(tmp_path, ("sin", "cos"))
 
     result = minify(program, spec("fail_on_relu"), tmp_path / "out")
 
@@ -106,12 +91,12 @@ def test_a_program_that_does_not_fail_is_not_reproducible_with_the_reason(tmp_pa
 
 
 def test_an_accuracy_bug_is_isolated(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu", "cos", "exp"))
+    program = save_chain(tmp_path, ("sin", "relu", "cos", "exp"))
 
     result = minify(program, spec("wrong_on_relu", kind="accuracy"), tmp_path / "out")
 
     assert result.status is JobState.succeeded
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.signature is not None and result.report.signature.startswith("AccuracyError")
 
 
@@ -132,7 +117,7 @@ def test_an_accuracy_bug_in_a_program_that_asserts_float32_is_minimized(tmp_path
     result = minify(program, spec("wrong_on_softmax", kind="accuracy"), tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result.report.graph_code or "") == ["_softmax"]
+    assert ops_of(result.report.graph_code) == ["_softmax"]
 
 
 def test_a_text_file_named_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
@@ -147,7 +132,7 @@ def test_a_text_file_named_pt2_is_refused_with_a_clear_reason(tmp_path: Path) ->
 
 
 def test_a_truncated_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
     data = program.read_bytes()
     program.write_bytes(data[: len(data) // 2])
 
@@ -158,7 +143,7 @@ def test_a_truncated_pt2_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
 
 
 def test_inputs_that_do_not_match_are_refused_naming_the_problem(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
     inputs = tmp_path / "inputs.pt"
     torch.save((torch.randn(3, 7),), inputs)
 
@@ -170,7 +155,7 @@ def test_inputs_that_do_not_match_are_refused_naming_the_problem(tmp_path: Path)
 
 def test_a_backend_the_operator_did_not_allow_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "somewhere.else")
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
 
     result = minify(program, spec("fail_on_relu"), tmp_path / "out")
 
@@ -185,7 +170,7 @@ def test_a_job_leaves_no_files_in_the_temp_dir(tmp_path: Path, monkeypatch: pyte
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    program = chain_program(tmp_path, ("sin", "relu", "cos"))
+    program = save_chain(tmp_path, ("sin", "relu", "cos"))
 
     result = minify(program, spec("fail_on_relu"), tmp_path / "out")
 
@@ -194,7 +179,7 @@ def test_a_job_leaves_no_files_in_the_temp_dir(tmp_path: Path, monkeypatch: pyte
 
 
 def test_the_minimized_program_loads_and_is_a_torch_export_archive(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu", "cos"))
+    program = save_chain(tmp_path, ("sin", "relu", "cos"))
 
     result = minify(program, spec("fail_on_relu"), tmp_path / "out")
 
@@ -208,7 +193,7 @@ def test_the_minimized_program_loads_and_is_a_torch_export_archive(tmp_path: Pat
 def test_a_job_cancelled_while_preparing_ends_cancelled_at_once(tmp_path: Path) -> None:
     import threading
 
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
     cancel = threading.Event()
     cancel.set()
 
@@ -237,8 +222,8 @@ def test_a_job_cancelled_as_its_original_starts_ends_at_once_without_waiting_for
     monkeypatch.setenv("PATH", f"{slow_tools}{os.pathsep}{os.environ['PATH']}")
     marker = uuid.uuid4().hex  # every process the job starts carries it, orphans included
     monkeypatch.setenv(MARKER, marker)
-    program = chain_program(tmp_path, ("sin", "relu"))
-    hangs = JobSpec.model_validate({"backend": f"{TESTING}:hang_with_grandchild_on_relu",
+    program = save_chain(tmp_path, ("sin", "relu"))
+    hangs = JobSpec.model_validate({"backend": f"{PREFIX}:hang_with_grandchild_on_relu",
                                     "failure": {"kind": "timeout"},
                                     "limits": {"candidate_timeout_s": 120, "parallelism": 2}})
     cancel = threading.Event()
@@ -266,8 +251,8 @@ def test_a_job_cancelled_as_its_original_starts_ends_at_once_without_waiting_for
 
 def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Path,
                                                                    test_backends_allowed: None) -> None:
-    program = chain_program(tmp_path, ("sin", "relu"))
-    flaky = spec("fail_on_relu").model_copy(update={"backend": "tests.support.backends:fail_first_run_on_relu"})
+    program = save_chain(tmp_path, ("sin", "relu"))
+    flaky = spec("fail_on_relu").model_copy(update={"backend": f"{PREFIX}:fail_first_run_on_relu"})
 
     # The original is compiled once and run 3 times in one child: only its first run fails.
     result = minify(program, flaky, tmp_path / "out")
@@ -279,7 +264,7 @@ def test_a_failure_that_happens_only_sometimes_is_reported_as_flaky(tmp_path: Pa
 
 
 def test_the_original_is_compiled_once_and_run_three_times(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
 
     compile_error = minify(program, spec("fail_on_relu"), tmp_path / "compile")
     runtime_error = minify(program, spec("fail_on_relu_at_runtime"), tmp_path / "runtime")
@@ -291,7 +276,7 @@ def test_the_original_is_compiled_once_and_run_three_times(tmp_path: Path) -> No
 
 
 def test_an_original_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu"))
+    program = save_chain(tmp_path, ("sin", "relu"))
 
     result = minify(program, spec("kill_sandbox_on_relu"), tmp_path / "out")
 
@@ -302,22 +287,22 @@ def test_an_original_that_kills_the_fork_server_fails_the_job_with_the_reason(tm
 
 def test_a_candidate_that_kills_the_fork_server_costs_that_candidate_not_the_job(tmp_path: Path) -> None:
     # relu raises; without relu, sin kills the fork server: the sandbox restarts and goes on.
-    program = chain_program(tmp_path, ("sin", "cos", "relu"))
+    program = save_chain(tmp_path, ("sin", "cos", "relu"))
 
     result = minify(program, spec("fail_on_relu_kill_sandbox_on_sin", parallelism=1), tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result.report.graph_code or "") == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.outcomes.get("invalid", 0) >= 1
     assert "minimized.pt2" in result.artifacts
 
 
 def test_the_offline_command_minifies_with_its_fork_server_forked_from_itself(tmp_path: Path) -> None:
-    program = chain_program(tmp_path, ("sin", "relu", "cos"))
-    env = dict(os.environ, MINIFY_ALLOWED_BACKENDS=TESTING)
+    program = save_chain(tmp_path, ("sin", "relu", "cos"))
+    env = {**os.environ, **ALLOWED}
 
     done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
-                           f"{TESTING}:fail_on_relu", "--out", str(tmp_path / "out"), "--json"],
+                           f"{PREFIX}:fail_on_relu", "--out", str(tmp_path / "out"), "--json"],
                           capture_output=True, text=True, timeout=300, env=env)
 
     assert done.returncode == 0, done.stderr[-3000:]
@@ -341,5 +326,5 @@ def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops(tmp_pa
     result = minify(program, spec("fail_on_sin_and_relu"), tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
-    assert sorted(ops_of(result.report.graph_code or "")) == ["relu", "sin"]
+    assert sorted(ops_of(result.report.graph_code)) == ["relu", "sin"]
     assert result.report.nodes_final == 2

@@ -15,6 +15,7 @@ import torch
 from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
+from tests.support.graphs import AOTI_RELU_CODE, ops_of
 
 pytestmark = pytest.mark.inductor
 
@@ -37,11 +38,6 @@ def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = 
     return minify(program, spec, tmp_path / "out")
 
 
-def ops_of(result: MinifyResult) -> list[str]:
-    code = result.report.graph_code or ""
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
-
-
 @pytest.mark.parametrize(
     ("bug", "kind", "exception"),
     [
@@ -54,7 +50,7 @@ def test_relu_bug_after_aot_leaves_only_relu(tmp_path: Path, bug: str, kind: str
     result = run(tmp_path, "relu_cos", kind=kind, **{"cpp.inject_relu_bug_TESTING_ONLY": bug})
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result) == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.failure_kind == kind
     if exception is not None:
         assert (result.report.signature or "").startswith(exception)
@@ -67,15 +63,8 @@ def test_accuracy_minifies_to_relu_but_strict_accuracy_to_log1p(tmp_path: Path) 
     strict = run(tmp_path / "strict", "accuracy_vs_strict", kind="accuracy", strict_accuracy=True, **bugs)
 
     assert loose.status is JobState.succeeded and strict.status is JobState.succeeded
-    assert ops_of(loose) == ["relu"]
-    assert ops_of(strict) == ["log1p"]
-
-
-AOTI_RELU_CODE = """\
-def forward(self, linear):
-    linear, = fx_pytree.tree_flatten_spec(([linear], {}), self._in_spec)
-    relu = torch.ops.aten.relu.default(linear);  linear = None
-    return pytree.tree_unflatten((relu,), self._out_spec)"""
+    assert ops_of(loose.report.graph_code) == ["relu"]
+    assert ops_of(strict.report.graph_code) == ["log1p"]
 
 
 # The plain program goes through every phase (aot_inductor's one end-to-end job with shrink and

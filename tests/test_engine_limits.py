@@ -9,10 +9,8 @@ import pytest
 
 from minify_client.models import JobSpec, JobState, ProgressEvent
 from minify_worker.engine import DEFAULT_ORIGINAL_TIMEOUT_S, HangCalibration, minify
+from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
-
-SUPPORT = "tests.support.backends"
-
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
@@ -29,7 +27,7 @@ def chain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_hanging_compile_is_minimized_with_the_default_failure_kind(chain_pt2: Path, tmp_path: Path) -> None:
     # The default spec but for a short bound on the original's runs (the default is minutes).
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:hang_on_relu",
+    job = JobSpec.model_validate({"backend": f"{PREFIX}:hang_on_relu",
                                   "limits": {"original_timeout_s": 6, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
@@ -48,7 +46,7 @@ SHORT_HANG = HangCalibration(original_min_s=2.0, confirm_min_s=6.0)
 
 def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting_out_the_original(
         chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu", "limits": {"parallelism": 2}})
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:hang_on_relu", "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
@@ -67,7 +65,7 @@ def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting
 
 def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain_pt2: Path, tmp_path: Path) -> None:
     # relu takes 7 s to compile: longer than the guess (2 s) and the candidates' timeout (5 s), no hang.
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:slow_on_relu", "limits": {"parallelism": 2}})
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:slow_on_relu", "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
@@ -80,7 +78,7 @@ def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain
 def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
         chain_pt2: Path, tmp_path: Path) -> None:
     # Candidates with relu take 7 s (past the 5 s timeout: hangs, for now); the original 30 s.
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:slow_on_relu_slowest_when_whole",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:slow_on_relu_slowest_when_whole",
                                   "limits": {"parallelism": 2}})
     events: list[ProgressEvent] = []
 
@@ -95,7 +93,7 @@ def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
 
 
 def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:hang_on_relu",
                                   "limits": {"original_timeout_s": 4, "parallelism": 2}})
     events: list[ProgressEvent] = []
 
@@ -109,7 +107,7 @@ def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_
 
 def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(
         chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:hang_on_relu",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:hang_on_relu",
                                   "failure": {"kind": "timeout"},
                                   "limits": {"candidate_timeout_s": 10, "parallelism": 2}})
 
@@ -121,7 +119,7 @@ def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passi
 
 
 def test_a_compiler_that_eats_all_memory_is_minimized_as_an_oom(chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:allocate_on_relu", "failure": {"kind": "oom"},
+    job = JobSpec.model_validate({"backend": f"{PREFIX}:allocate_on_relu", "failure": {"kind": "oom"},
                                   "limits": {"memory_mb": 700, "candidate_timeout_s": 60, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
@@ -132,7 +130,7 @@ def test_a_compiler_that_eats_all_memory_is_minimized_as_an_oom(chain_pt2: Path,
 
 
 def test_any_failure_includes_running_out_of_memory(chain_pt2: Path, tmp_path: Path) -> None:
-    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{SUPPORT}:allocate_on_relu",
+    job = JobSpec.model_validate({**REDUCTION_ONLY, "backend": f"{PREFIX}:allocate_on_relu",
                                   "limits": {"memory_mb": 700, "candidate_timeout_s": 60, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")

@@ -6,27 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from minify_client.models import JobSpec, JobState, ProgressEvent
 from minify_worker.engine import minify
-from tests.support.graphs import ops_of
-
-SUPPORT = "tests.support.backends"
-
-
-class CosSinRelu(torch.nn.Module):
-    """Op kinds in order cos, sin, relu, add: bisection over kinds tries cos and sin first."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sin(torch.cos(x))
-        return torch.relu(y) + y
+from tests.support.backends import PREFIX
+from tests.support.graphs import ops_of, save_cos_sin_relu
 
 
 def run(tmp_path: Path, backend: str, failure: dict | None = None) -> tuple[object, list[ProgressEvent]]:
-    program = tmp_path / "cos_sin_relu.pt2"
-    torch.export.save(torch.export.export(CosSinRelu(), (torch.randn(8, 8),)), program)
-    spec = JobSpec.model_validate({"backend": f"{SUPPORT}:{backend}", "failure": failure or {},
+    program = save_cos_sin_relu(tmp_path)
+    spec = JobSpec.model_validate({"backend": f"{PREFIX}:{backend}", "failure": failure or {},
                                    "limits": {"parallelism": 2}, "shrink": False})
     events: list[ProgressEvent] = []
     return minify(program, spec, tmp_path / "out", on_event=events.append), events

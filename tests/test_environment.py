@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker import environment
 from minify_worker.engine import minify
 from minify_worker.sandbox import SandboxCallError, SandboxPool
-
-TESTING = "tests.support.backends"
+from tests.support.backends import PREFIX
+from tests.support.graphs import save_chain
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +78,9 @@ def test_a_failed_collection_leaves_what_the_engine_knows_and_the_error() -> Non
 
 
 def test_a_minified_job_records_the_environment_in_report_and_repro(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
-    ep, _ = programs.chain(("sin", "relu", "cos"))
-    torch.export.save(ep, tmp_path / "chain.pt2")
-    spec = JobSpec.model_validate({"backend": f"{TESTING}:fail_on_relu",
+                                                                     test_backends_allowed: None) -> None:
+    save_chain(tmp_path, ("sin", "relu", "cos"))
+    spec = JobSpec.model_validate({"backend": f"{PREFIX}:fail_on_relu",
                                    "limits": {"candidate_timeout_s": 4, "parallelism": 2}})
 
     result = minify(tmp_path / "chain.pt2", spec, tmp_path / "out")

@@ -34,6 +34,7 @@ from minify_worker.engine import minify
 from minify_worker.graph import META_ROLE, META_VALUE, graph_from_wire, output_node, placeholders
 from minify_worker.loader import PreparedProgram, ProgramError, prepare
 from tests.support.archives import rewrite_archive
+from tests.support.backends import PREFIX
 
 NAMES = (("x",), ("input",), ("list", "type"), ("input", "input_1"), ("id", "x", "x_1"), ("sum", "min"))
 PASSING = ("positional", "keyword", "keyword_only")
@@ -181,7 +182,8 @@ def prepared(program: Path, workdir: Path, inputs: Path | None = None) -> tuple[
     return prepared, graph_from_wire(prepared.wire_graph), torch.load(prepared.values_path, weights_only=True)
 
 
-def ops_of(program: Path) -> int:
+def call_count(program: Path) -> int:
+    """How many call_function nodes a saved program's graph has."""
     return sum(node.op == "call_function" for node in torch.export.load(program).graph.nodes)
 
 
@@ -207,7 +209,7 @@ def test_the_loader_prepares_every_export_shape(shape: Shape, tmp_path: Path) ->
     program = exported(shape, tmp_path)
     prepared_program, graph, values = prepared(program, tmp_path / "work")
 
-    assert prepared_program.nodes_original == ops_of(program)
+    assert prepared_program.nodes_original == call_count(program)
     assert_inputs_hold(graph, values, args, kwargs)
     eager = [leaf for leaf in tree_leaves(module_for(shape)(*_clone(args), **_clone(kwargs)))]
     recorded = [values[node.meta[META_VALUE]] for node in output_node(graph).args[0][-len(eager):]]
@@ -278,7 +280,7 @@ def repro_signature(out: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize("shape", ENGINE_SHAPES, ids=lambda shape: shape.id)
 def test_an_export_shape_is_minimized_to_the_relu_and_its_repro_reproduces(
         shape: Shape, tmp_path: Path, test_backends_allowed: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = JobSpec.model_validate({"backend": "tests.support.backends:fail_on_relu", "culprit": False,
+    spec = JobSpec.model_validate({"backend": f"{PREFIX}:fail_on_relu", "culprit": False,
                                    "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
     result = minify(exported(shape, tmp_path), spec, tmp_path / "out")
 

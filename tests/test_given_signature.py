@@ -20,9 +20,9 @@ from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import oracle
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.outcomes import Signature
-from tests.support.graphs import ops_of, save_chain
+from tests.support.backends import PREFIX
+from tests.support.graphs import ops_of, save_chain, save_cos_sin_relu
 
-SUPPORT = "tests.support.backends"
 RELU = "RuntimeError: injected failure on relu"
 
 CPP_LOG = ("C++ compile error\n\nCommand:\ng++ /tmp/torchinductor_x/ab/cab12.cpp -o /tmp/x.so\n\nOutput:\n"
@@ -83,16 +83,8 @@ def test_the_signature_flag_sets_failure_signature() -> None:
 # -- the engine ----------------------------------------------------------------------------------
 
 
-class CosSinRelu(torch.nn.Module):
-    """Op kinds in order cos, sin, relu, add: bisection over kinds tries cos and sin first."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sin(torch.cos(x))
-        return torch.relu(y) + y
-
-
 def run(program: Path, out: Path, backend: str, signature: str | None) -> tuple[MinifyResult, list[ProgressEvent]]:
-    spec = JobSpec.model_validate({"backend": f"{SUPPORT}:{backend}", "failure": {"signature": signature},
+    spec = JobSpec.model_validate({"backend": f"{PREFIX}:{backend}", "failure": {"signature": signature},
                                    "limits": {"parallelism": 2}, "shrink": False, "culprit": False})
     events: list[ProgressEvent] = []
     return minify(program, spec, out, on_event=events.append), events
@@ -106,8 +98,7 @@ def test_a_given_signature_is_the_target_from_the_first_check(tmp_path: Path, te
     # The original takes 8 s to fail on relu; a candidate with cos and no relu fails at once with a
     # ValueError. Without a signature that first failure is the guess, and the original's outcome
     # restarts the reduction; with the original's signature given, no candidate is judged wrongly.
-    program = tmp_path / "cos_sin_relu.pt2"
-    torch.export.save(torch.export.export(CosSinRelu(), (torch.randn(8, 8),)), program)
+    program = save_cos_sin_relu(tmp_path)
 
     guessed, guessed_events = run(program, tmp_path / "guessed", "fail_on_relu_slowly_or_at_once_on_cos", None)
     given, given_events = run(program, tmp_path / "given", "fail_on_relu_slowly_or_at_once_on_cos", RELU)

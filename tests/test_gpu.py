@@ -20,20 +20,13 @@ import torch
 from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
-from tests.support.graphs import ops_of as graph_ops
+from tests.support.backends import PREFIX
+from tests.support.graphs import AOTI_RELU_CODE, ops_of, save_chain
 
 REPO = Path(__file__).resolve().parent.parent
-SUPPORT = "tests.support.backends"
 
 pytestmark = [pytest.mark.gpu, pytest.mark.inductor,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-AOTI_RELU_CODE = """\
-def forward(self, linear):
-    linear, = fx_pytree.tree_flatten_spec(([linear], {}), self._in_spec)
-    relu = torch.ops.aten.relu.default(linear);  linear = None
-    return pytree.tree_unflatten((relu,), self._out_spec)"""
-
 
 def save(tmp_path: Path, builder: str) -> Path:
     ep, _ = programs.BUILDERS[builder]()
@@ -50,16 +43,12 @@ def run(tmp_path: Path, builder: str, *, backend: str = "inductor", kind: str = 
     return minify(save(tmp_path, builder), spec, tmp_path / "out")
 
 
-def ops_of(result: MinifyResult) -> list[str]:
-    return graph_ops(result.report.graph_code)
-
-
 def test_after_aot_cuda_compile_error_ends_on_relu_with_the_triton_syntax_error(tmp_path: Path) -> None:
     result = run(tmp_path, "relu_cos", kind="compile_error",
                  **{"triton.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result) == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert (result.report.signature or "").startswith("SyntaxError"), result.report.signature_chain
 
 
@@ -67,7 +56,7 @@ def test_after_aot_cuda_accuracy_error_ends_on_relu(tmp_path: Path) -> None:
     result = run(tmp_path, "relu_cos", kind="accuracy", **{"triton.inject_relu_bug_TESTING_ONLY": "accuracy"})
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result) == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.signature == "AccuracyError"
 
 
@@ -102,17 +91,15 @@ def test_a_cpu_job_on_a_gpu_machine_runs_in_a_preloaded_worker(tmp_path: Path) -
 
 
 def test_a_candidate_that_trips_a_device_side_assert_costs_one_candidate(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
-    ep, _ = programs.chain(("sin", "cos", "relu", "tanh", "exp"))
-    torch.export.save(ep, tmp_path / "chain.pt2")
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:device_assert_on_relu", "device": "cuda",
+                                                                         test_backends_allowed: None) -> None:
+    save_chain(tmp_path, ("sin", "cos", "relu", "tanh", "exp"))
+    job = JobSpec.model_validate({"backend": f"{PREFIX}:device_assert_on_relu", "device": "cuda",
                                   "limits": {"candidate_timeout_s": 60}})
 
     result = minify(tmp_path / "chain.pt2", job, tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
-    assert ops_of(result) == ["relu"]
+    assert ops_of(result.report.graph_code) == ["relu"]
     assert "device-side assert" in (result.report.signature or "") or "CUDA error" in (result.report.signature or "")
 
 

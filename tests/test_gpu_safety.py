@@ -22,11 +22,12 @@ import torch
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
+from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
+from tests.support.repro import run_repro
 
 REPO = Path(__file__).resolve().parent.parent
 SPY = REPO / "tests" / "support" / "cuda_spy"
-SUPPORT = "tests.support.backends"
 
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
@@ -82,7 +83,7 @@ def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_jo
                                                                                  tmp_path: Path) -> None:
     log = tmp_path / "spy.log"
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{SUPPORT}:fail_on_relu"), "--preload", spy_log=log)
+    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:fail_on_relu"), "--preload", spy_log=log)
 
     assert result["status"] == "succeeded" and ops_of(result["graph_code"]) == ["relu"]  # type: ignore[arg-type]
     assert result["sandbox_start"] == "fork"
@@ -93,7 +94,7 @@ def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_jo
 def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2: Path, tmp_path: Path) -> None:
     log = tmp_path / "spy.log"
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{SUPPORT}:fail_on_relu", device="cuda"),
+    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:fail_on_relu", device="cuda"),
                            "--preload", spy_log=log)
 
     forbidden, allowed = spied_calls(log)
@@ -123,7 +124,7 @@ def test_a_spawned_fork_server_never_initializes_cuda_either(chain_pt2: Path, tm
 
 def test_a_forked_sandbox_that_cannot_use_cuda_is_replaced_by_a_spawned_one(chain_pt2: Path,
                                                                           tmp_path: Path) -> None:
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{SUPPORT}:cuda_fork_error_when_poisoned"),
+    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:cuda_fork_error_when_poisoned"),
                            "--preload", "--poison")
 
     assert result["status"] == "succeeded", result["reason"]
@@ -133,7 +134,7 @@ def test_a_forked_sandbox_that_cannot_use_cuda_is_replaced_by_a_spawned_one(chai
 
 def test_a_sandbox_fault_a_fresh_sandbox_has_too_fails_the_job_with_its_cause(chain_pt2: Path,
                                                                             tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{SUPPORT}:cuda_fork_error_always"), tmp_path / "out")
+    result = minify(chain_pt2, spec(f"{PREFIX}:cuda_fork_error_always"), tmp_path / "out")
 
     assert result.status is JobState.failed
     assert "Cannot re-initialize CUDA in forked subprocess" in (result.reason or "")
@@ -141,7 +142,7 @@ def test_a_sandbox_fault_a_fresh_sandbox_has_too_fails_the_job_with_its_cause(ch
 
 
 def test_a_failure_that_does_not_depend_on_the_program_fails_the_job(chain_pt2: Path, tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{SUPPORT}:fail_always"), tmp_path / "out")
+    result = minify(chain_pt2, spec(f"{PREFIX}:fail_always"), tmp_path / "out")
 
     assert result.status is JobState.failed
     assert result.reason is not None
@@ -151,7 +152,7 @@ def test_a_failure_that_does_not_depend_on_the_program_fails_the_job(chain_pt2: 
 
 
 def test_the_signature_names_the_root_cause_and_keeps_the_chain(chain_pt2: Path, tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{SUPPORT}:failed_import_on_relu"), tmp_path / "out")
+    result = minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path / "out")
 
     assert result.status is JobState.succeeded
     assert result.report.signature == "SyntaxError: invalid syntax (<hash>.py, line N)"
@@ -161,7 +162,7 @@ def test_the_signature_names_the_root_cause_and_keeps_the_chain(chain_pt2: Path,
 
 
 def test_match_sees_every_link_of_the_chain(chain_pt2: Path, tmp_path: Path) -> None:
-    job = spec(f"{SUPPORT}:failed_import_on_relu", failure={"kind": "compile_error", "match": "Failed to import"})
+    job = spec(f"{PREFIX}:failed_import_on_relu", failure={"kind": "compile_error", "match": "Failed to import"})
 
     result = minify(chain_pt2, job, tmp_path / "out")
 
@@ -170,10 +171,9 @@ def test_match_sees_every_link_of_the_chain(chain_pt2: Path, tmp_path: Path) -> 
 
 
 def test_the_repro_prints_the_signature_the_report_records(chain_pt2: Path, tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{SUPPORT}:failed_import_on_relu"), tmp_path / "out")
+    result = minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path / "out")
 
-    run = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "out", capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    run = run_repro(tmp_path / "out" / "repro.py")
 
     assert run.returncode == 1
     assert f"repro failed with: {result.report.signature}\n" in run.stderr

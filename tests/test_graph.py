@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from examples import programs
 from minify_worker import graph as G
+from tests.support.graphs import targets_of
 
 
 def _flat(builder_name: str) -> fx.Graph:
@@ -25,10 +26,6 @@ def _round_trip(graph: fx.Graph) -> fx.Graph:
 
 def _names(graph: fx.Graph, op: str) -> list[str]:
     return [node.name for node in graph.nodes if node.op == op]
-
-
-def _targets(graph: fx.Graph) -> list[str]:
-    return [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
 
 
 def _max_dim_graph() -> fx.Graph:
@@ -100,7 +97,7 @@ def test_wire_round_trip_keeps_names_targets_and_meta():
     graph = _flat("transformer_layer")
     back = _round_trip(graph)
     assert [n.name for n in back.nodes] == [n.name for n in graph.nodes]
-    assert _targets(back) == _targets(graph)
+    assert targets_of(back) == targets_of(graph)
     assert [n.meta for n in back.nodes] == [n.meta for n in graph.nodes]
 
 
@@ -226,14 +223,14 @@ def test_surgery_leaves_its_argument_untouched():
 
 def test_truncate_after_outputs_that_node_and_drops_the_rest():
     graph = G.truncate_after(_flat("linear_relu_sigmoid"), "relu")
-    assert _targets(graph) == ["aten.linear.default", "aten.relu.default"]
+    assert targets_of(graph) == ["aten.linear.default", "aten.relu.default"]
     assert [n.name for n in G.outputs(graph)] == ["relu"]
     graph.lint()
 
 
 def test_truncate_after_removes_code_the_cut_node_does_not_need():
     graph = G.truncate_after(_flat("accuracy_vs_strict"), "relu")
-    assert _targets(graph) == ["aten.relu.default"]
+    assert targets_of(graph) == ["aten.relu.default"]
 
 
 def test_promote_to_inputs_keeps_the_node_name_and_value():
@@ -249,7 +246,7 @@ def test_promote_then_canonicalize_gives_torchs_aoti_repro_shape():
     graph = G.canonicalize(G.promote_to_inputs(G.truncate_after(_flat("linear_relu_sigmoid"),
                                                                 "relu"), ["linear"]))
     assert G.graph_code(graph).splitlines()[0] == "def forward(self, linear):"
-    assert _targets(graph) == ["aten.relu.default"]
+    assert targets_of(graph) == ["aten.relu.default"]
 
 
 def test_promoting_a_tuple_node_promotes_its_getitems():
@@ -257,7 +254,7 @@ def test_promoting_a_tuple_node_promotes_its_getitems():
     pair = next(n for n in source.nodes if n.target is torch.ops.aten.max.dim)
     graph = G.promote_to_inputs(source, [pair.name])
     assert _names(G.canonicalize(graph), "placeholder") == ["getitem", "getitem_1"]
-    assert _targets(G.canonicalize(graph)) == ["aten._to_copy.default"]
+    assert targets_of(G.canonicalize(graph)) == ["aten._to_copy.default"]
 
 
 def test_promote_refuses_nodes_without_a_stored_value():
@@ -273,7 +270,7 @@ def test_eliminate_dead_code_drops_unused_ops_but_not_mutations():
     graph.call_function(torch.ops.aten._assert_async.msg, (x, "boom"))
     graph.call_function(torch.ops.aten.add_.Tensor, (x, x))
     graph.output((x,))
-    assert _targets(G.eliminate_dead_code(graph)) == ["aten.add_.Tensor"]
+    assert targets_of(G.eliminate_dead_code(graph)) == ["aten.add_.Tensor"]
 
 
 def test_remove_unused_inputs_keeps_used_inputs_in_order():
@@ -297,7 +294,7 @@ def test_remove_outputs_drops_positions():
 
 def test_prune_outputs_keeps_one_and_removes_what_it_no_longer_needs():
     graph = G.prune_outputs(_max_dim_graph(), [1])
-    assert _targets(graph) == ["aten.max.dim", "operator.getitem"]
+    assert targets_of(graph) == ["aten.max.dim", "operator.getitem"]
 
 
 def test_drop_node_wires_users_to_a_same_typed_input():
@@ -397,7 +394,7 @@ def test_flat_graph_makes_symbolic_scalars_promotable_ints():
 def test_wire_round_trip_keeps_symbolic_arithmetic():
     graph = _dynamic_graph()
     back = _round_trip(graph)
-    assert "operator.mul" in _targets(back)
+    assert "operator.mul" in targets_of(back)
     assert G.structural_hash(back) == G.structural_hash(graph)
 
 
@@ -428,7 +425,7 @@ def test_cut_chain_promotes_the_node_and_keeps_its_producer_as_an_output():
     graph = _sin_sum_mul_relu()
     cut = G.cut_chain(graph, "sum_1")
     assert cut is not None
-    assert _targets(cut) == ["aten.sin.default", "aten.mul.Tensor", "aten.relu.default"]
+    assert targets_of(cut) == ["aten.sin.default", "aten.mul.Tensor", "aten.relu.default"]
     assert _names(cut, "placeholder") == ["x", "sum_1"]
     assert [value.name for value in G.outputs(cut)] == ["relu", "sin"]
 
@@ -442,7 +439,7 @@ def test_extract_keeps_only_the_named_ops_reading_the_rest_as_inputs():
     graph = _sin_sum_mul_relu()
     extracted = G.extract(graph, ["sum_1", "relu"])
     assert extracted is not None
-    assert _targets(extracted) == ["aten.sum.dim_IntList", "aten.relu.default"]
+    assert targets_of(extracted) == ["aten.sum.dim_IntList", "aten.relu.default"]
     assert _names(extracted, "placeholder") == ["sin", "mul"]
     assert [value.name for value in G.outputs(extracted)] == ["sum_1", "relu"]
 
@@ -451,4 +448,4 @@ def test_extract_brings_along_a_tuple_op_its_getitem_needs():
     graph = _max_dim_graph()
     extracted = G.extract(graph, ["getitem"])
     assert extracted is not None
-    assert _targets(extracted) == ["aten.max.dim", "operator.getitem"]
+    assert targets_of(extracted) == ["aten.max.dim", "operator.getitem"]

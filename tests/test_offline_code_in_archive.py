@@ -14,15 +14,14 @@ from pathlib import Path
 import torch
 
 from tests.support.archives import pickled_weight_archive
-
-TESTING = "tests.support.backends"
+from tests.support.backends import ALLOWED, PREFIX
 
 
 def run_offline(program: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {key: value for key, value in os.environ.items() if key != "MINIFY_ALLOW_PICKLE"}
-    environment.update(MINIFY_ALLOWED_BACKENDS=TESTING, **env)
+    environment.update(ALLOWED, **env)
     return subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
-                           f"{TESTING}:fail_on_relu", "--out", str(out), "--quiet"],
+                           f"{PREFIX}:fail_on_relu", "--out", str(out), "--quiet"],
                           capture_output=True, text=True, timeout=300, env=environment)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from examples.programs import save
+from tests.support.backends import ALLOWED, PREFIX
 
-TESTING = "tests.support.backends"
 ALL_ARTIFACTS = {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
 
 
@@ -25,9 +25,9 @@ def relative_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     cwd = root / "elsewhere"
     cwd.mkdir()
     done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
-                           f"{TESTING}:fail_on_relu", "--out", "out/relu", "--quiet"],
+                           f"{PREFIX}:fail_on_relu", "--out", "out/relu", "--quiet"],
                           cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MINIFY_ALLOWED_BACKENDS": TESTING})
+                          env={**os.environ, **ALLOWED})
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return cwd, done
 

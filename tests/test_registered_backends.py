@@ -4,8 +4,6 @@ name the worker does not have fails the job saying which it has (backends.regist
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from minify_client.models import JobSpec, JobState
 from minify_worker.backends import as_torch_functions
 from minify_worker.engine import minify
 from tests.support.graphs import ops_of
+from tests.support.repro import run_repro
 
 
 def spec(backend: str, **failure: object) -> JobSpec:
@@ -63,7 +62,7 @@ def test_the_repro_of_a_registered_backend_fails_the_same_way(seed: Path, tmp_pa
     text = repro.read_text()
     assert "torch.relu(" in text and "lookup_backend('relu_compile_error_TESTING_ONLY')" in text
     assert "registers 'relu_compile_error_TESTING_ONLY' with torch.compile must be installed" in text
-    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300)
+    done = run_repro(repro)
     assert done.returncode != 0
     assert "repro failed with: ReluCompileError" in done.stderr
 

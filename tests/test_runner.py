@@ -22,9 +22,10 @@ from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_
 from minify_worker.runner import run_candidate
 from minify_worker.sandbox import SandboxPool, compile_cache_dir
 from tests.support import calls
+from tests.support.backends import PREFIX
 from tests.support.graphs import chain_graph
 
-TESTING = "tests.support.backends"
+pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 
 def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -> object:
@@ -33,41 +34,36 @@ def run(ops: tuple[str, ...], backend: str, tmp_path: Path, **failure: object) -
     return run_candidate(gm, [torch.randn(20, 20)], spec, tmp_path)
 
 
-@pytest.fixture(autouse=True)
-def allow_test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", TESTING)
-
-
 def test_a_graph_the_backend_handles_passes(tmp_path: Path) -> None:
     assert isinstance(run(("relu", "cos"), "eager", tmp_path), Passes)
     assert isinstance(run(("relu", "cos"), "aot_eager", tmp_path), Passes)
 
 
 def test_an_exception_while_compiling_is_a_compile_error(tmp_path: Path) -> None:
-    outcome = run(("relu", "cos"), f"{TESTING}:fail_on_relu", tmp_path)
+    outcome = run(("relu", "cos"), f"{PREFIX}:fail_on_relu", tmp_path)
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.exc_type, outcome.signature.key) == \
         ("compile_error", "RuntimeError", "injected failure on relu")
 
 
 def test_an_exception_while_running_is_a_runtime_error(tmp_path: Path) -> None:
-    outcome = run(("relu",), f"{TESTING}:fail_on_relu_at_runtime", tmp_path)
+    outcome = run(("relu",), f"{PREFIX}:fail_on_relu_at_runtime", tmp_path)
     assert isinstance(outcome, Fails) and outcome.signature.kind == "runtime_error"
 
 
 def test_a_different_error_gets_a_different_signature(tmp_path: Path) -> None:
-    relu = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path)
-    cos = run(("cos",), f"{TESTING}:fail_on_cos", tmp_path)
+    relu = run(("relu",), f"{PREFIX}:fail_on_relu", tmp_path)
+    cos = run(("cos",), f"{PREFIX}:fail_on_cos", tmp_path)
     assert isinstance(relu, Fails) and isinstance(cos, Fails)
     assert not relu.signature.same_as(cos.signature)
 
 
 def test_an_allocator_out_of_memory_is_out_of_memory(tmp_path: Path) -> None:
-    assert isinstance(run(("relu",), f"{TESTING}:oom_on_relu", tmp_path), OutOfMemory)
+    assert isinstance(run(("relu",), f"{PREFIX}:oom_on_relu", tmp_path), OutOfMemory)
 
 
 def test_a_numerically_wrong_backend_is_an_accuracy_error(tmp_path: Path) -> None:
-    outcome = run(("relu", "cos"), f"{TESTING}:wrong_on_relu", tmp_path, kind="accuracy")
+    outcome = run(("relu", "cos"), f"{PREFIX}:wrong_on_relu", tmp_path, kind="accuracy")
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.exc_type) == ("accuracy", "AccuracyError")
 
@@ -77,13 +73,13 @@ def test_an_accurate_backend_passes_the_accuracy_check(tmp_path: Path) -> None:
 
 
 def test_a_compile_error_in_accuracy_mode_is_not_an_accuracy_error(tmp_path: Path) -> None:
-    outcome = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path, kind="accuracy")
+    outcome = run(("relu",), f"{PREFIX}:fail_on_relu", tmp_path, kind="accuracy")
     assert isinstance(outcome, Fails) and outcome.signature.kind == "compile_error"
 
 
 def test_a_backend_outside_the_allowed_prefixes_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", "somebody_else.")
-    outcome = run(("relu",), f"{TESTING}:fail_on_relu", tmp_path)
+    outcome = run(("relu",), f"{PREFIX}:fail_on_relu", tmp_path)
     assert isinstance(outcome, Invalid) and "MINIFY_ALLOWED_BACKENDS" in outcome.message
 
 

@@ -25,12 +25,12 @@ from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
 from minify_worker.sandbox.processes import process_stats
-from tests.support import calls
+from tests.support import backends, calls
 from tests.support.graphs import chain_graph
 
-BACKEND = "tests.support.backends:misbehave_by_op"
+BACKEND = f"{backends.PREFIX}:misbehave_by_op"
 # What the pools here may import in their children: the test backends and test call targets.
-ALLOWED = {"MINIFY_ALLOWED_BACKENDS": "tests.support.backends", **calls.ALLOWED}
+ALLOWED = {**backends.ALLOWED, **calls.ALLOWED}
 
 
 def chain(*ops: str) -> dict:

@@ -3,26 +3,21 @@ leftover state decides another candidate's outcome (issue 13; ARCHITECTURE.md, "
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from examples import programs
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, Passes, TimedOut
 from minify_worker.sandbox import SandboxPool
-from tests.support.graphs import chain_graph
-
-SUPPORT = "tests.support.backends"
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.graphs import chain_graph, save_chain
+from tests.support.repro import run_repro
 
 
 def chain(*ops: str) -> dict:
@@ -33,9 +28,9 @@ def chain(*ops: str) -> dict:
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
     workdir = tmp_path_factory.mktemp("reuse")
     torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
-    spec = JobSpec(backend=f"{SUPPORT}:misbehave_by_op")
+    spec = JobSpec(backend=f"{PREFIX}:misbehave_by_op")
     with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=1, reuse=10,
-                     env={"MINIFY_ALLOWED_BACKENDS": SUPPORT}) as sandbox:
+                     env=ALLOWED) as sandbox:
         yield sandbox
 
 
@@ -78,19 +73,15 @@ def test_a_failure_in_a_child_that_ran_candidates_before_is_confirmed_in_a_fresh
 
 @pytest.fixture
 def chain_pt2(tmp_path: Path) -> Path:
-    ep, _ = programs.chain(("sin", "sigmoid", "cos", "relu", "tanh"))
-    path = tmp_path / "chain.pt2"
-    torch.export.save(ep, path)
-    return path
+    return save_chain(tmp_path, ("sin", "sigmoid", "cos", "relu", "tanh"))
 
 
 def test_state_one_candidate_leaves_in_a_reused_child_never_decides_another(
-        chain_pt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        chain_pt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_backends_allowed: None) -> None:
     # In a fresh process only relu and sigmoid together fail; in a reused child relu alone fails
     # after any candidate with a sigmoid. The job must end with both, and so must its repro.
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
     monkeypatch.setenv("MINIFY_SANDBOX_REUSE", "50")
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:relu_fails_after_sigmoid",
+    job = JobSpec.model_validate({"backend": f"{PREFIX}:relu_fails_after_sigmoid",
                                   "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
 
     result = minify(chain_pt2, job, tmp_path / "out")
@@ -99,18 +90,16 @@ def test_state_one_candidate_leaves_in_a_reused_child_never_decides_another(
     assert result.reason is None
     code = result.report.graph_code or ""
     assert "aten.sigmoid" in code and "aten.relu" in code
-    repro = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "out", capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    repro = run_repro(tmp_path / "out" / "repro.py")
     assert repro.returncode == 1
     assert "repro failed with: RuntimeError: injected failure on relu after a sigmoid" in repro.stderr
 
 
-def test_a_job_with_reused_children_ends_on_the_failing_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+def test_a_job_with_reused_children_ends_on_the_failing_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            test_backends_allowed: None) -> None:
     monkeypatch.setenv("MINIFY_SANDBOX_REUSE", "50")
-    ep, _ = programs.chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
-    torch.export.save(ep, tmp_path / "chain.pt2")
-    job = JobSpec.model_validate({"backend": f"{SUPPORT}:fail_on_relu",
+    save_chain(tmp_path, ("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    job = JobSpec.model_validate({"backend": f"{PREFIX}:fail_on_relu",
                                   "limits": {"candidate_timeout_s": 30, "parallelism": 2}})
 
     result = minify(tmp_path / "chain.pt2", job, tmp_path / "out")

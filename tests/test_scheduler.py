@@ -1,76 +1,28 @@
 """The scheduler: first-in-order wins at any parallelism, memo, cancellation, stopping.
 
-The evaluator here is a thread pool over a pure-Python oracle: the scheduler is under test, not
-the sandbox (tests/test_sandbox*.py and tests/test_engine*.py run real children).
+The evaluator here is a thread pool over a pure-Python oracle (tests/support/evaluators.py): the
+scheduler is under test, not the sandbox (tests/test_sandbox*.py and tests/test_engine*.py run real
+children).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 
 import pytest
 import torch.fx as fx
 
-from examples import programs
 from minify_worker import graph as g
-from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 from minify_worker.scheduler import Scheduler, Stopped, reduce
 from minify_worker.strategies import PASSES, Candidate, StrategyContext, Tier
-
-SIGNATURE = Signature("compile_error", "RuntimeError", "injected failure on relu")
-
-
-def op_names(graph: fx.Graph) -> list[str]:
-    return [node.target.__name__.split(".")[0] for node in graph.nodes if node.op == "call_function"]
+from tests.support.evaluators import ThreadEvaluator, still_fails
+from tests.support.graphs import flat_chain, ops_of
 
 
 def contains_relu(graph: fx.Graph) -> bool:
-    return "relu" in op_names(graph)
-
-
-class ThreadEvaluator:
-    """Answers Fails when `oracle(graph)`, after `delay(graph)` seconds, on worker threads."""
-
-    def __init__(self, oracle: Callable[[fx.Graph], bool], delay: Callable[[fx.Graph], float] = lambda _: 0.0,
-                 workers: int = 8) -> None:
-        self.oracle = oracle
-        self.delay = delay
-        self.pool = ThreadPoolExecutor(workers)
-        self.submitted: list[fx.Graph] = []
-        self.cancelled: list[Future[Outcome]] = []
-        self.max_in_flight = 0
-        self._in_flight = 0
-        self._lock = threading.Lock()
-
-    def submit(self, graph: fx.Graph) -> Future[Outcome]:
-        self.submitted.append(graph)
-        with self._lock:
-            self._in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self._in_flight)
-        return self.pool.submit(self._run, graph)
-
-    def _run(self, graph: fx.Graph) -> Outcome:
-        try:
-            time.sleep(self.delay(graph))
-            return Fails(SIGNATURE) if self.oracle(graph) else Passes()
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-
-    def cancel(self, future: Future[Outcome]) -> None:
-        self.cancelled.append(future)
-
-
-def still_fails(outcome: Outcome) -> bool:
-    return isinstance(outcome, Fails) and outcome.signature.same_as(SIGNATURE)
-
-
-def chain_graph(ops: tuple[str, ...]) -> fx.Graph:
-    ep, _ = programs.chain(ops)
-    return g.flat_graph_from_exported_program(ep)
+    return "relu" in ops_of(graph)
 
 
 def truncations(graph: fx.Graph) -> list[Candidate]:
@@ -80,7 +32,7 @@ def truncations(graph: fx.Graph) -> list[Candidate]:
 
 @pytest.mark.parametrize("parallelism", [1, 2, 4, 8])
 def test_first_failing_candidate_in_order_wins_at_any_parallelism(parallelism: int) -> None:
-    graph = chain_graph(("sin", "cos", "relu", "exp", "tanh", "neg"))
+    graph = flat_chain(("sin", "cos", "relu", "exp", "tanh", "neg"))
     # Later candidates answer first: a scheduler that took the first answer would pick a longer prefix.
     evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.02 * (10 - g.count_ops(cand)))
     scheduler = Scheduler(evaluator, still_fails, parallelism=parallelism)
@@ -92,7 +44,7 @@ def test_first_failing_candidate_in_order_wins_at_any_parallelism(parallelism: i
 
 
 def test_parallelism_bounds_candidates_in_flight() -> None:
-    graph = chain_graph(("sin", "cos", "exp", "tanh", "neg", "abs", "relu"))
+    graph = flat_chain(("sin", "cos", "exp", "tanh", "neg", "abs", "relu"))
     evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 0.05)
     scheduler = Scheduler(evaluator, still_fails, parallelism=3)
 
@@ -102,7 +54,7 @@ def test_parallelism_bounds_candidates_in_flight() -> None:
 
 
 def test_a_candidate_seen_before_is_answered_from_the_memo() -> None:
-    graph = chain_graph(("sin", "relu", "cos"))
+    graph = flat_chain(("sin", "relu", "cos"))
     evaluator = ThreadEvaluator(lambda _: False)
     scheduler = Scheduler(evaluator, still_fails, parallelism=2)
 
@@ -115,7 +67,7 @@ def test_a_candidate_seen_before_is_answered_from_the_memo() -> None:
 
 
 def test_renamed_candidates_share_a_memo_entry() -> None:
-    graph = chain_graph(("sin", "relu", "cos"))
+    graph = flat_chain(("sin", "relu", "cos"))
     renamed = g.copy_graph(graph)
     for node in renamed.nodes:
         if node.op == "call_function":
@@ -130,7 +82,7 @@ def test_renamed_candidates_share_a_memo_entry() -> None:
 
 
 def test_work_after_a_known_failure_is_cancelled() -> None:
-    graph = chain_graph(("relu", "sin", "cos", "exp", "tanh", "neg"))
+    graph = flat_chain(("relu", "sin", "cos", "exp", "tanh", "neg"))
     # The first candidate (relu alone) fails fast; the others are slow and become moot.
     evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.0 if g.count_ops(cand) == 1 else 0.5)
     scheduler = Scheduler(evaluator, still_fails, parallelism=4)
@@ -144,7 +96,7 @@ def test_work_after_a_known_failure_is_cancelled() -> None:
 
 
 def test_candidates_no_smaller_than_the_current_graph_are_not_tested() -> None:
-    graph = chain_graph(("sin", "relu"))
+    graph = flat_chain(("sin", "relu"))
     evaluator = ThreadEvaluator(contains_relu)
     scheduler = Scheduler(evaluator, still_fails, parallelism=2)
 
@@ -155,7 +107,7 @@ def test_candidates_no_smaller_than_the_current_graph_are_not_tested() -> None:
 
 
 def test_a_stop_request_interrupts_waiting() -> None:
-    graph = chain_graph(("sin", "relu", "cos"))
+    graph = flat_chain(("sin", "relu", "cos"))
     evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 5.0)
     stop = threading.Event()
     scheduler = Scheduler(evaluator, still_fails, parallelism=2,
@@ -171,13 +123,13 @@ def test_a_stop_request_interrupts_waiting() -> None:
 
 
 def test_reduce_reaches_the_single_failing_op_of_a_chain() -> None:
-    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
     evaluator = ThreadEvaluator(contains_relu)
     scheduler = Scheduler(evaluator, still_fails, parallelism=4)
 
     reduction = reduce(scheduler, graph, StrategyContext(), PASSES)
 
-    assert op_names(reduction.graph) == ["relu"]
+    assert ops_of(reduction.graph) == ["relu"]
 
 
 def _extracted(graph: fx.Graph, *ops: str) -> Candidate:
@@ -196,7 +148,7 @@ def _scheduler_that_learned_relu_matters(evaluator: ThreadEvaluator, graph: fx.G
 
 
 def test_a_spare_slot_goes_to_the_candidate_most_likely_to_fail() -> None:
-    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg"))
+    graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg"))
     evaluator = ThreadEvaluator(contains_relu, delay=lambda _: 0.05)
     scheduler = _scheduler_that_learned_relu_matters(evaluator, graph)
     candidates = [_extracted(graph, *ops) for ops in
@@ -205,13 +157,13 @@ def test_a_spare_slot_goes_to_the_candidate_most_likely_to_fail() -> None:
     chosen = scheduler.first_failing(graph, candidates)
 
     assert chosen is not None and chosen.description == "sin+cos+exp+relu"
-    started = [op_names(submitted) for submitted in evaluator.submitted]
+    started = [ops_of(submitted) for submitted in evaluator.submitted]
     assert started[:2] == [["sin", "cos"], ["sin", "cos", "exp", "relu"]]
     assert ["tanh", "neg"] not in started  # after the failure: never started
 
 
 def test_an_earlier_failing_candidate_wins_over_a_likelier_one_that_failed_first() -> None:
-    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg"))
+    graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg"))
     evaluator = ThreadEvaluator(contains_relu, delay=lambda cand: 0.01 if g.count_ops(cand) == 4 else 0.1)
     scheduler = _scheduler_that_learned_relu_matters(evaluator, graph)
     candidates = [_extracted(graph, *ops) for ops in
@@ -224,17 +176,17 @@ def test_an_earlier_failing_candidate_wins_over_a_likelier_one_that_failed_first
 
 
 def test_reduce_runs_the_opening_tier_once_and_tells_strategies_the_parallelism() -> None:
-    graph = chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
     seen: list[int] = []
 
     def spy(current: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
         seen.append(context.parallelism)
         return iter(())
 
-    evaluator = ThreadEvaluator(lambda cand: {"sin", "neg"} <= set(op_names(cand)))
+    evaluator = ThreadEvaluator(lambda cand: {"sin", "neg"} <= set(ops_of(cand)))
     scheduler = Scheduler(evaluator, still_fails, parallelism=3)
 
     reduction = reduce(scheduler, graph, StrategyContext(), [Tier.of([spy], opening=True), *PASSES[1:]])
 
     assert seen == [3]
-    assert sorted(op_names(reduction.graph)) == ["neg", "sin"]
+    assert sorted(ops_of(reduction.graph)) == ["neg", "sin"]

@@ -23,6 +23,8 @@ from redis import Redis
 
 from minify_worker.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from minify_worker.sandbox.processes import process_stats
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.repro import run_repro
 from tests.support.service import (
     MARKER,
     Service,
@@ -32,13 +34,13 @@ from tests.support.service import (
     wait_for_status,
 )
 
-FAIL_ON_RELU = {"backend": "tests.support.backends:fail_on_relu", "failure": {"kind": "compile_error"}}
+FAIL_ON_RELU = {"backend": f"{PREFIX}:fail_on_relu", "failure": {"kind": "compile_error"}}
 # Hangs compiling any graph with relu, with a `sleep` grandchild: a job that runs until cancelled.
-HANG_ON_RELU = {"backend": "tests.support.backends:hang_with_grandchild_on_relu",
+HANG_ON_RELU = {"backend": f"{PREFIX}:hang_with_grandchild_on_relu",
                 "failure": {"kind": "timeout"}, "limits": {"candidate_timeout_s": 120}}
 FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
 # Runs until cancelled (its original hangs), with no grandchild that could outlive a killed worker.
-HANGS = {"backend": "tests.support.backends:hang_on_relu", "failure": {"kind": "timeout"},
+HANGS = {"backend": f"{PREFIX}:hang_on_relu", "failure": {"kind": "timeout"},
          "limits": {"candidate_timeout_s": 120}}
 # A worker silent 1 + 2 s is dead; every worker cleans up (re-queues dead workers' jobs) every second.
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
@@ -169,8 +171,7 @@ def test_queued_jobs_survive_a_redis_crash_and_a_server_restart(tmp_path: Path,
 
 def test_a_worker_from_another_machine_joins_with_redis_url_and_queues(service_without_workers: Service,
                                                                       programs: dict[str, Path]) -> None:
-    env = {**os.environ, MARKER: service_without_workers.marker,
-           "MINIFY_ALLOWED_BACKENDS": "tests.support.backends"}
+    env = {**os.environ, MARKER: service_without_workers.marker, **ALLOWED}
     worker = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url",
                                service_without_workers.redis_url, "--queues", "cpu", "--name", "remote-1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -248,7 +249,7 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
     assert report["sandbox_start"] == "fork"
     assert set(report["phase_s"]) == {"prepare", "reproduce", "reduce", "shrink", "culprit", "artifacts"}
     assert (tmp_path / "repro.py").exists()
-    repro = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    repro = run_repro(tmp_path / "repro.py")
     assert repro.returncode != 0
     assert "CppCompileError" in repro.stderr or "compile" in repro.stderr.lower()
 
@@ -272,7 +273,7 @@ def test_stopping_the_server_mid_job_leaves_no_process_and_requeues_the_job(tmp_
 
 def start_worker(service: Service, name: str, *flags: str) -> subprocess.Popen:
     """`minify-worker` on the cpu queue, in its own process group, as on a machine of its own."""
-    env = {**os.environ, MARKER: service.marker, "MINIFY_ALLOWED_BACKENDS": "tests.support.backends"}
+    env = {**os.environ, MARKER: service.marker, **ALLOWED}
     return subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url", service.redis_url,
                              "--queues", "cpu", "--name", name, "--no-preload", *flags],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

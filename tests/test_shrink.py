@@ -8,9 +8,6 @@ fresh Python.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,14 +20,14 @@ from minify_client.models import JobSpec, JobState, ProgressEvent
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import graph as g
 from minify_worker import shrink
+from minify_worker.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.runner import build_candidate
 from minify_worker.scheduler import Scheduler
+from tests.support.backends import ALLOWED, PREFIX
+from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import ops_of
-from tests.test_scheduler import ThreadEvaluator, still_fails
-
-REPO = Path(__file__).resolve().parent.parent
-BACKENDS = "tests.support.backends"
+from tests.support.repro import run_repro
 
 
 def matmul_graph(x: list[int], w: list[int]) -> fx.Graph:
@@ -245,10 +242,10 @@ def save(module: torch.nn.Module, directory: Path, *args: torch.Tensor, **export
 
 def run_job(directory: Path, program: Path, backend: str, **spec: object) -> tuple[MinifyResult, list[ProgressEvent]]:
     events: list[ProgressEvent] = []
-    job_spec = JobSpec.model_validate({"backend": f"{BACKENDS}:{backend}",
+    job_spec = JobSpec.model_validate({"backend": f"{PREFIX}:{backend}",
                                        "limits": {"candidate_timeout_s": 20, "parallelism": 2}, **spec})
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIFY_ALLOWED_BACKENDS", BACKENDS)
+        patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
         result = minify(program, job_spec, directory / "out", on_event=events.append)
     return result, events
 
@@ -285,10 +282,7 @@ def test_the_artifacts_use_the_shrunk_shapes(relu_job: MinifyResult) -> None:
 
 def test_the_repro_reproduces_with_the_shrunk_shapes_in_a_fresh_process(relu_job: MinifyResult) -> None:
     repro = relu_job.artifacts["repro.py"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), MINIFY_ALLOWED_BACKENDS=BACKENDS)
-
-    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
-                          cwd=repro.parent, env=env)
+    done = run_repro(repro, **ALLOWED)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert "repro failed with: RuntimeError: injected failure on relu" in done.stderr

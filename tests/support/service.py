@@ -29,7 +29,8 @@ import httpx
 from minify_worker.sandbox.processes import process_stats
 
 MARKER = "MINIFY_TEST_SERVICE"
-# The test backends' module (tests/support/backends.py): the services tests start allow it.
+# The services tests start allow the test backends: tests/support/backends.py's PREFIX, spelled again
+# here because that module imports torch and the bench's harness, which starts services, does not.
 TEST_BACKENDS = "tests.support.backends"
 
 
