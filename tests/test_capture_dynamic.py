@@ -131,6 +131,15 @@ def test_floats_dynamo_made_symbolic_are_captured_as_their_values(tmp_path: Path
     torch.testing.assert_close(program.module()(y)[0], torch.relu(y) + 1e-5)
 
 
+def test_a_sum_of_sizes_is_captured_as_additions_torch_can_save(tmp_path: Path) -> None:
+    # dynamo makes `sum()` over sizes a torch.sym_sum node, which torch.export.save cannot write
+    program = torch.export.load(compile_and_capture(lambda x: torch.relu(x.new_ones(sum([1, x.shape[0]]))),
+                                                    tmp_path, torch.randn(8, 16)))
+
+    assert program.range_constraints
+    torch.testing.assert_close(program.module()(torch.randn(5, 16))[0], torch.ones(6))
+
+
 def test_an_automatic_dynamic_recompile_is_captured_as_the_dynamic_graph_that_failed(tmp_path: Path) -> None:
     torch._dynamo.reset()
     compiled = torch.compile(scaled_relu, backend=fail_on_symbolic_relu)

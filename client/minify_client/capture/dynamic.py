@@ -67,7 +67,7 @@ def export_dynamic(module: Any, inputs: Sequence[Any], symbolic: Sequence[Any]) 
     import torch
 
     _refuse_data_dependent(symbolic)
-    module, kept = _tie_size_inputs(module, symbolic)
+    module, kept = _tie_size_inputs(_sums_as_additions(module), symbolic)
     kept_inputs = tuple(inputs[position] for position in kept)
     kept_symbolic = [symbolic[position] for position in kept]
     try:
@@ -78,6 +78,31 @@ def export_dynamic(module: Any, inputs: Sequence[Any], symbolic: Sequence[Any]) 
         logger.info("minify: exporting with the compile's named dims failed, trying Dim.DYNAMIC: %s", refused)
     shapes = _dynamic_shapes(kept_symbolic, named=False)
     return DynamicProgram(torch.export.export(module, kept_inputs, dynamic_shapes=shapes, strict=False), kept_inputs)
+
+
+def _sums_as_additions(module: Any) -> Any:
+    """`module` with each `torch.sym_sum` (dynamo's `sum()` of sizes) as a chain of `+`: export
+    keeps the node, and `torch.export.save` cannot write it ("Failed serializing node sym_sum", a
+    BEiT's or a Wav2Vec2's relative positions under dynamic=True); `operator.add` it can."""
+    import operator
+
+    import torch
+    import torch.fx as fx
+
+    if not any(node.op == "call_function" and node.target is torch.sym_sum for node in module.graph.nodes):
+        return module
+    graph = fx.Graph()
+    copied: dict[fx.Node, Any] = {}
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.sym_sum:
+            terms = [copied[term] if isinstance(term, fx.Node) else term for term in node.args[0]]
+            total = terms[0] if terms else 0
+            for term in terms[1:]:
+                total = graph.call_function(operator.add, (total, term))
+            copied[node] = total
+        else:
+            copied[node] = graph.node_copy(node, lambda arg: copied[arg])
+    return fx.GraphModule(module, graph)
 
 
 def specialize_floats(module: Any, inputs: Sequence[Any],
