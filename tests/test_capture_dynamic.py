@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +23,12 @@ from minify_client.capture.failed_graph import exported
 from minify_client.capture.session import CaptureSession
 from minify_client.capture.torch_hooks import FailedCompile
 from minify_client.models import JobSpec, JobState
+from minify_worker.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.engine import MinifyResult, minify
-from tests.support.backends import fail_on_symbolic_relu
+from tests.support.backends import PREFIX, fail_on_symbolic_relu
+from tests.support.repro import run_repro
 
 SIGNATURE = "RuntimeError: injected failure on relu with symbolic sizes"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def scaled_relu(x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +69,7 @@ def minimized(captured: Path) -> MinifyResult:
     spec = JobSpec.model_validate_json((captured.parent / "spec.json").read_text())
     spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}), "culprit": False})
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIFY_ALLOWED_BACKENDS", "tests.support.backends")
+        patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
         return minify(captured, spec, captured.parent / "out", inputs=captured.parent / "inputs.pt")
 
 
@@ -222,10 +220,7 @@ def test_the_minimized_program_keeps_the_dynamic_dim(minimized: MinifyResult) ->
 
 def test_the_repro_of_a_captured_dynamic_bug_reproduces_with_its_dynamic_dims(minimized: MinifyResult) -> None:
     repro = minimized.artifacts["repro.py"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-
-    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
-                          cwd=repro.parent, env=env)
+    done = run_repro(repro)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"repro failed with: {SIGNATURE}" in done.stderr

@@ -9,9 +9,6 @@ A program exported with `Dim("batch", min=2, max=64)` keeps that dim symbolic in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.artifacts import export_minimized, write_program_files
-from minify_worker.backends import dynamic_shapes_of, resolve_backend
+from minify_worker.backends import ALLOWED_BACKENDS_ENV, dynamic_shapes_of, resolve_backend
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.graph import (
     derive,
@@ -36,11 +33,12 @@ from minify_worker.graph import (
 from minify_worker.loader import concrete_values, placeholder_values
 from minify_worker.outcomes import Fails, Passes
 from minify_worker.runner import run_wire_candidate
+from tests.support.backends import PREFIX
+from tests.support.graphs import ops_of
+from tests.support.repro import run_repro
 
-SUPPORT = "tests.support.backends"
-BACKEND = f"{SUPPORT}:fail_on_symbolic_relu"
+BACKEND = f"{PREFIX}:fail_on_symbolic_relu"
 SIGNATURE = "RuntimeError: injected failure on relu with symbolic sizes"
-REPO = Path(__file__).resolve().parent.parent
 
 
 class _Chain(torch.nn.Module):
@@ -82,16 +80,12 @@ def spec(dynamic: str | None = None) -> JobSpec:
     return JobSpec.model_validate(data)
 
 
-def ops_of(code: str) -> list[str]:
-    return [line.split("torch.ops.aten.")[1].split(".")[0] for line in code.splitlines() if "torch.ops.aten." in line]
-
-
 @pytest.fixture(scope="module")
 def dynamic_job(tmp_path_factory: pytest.TempPathFactory) -> MinifyResult:
     """The sin-relu-cos-exp program minimized once with the spec's default (`as_exported`)."""
     directory = tmp_path_factory.mktemp("dynamic")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+        patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
         return minify(save_chain(directory), spec(), directory / "out")
 
 
@@ -178,7 +172,7 @@ def run_chain(backend: str, dynamic: str, tmp_path: Path, ep: torch.export.Expor
 @pytest.mark.parametrize("dynamic", ["as_exported", "auto"])
 def test_the_backend_sees_symbolic_sizes_unless_static(dynamic: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
 
     outcome = run_chain(BACKEND, dynamic, tmp_path)
 
@@ -189,7 +183,7 @@ def test_the_backend_sees_symbolic_sizes_unless_static(dynamic: str, tmp_path: P
 @pytest.mark.parametrize("bounds", [{"min": 2}, {"max": 64}, {}])
 def test_a_dim_bounded_at_one_end_or_none_is_compiled_symbolic(bounds: dict[str, int], tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
     ep = torch.export.export(_Chain(), (torch.randn(8, 16),), dynamic_shapes={"x": {0: Dim("batch", **bounds)}})
 
     outcome = run_chain(BACKEND, "as_exported", tmp_path, ep)
@@ -214,7 +208,7 @@ def test_dims_the_program_keeps_static_stay_static_when_the_config_assumes_dynam
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A capture of torch.compile(dynamic=True) records the assume_static_by_default=False it sets;
     # the weight (an input here, a parameter in the user's compile) must not turn symbolic.
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", __name__)
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, __name__)
     ep = torch.export.export(_Project(), (torch.randn(8, 16), torch.randn(16, 4)),
                              dynamic_shapes={"x": {0: Dim("batch", min=2)}, "weight": None})
     graph = flat_graph_from_exported_program(ep)
@@ -237,8 +231,7 @@ def test_the_repro_keeps_static_the_dims_the_program_keeps_static(tmp_path: Path
                                    "config": {"torch._dynamo.config.assume_static_by_default": False}})
     write_program_files(graph, values, tmp_path, spec)
 
-    done = subprocess.run([sys.executable, str(tmp_path / "repro.py")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    done = run_repro(tmp_path / "repro.py")
 
     assert done.returncode == 0 and "repro passed" in done.stdout, done.stdout + done.stderr[-3000:]
 
@@ -247,9 +240,9 @@ def test_the_repro_keeps_static_the_dims_the_program_keeps_static(tmp_path: Path
                                                ("fail_on_relu_at_runtime", "runtime_error")])
 def test_through_dynamo_compile_and_run_errors_keep_their_kind(backend: str, kind: str, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
 
-    outcome = run_chain(f"{SUPPORT}:{backend}", "as_exported", tmp_path)
+    outcome = run_chain(f"{PREFIX}:{backend}", "as_exported", tmp_path)
 
     assert isinstance(outcome, Fails)
     assert (outcome.signature.kind, outcome.signature.text) == (kind, "RuntimeError: injected failure on relu")
@@ -298,17 +291,14 @@ def test_the_minimized_program_keeps_the_batch_dims_range(dynamic_job: MinifyRes
 
 def test_the_repro_of_a_dynamic_shape_bug_reproduces_in_a_fresh_process(dynamic_job: MinifyResult) -> None:
     repro = dynamic_job.artifacts["repro.py"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-
-    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
-                          cwd=repro.parent, env=env)
+    done = run_repro(repro)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"repro failed with: {SIGNATURE}" in done.stderr
 
 
 def test_static_shapes_do_not_reproduce_a_symbolic_only_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MINIFY_ALLOWED_BACKENDS", SUPPORT)
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
 
     result = minify(save_chain(tmp_path), spec("static"), tmp_path / "out")
 
