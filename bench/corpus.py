@@ -443,6 +443,16 @@ def minimize_mode(mode: str, cases: Sequence[Case], server: str, out: Path, resu
     results.save()
 
 
+def rejudge(results: Results, cases: Sequence[Case], out: Path) -> None:
+    """Each case's verdict again from its record, the dynamic dims of its programs read anew."""
+    dynamic = [case for case in cases if case.mode == "dynamic" and results.record(case)["capture"].get("captured")
+               and "ours" in results.record(case)]
+    record_dynamic_dims(dynamic, out, results)
+    for case in cases:
+        judge(results.record(case))
+    results.save()
+
+
 def record_dynamic_dims(cases: Sequence[Case], out: Path, results: Results) -> None:
     """The dynamic dims of each captured program and its minimized.pt2 (one child for all)."""
     paths: dict[str, tuple[Path, Path]] = {}
@@ -672,6 +682,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch's minifier")
     parser.add_argument("--no-ours", dest="ours", action="store_false",
                         help="skip minify's side (torch's alone, e.g. in another --out beside a --no-torch run)")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="read the dynamic dims of the selected cases' programs again and re-judge their records "
+                             "(after a fix to this harness), running nothing else")
     parser.add_argument("--merge", type=Path, metavar="DIR",
                         help="take torch's side of every case from DIR/results.json into --out's, and re-render")
     parser.add_argument("--resume", action="store_true", help="skip the cases results.json already has done")
@@ -709,8 +722,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     global OURS_SOURCE
     OURS_SOURCE = None if options.ours_rev == "worktree" else checkout(options.ours_rev, out)
-    results = Results(out / "results.json", options.resume or options.merge is not None,
+    results = Results(out / "results.json", options.resume or options.rejudge or options.merge is not None,
                       {"ours_source": str(OURS_SOURCE or "working tree"), "argv": sys.argv[1:]})
+    if options.rejudge:
+        rejudge(results, [case for case in selected if case.name in results.cases], out)
+        (out / "results.md").write_text(render_markdown(results))
+        return 0
     if options.merge is not None:
         merge_torch_side(results, options.merge / "results.json")
         (out / "results.md").write_text(render_markdown(results))

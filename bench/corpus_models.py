@@ -10,6 +10,7 @@ harness (its ops and its dynamic dims). Imports torch; transformers only where a
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -179,8 +180,18 @@ def check_architecture(name: str) -> dict[str, Any]:
 
 def describe_program(path: Path) -> dict[str, Any]:
     """A saved program's aten ops (by name, `call_function` nodes) and its dynamic dims
-    (`range_constraints`: the symbols the program keeps symbolic)."""
-    program = torch.export.load(path)
+    (`range_constraints`: the symbols the program keeps symbolic); `{"error"}` when it cannot be
+    loaded. Loaded as the worker loads it (`export_load`: transformers' output types need no
+    import), with the custom-op modules a capture's spec.json beside it names (MoE models)."""
+    from minify_worker.export_load import load
+
+    spec = path.parent / "spec.json"
+    for module in json.loads(spec.read_text()).get("op_modules", []) if spec.exists() else []:
+        importlib.import_module(module)
+    try:
+        program = load(path)
+    except Exception as error:  # one program that cannot load must not hide the others' dims
+        return {"error": f"{type(error).__name__}: {error}"[:600]}
     ops = [_op_name(node.target) for node in program.graph.nodes if node.op == "call_function"]
     dynamic = sorted(str(symbol) for symbol in program.range_constraints)
     return {"ops": ops, "dynamic_dims": dynamic}
