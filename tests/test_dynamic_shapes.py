@@ -112,6 +112,22 @@ def test_dims_derived_from_the_same_symbol_share_its_name() -> None:
     assert z.meta["minify_tensor"]["dynamic"]["0"] == {**x.meta["minify_tensor"]["dynamic"]["0"], "scale": 2}
 
 
+class _Windows(torch.nn.Module):
+    """A size divided by the batch (Swin's windows per image): `64 // s + 2` is not linear in s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.new_ones(64 // x.shape[0] + 2))
+
+
+def test_a_size_that_divides_by_a_symbol_is_a_dim_of_its_own() -> None:
+    ep = torch.export.export(_Windows(), (torch.randn(8, 4),), dynamic_shapes={"x": {0: Dim("b", min=2, max=16)}})
+
+    graph = flat_graph_from_exported_program(ep)
+
+    [dim] = [node.meta["minify_tensor"]["dynamic"]["0"] for node in graph.nodes if node.name == "relu"]
+    assert "expr" in dim and dim["name"] == "relu_0"
+
+
 def test_a_promoted_intermediate_keeps_its_symbolic_sizes_on_the_wire() -> None:
     graph = flat_graph_from_exported_program(export_chain())
     relu_input = next(node.name for node in graph.nodes if node.name.startswith("mul"))

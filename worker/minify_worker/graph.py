@@ -215,7 +215,11 @@ def _linear_in(expr: Any, symbol: Any) -> tuple[int, int] | None:
     """(scale, offset) when `expr` is `scale * symbol + offset` with integers, scale > 0."""
     import sympy
 
-    scale, offset = sympy.expand(expr).coeff(symbol), sympy.expand(expr).subs(symbol, 0)
+    expanded = sympy.expand(expr)
+    try:
+        scale, offset = expanded.coeff(symbol), expanded.subs(symbol, 0)
+    except ArithmeticError:  # `64 // s` at s = 0 (a Swin's windows): not linear in s
+        return None
     if not (isinstance(scale, sympy.Integer) and isinstance(offset, sympy.Integer)) or scale <= 0:
         return None
     return (int(scale), int(offset)) if sympy.expand(expr - scale * symbol - offset) == 0 else None
