@@ -636,7 +636,8 @@ def _node(graph: fx.Graph, name: str) -> fx.Node:
     raise KeyError(f"no node named {name!r}")
 
 
-def _is_mutating(node: fx.Node) -> bool:
+def is_mutating(node: fx.Node) -> bool:
+    """Whether `node` calls an op that writes into an argument (`mul_`, a buffer's `add_`)."""
     schema = getattr(node.target, "_schema", None)
     return schema is not None and schema.is_mutable
 
@@ -644,7 +645,7 @@ def _is_mutating(node: fx.Node) -> bool:
 def _live_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes the outputs (or an argument-mutating op) need, placeholders included."""
     live: set[fx.Node] = set()
-    stack = [node for node in graph.nodes if node.op == "output" or _is_mutating(node)]
+    stack = [node for node in graph.nodes if node.op == "output" or is_mutating(node)]
     while stack:
         node = stack.pop()
         if node not in live:
@@ -719,7 +720,7 @@ def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[in
     values += [by_name[name] for name in also_output]
     values = [resolve(value) if isinstance(value, fx.Node) else value for value in values]
     stack = [value for value in values if isinstance(value, fx.Node)]
-    stack += [node for node in nodes[: last + 1] if _is_mutating(node) and node not in stand_ins]
+    stack += [node for node in nodes[: last + 1] if is_mutating(node) and node not in stand_ins]
     live: set[fx.Node] = set()
     while stack:
         node = stack.pop()

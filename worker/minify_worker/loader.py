@@ -437,11 +437,11 @@ def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str
     """
     import torch
 
-    from .graph import to_graph_module
+    from .graph import is_mutating, to_graph_module
 
     gm = to_graph_module(graph)
     args = [_to_device(inputs[node.name], device) for node in gm.graph.nodes if node.op == "placeholder"]
-    if any(_writes_in_place(node) for node in gm.graph.nodes):
+    if any(is_mutating(node) for node in gm.graph.nodes):
         # torch.export keeps in-place ops (an input's `mul_`, a buffer's `add_`, an optimizer's
         # step on the weights): the run gets copies, so that `inputs` stay what the program received.
         args = [arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args]
@@ -452,11 +452,6 @@ def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str
     except Exception as error:
         raise ProgramError(f"the program fails when run eagerly on its inputs: {_short(error)}") from error
     return recorded
-
-
-def _writes_in_place(node: Any) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
 def _recorder(module: Any, prefix: str, recorded: dict[str, Any]) -> Any:
