@@ -21,26 +21,24 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-import torch.fx as fx
-
-from minify_worker.graph import size_key, structural_hash, target_name
 from minify_worker.outcomes import Fails, Outcome, Passes
+from minify_worker.programs import Representation, representation
 from minify_worker.strategies import Candidate, StrategyContext, Tier
 
 log = logging.getLogger(__name__)
 
 
 class Evaluator(Protocol):
-    """Runs one candidate graph somewhere and answers with its outcome."""
+    """Runs one candidate program somewhere and answers with its outcome."""
 
-    def submit(self, graph: fx.Graph) -> Future[Outcome]: ...
+    def submit(self, graph: Any) -> Future[Outcome]: ...
 
     def cancel(self, future: Future[Outcome]) -> None: ...
 
 
-Strategy = Callable[[fx.Graph, StrategyContext], Iterator[Candidate]]
+Strategy = Callable[[Any, StrategyContext], Iterator[Candidate]]
 
 
 class Stopped(Exception):
@@ -82,10 +80,6 @@ LOOKAHEAD_PER_SLOT = 4
 choose which to start: a candidate costs a graph copy when read, nothing more until it starts."""
 
 
-def _op_kinds(graph: fx.Graph) -> frozenset[str]:
-    return frozenset(target_name(node.target) for node in graph.nodes if node.op == "call_function")
-
-
 class Scheduler:
     """Tests candidates through an evaluator: in parallel, memoized, first-in-order wins.
 
@@ -106,8 +100,10 @@ class Scheduler:
         parallelism: int,
         on_check: Callable[[], None] | None = None,
         should_stop: Callable[[], str | None] | None = None,
+        program: Representation | None = None,
     ) -> None:
         self._evaluator = evaluator
+        self.program = program or representation("fx")
         self._still_fails = still_fails
         self._parallelism = max(1, parallelism)
         self._on_check = on_check or (lambda: None)
@@ -122,9 +118,9 @@ class Scheduler:
     def parallelism(self) -> int:
         return self._parallelism
 
-    def remember(self, graph: fx.Graph, outcome: Outcome) -> None:
+    def remember(self, graph: Any, outcome: Outcome) -> None:
         """Seed the memo, e.g. with the original program's outcome."""
-        self._memo[structural_hash(graph)] = outcome
+        self._memo[self.program.key(graph)] = outcome
 
     def forget(self, judged: Callable[[Outcome], bool]) -> None:
         """Drop the memoized outcomes `judged` picks: those candidates run again when asked (e.g.
@@ -132,14 +128,15 @@ class Scheduler:
         for key in [key for key, outcome in self._memo.items() if judged(outcome)]:
             del self._memo[key]
 
-    def first_failing(self, current: fx.Graph, candidates: Iterable[Candidate], *,
-                      size: Callable[[fx.Graph], tuple[int, ...]] = size_key) -> Candidate | None:
+    def first_failing(self, current: Any, candidates: Iterable[Candidate], *,
+                      size: Callable[[Any], tuple[int, ...]] | None = None) -> Candidate | None:
         """The first candidate, in the given order, that is smaller than `current` (by `size`:
-        `graph.size_key`, op count first, unless a phase measures otherwise) and still fails."""
+        the representation's, op count first, unless a phase measures otherwise) and still fails."""
+        size = size or self.program.size
         source = iter(candidates)
         current_size = size(current)
-        current_key = structural_hash(current)
-        current_kinds = _op_kinds(current)
+        current_key = self.program.key(current)
+        current_kinds = self.program.op_kinds(current)
         lookahead = LOOKAHEAD_PER_SLOT * self._parallelism
         window: list[_Pending] = []
         exhausted = False
@@ -183,10 +180,10 @@ class Scheduler:
         """A pending entry for the candidate (answered at once from the memo), or None if moot."""
         if not smaller:
             return None
-        key = structural_hash(candidate.graph)
+        key = self.program.key(candidate.graph)
         if key == current_key:
             return None
-        pending = _Pending(candidate, key, current_kinds - _op_kinds(candidate.graph))
+        pending = _Pending(candidate, key, current_kinds - self.program.op_kinds(candidate.graph))
         if key in self._memo:
             self.stats.checks_total += 1
             self.stats.checks_cached += 1
@@ -288,17 +285,17 @@ class Scheduler:
 
 @dataclass
 class Reduction:
-    graph: fx.Graph
+    graph: Any
     accepted: list[str]
 
 
 def reduce(
     scheduler: Scheduler,
-    graph: fx.Graph,
+    graph: Any,
     context: StrategyContext,
     passes: Sequence[Tier],
     *,
-    on_accept: Callable[[fx.Graph, str], None] | None = None,
+    on_accept: Callable[[Any, str], None] | None = None,
 ) -> Reduction:
     """Apply strategy tiers to a fixed point.
 

@@ -147,11 +147,11 @@ def run_request(setup: ChildSetup, request: dict[str, Any]) -> dict[str, Any]:
     from ..runner import EnvironmentFault, environment_fault
 
     if request["kind"] == "candidate":
-        from ..runner import run_wire_candidate
+        from ..programs import of_wire
 
         try:
-            outcome = run_wire_candidate(request["graph"], setup.values, setup.spec, setup.root / "tmp",
-                                         runs=request.get("runs", 1))
+            outcome = of_wire(request["graph"]).run_wire_candidate(request["graph"], setup.values, setup.spec,
+                                                                   setup.root / "tmp", runs=request.get("runs", 1))
         except EnvironmentFault as fault:
             return {"sandbox_error": str(fault)}
         return {"outcome": outcome_to_dict(outcome)}

@@ -1,0 +1,80 @@
+"""What the engine reduces: one plug-in per kind of program (`Representation`).
+
+The engine's loop, the scheduler and the sandbox know programs only through this protocol: the FX
+graph of a `.pt2` (`programs/fx.py`) is one representation, and another kind of program (a
+StableHLO module) adds a package beside it, not branches in the engine. A representation is two
+halves: pure functions over a program in the engine's process (memo key, size, op kinds, its
+strategies, the wire form a sandbox child gets), and entry points that run only in sandbox
+children, named as call targets (`module:function`), because only children parse untrusted
+programs and import compilers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from minify_worker.outcomes import Outcome
+    from minify_worker.strategies import Tier
+
+# The name every wire form carries under this key, so a child knows which representation runs it.
+WIRE_KEY = "representation"
+
+_MODULES = {"fx": "minify_worker.programs.fx", "stablehlo": "minify_worker.programs.stablehlo"}
+
+
+class Representation(Protocol):
+    """One kind of program the engine reduces. `Program` is whatever the representation holds in
+    the engine's process (an `fx.Graph`, a parsed module's text); it never leaves it but as wire."""
+
+    name: str
+
+    # -- the engine's process: pure, no compiler --------------------------------------------
+    def key(self, program: Any) -> str:
+        """A structural hash: candidates with the same key are the same test (the memo)."""
+
+    def size(self, program: Any) -> tuple[int, ...]:
+        """Smaller is better: a candidate counts only when its size is below the current one's."""
+
+    def op_kinds(self, program: Any) -> frozenset[str]:
+        """The kinds of op in `program` (the scheduler learns which kinds a failure needs)."""
+
+    def count_ops(self, program: Any) -> int:
+        """The op count reported as `nodes_original` / `nodes_final`."""
+
+    def code(self, program: Any) -> str:
+        """The program as text for progress events and report.json."""
+
+    def passes(self) -> Sequence[Tier]:
+        """The strategy tiers `scheduler.reduce` drives to a fixed point."""
+
+    def empty(self, program: Any) -> Any:
+        """`program` with no ops (its inputs returned): a failure it shares is not the program's."""
+
+    def to_wire(self, program: Any) -> dict[str, Any]:
+        """JSON-safe form for a sandbox child; carries `WIRE_KEY: name`."""
+
+    def from_wire(self, wire: dict[str, Any]) -> Any:
+        """The inverse of `to_wire`."""
+
+    # -- sandbox children only --------------------------------------------------------------
+    def run_wire_candidate(self, wire: dict[str, Any], values: dict[str, Any], spec: Any, workdir: Any,
+                           runs: int = 1) -> Outcome:
+        """Build the candidate from its wire form, compile and run it `runs` times (compiled once),
+        classify the result. Called in a sandbox child."""
+
+
+def representation(name: str) -> Representation:
+    """The representation called `name` (`fx`, `stablehlo`), imported on first use."""
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except KeyError:
+        raise ValueError(f"unknown program representation {name!r} (known: {', '.join(sorted(_MODULES))})") from None
+    return module.REPRESENTATION
+
+
+def of_wire(wire: dict[str, Any]) -> Representation:
+    """The representation a wire form belongs to (FX when it names none: the older wire form)."""
+    return representation(wire.get(WIRE_KEY, "fx"))

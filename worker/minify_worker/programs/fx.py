@@ -1,0 +1,59 @@
+"""The FX graph of a `torch.export` program as a representation (`programs.Representation`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx as fx
+
+from minify_worker import graph, strategies
+from minify_worker.outcomes import Outcome
+from minify_worker.programs import WIRE_KEY
+
+
+class FxRepresentation:
+    name = "fx"
+
+    def key(self, program: fx.Graph) -> str:
+        return graph.structural_hash(program)
+
+    def size(self, program: fx.Graph) -> tuple[int, ...]:
+        return graph.size_key(program)
+
+    def op_kinds(self, program: fx.Graph) -> frozenset[str]:
+        return frozenset(graph.target_name(node.target) for node in program.nodes if node.op == "call_function")
+
+    def count_ops(self, program: fx.Graph) -> int:
+        return graph.count_ops(program)
+
+    def code(self, program: fx.Graph) -> str:
+        return graph.graph_code(program)
+
+    def passes(self) -> Sequence[strategies.Tier]:
+        return strategies.PASSES
+
+    def empty(self, program: fx.Graph) -> fx.Graph:
+        empty = fx.Graph()
+        inputs = []
+        for node in graph.placeholders(program):
+            copy = empty.node_copy(node)
+            copy.meta = dict(node.meta)
+            inputs.append(copy)
+        empty.output(tuple(inputs)).meta = dict(graph.output_node(program).meta)
+        return empty
+
+    def to_wire(self, program: fx.Graph) -> dict[str, Any]:
+        return {**graph.graph_to_wire(program), WIRE_KEY: self.name}
+
+    def from_wire(self, wire: dict[str, Any]) -> fx.Graph:
+        return graph.graph_from_wire(wire)
+
+    def run_wire_candidate(self, wire: dict[str, Any], values: dict[str, Any], spec: Any, workdir: Any,
+                           runs: int = 1) -> Outcome:
+        from minify_worker.runner import run_wire_candidate
+
+        return run_wire_candidate(wire, values, spec, workdir, runs)
+
+
+REPRESENTATION = FxRepresentation()
