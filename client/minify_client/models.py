@@ -117,6 +117,12 @@ class JobSpec(_Strict):
                     "outside torch's own namespaces), imported by the worker before it loads the program, where "
                     "its operator allows them (MINIFY_ALLOWED_OP_MODULES, module prefixes); a capture records them",
     )
+    versions: bool = Field(
+        default=True,
+        description="once the result is delivered, run repro.py under every other torch version the workers offer "
+                    "and say which fail the same way (the version phase: report.json's versions, regression_range, "
+                    "fixed_in)",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -202,9 +208,10 @@ class Progress(BaseModel):
 class ProgressEvent(Progress):
     """One step of a minification, as the engine reports it and the service streams it."""
 
-    type: Literal["progress", "status", "log", "culprit"] = Field(
+    type: Literal["progress", "status", "log", "culprit", "versions"] = Field(
         "progress", description="'culprit': the culprit phase ended (after the job's final status, whose "
-                                "culprit_state says 'running' when one follows)")
+                                "culprit_state says 'running' when one follows); 'versions': the version phase "
+                                "ended (its summary line in message), just before the culprit event")
     graph_code: str | None = Field(default=None, description="the current best graph, when it shrank")
     status: JobState | None = None
     message: str | None = None
@@ -249,6 +256,33 @@ class Workaround(BaseModel):
     setting: str = Field(description="a spec config key (inductor's as is, torch._dynamo.config.X), or 'backend'")
     value: Any
     verified_on: str = Field(description="what was checked, e.g. 'original: compiles and runs'")
+
+
+class VersionOutcome(str, Enum):
+    """How repro.py ran under one torch version, held against the job's signature."""
+
+    same = "same"  # fails with the job's signature
+    different = "different"  # fails with another signature (in `signature`)
+    passes = "passes"  # printed 'repro passed', exit 0
+    cannot_run = "cannot_run"  # an op or API the version lacks, or no torch at all (`reason`)
+
+
+class VersionRun(BaseModel):
+    """One run of repro.py under one torch installation (the version phase)."""
+
+    torch: str = Field(description="torch.__version__ of the installation, e.g. 2.14.1 or 2.15.0+cpu")
+    git_version: str | None = Field(None, description="torch.version.git_version: the commit it was built from")
+    outcome: VersionOutcome
+    signature: str | None = Field(None, description="the failure's signature as repro.py printed it")
+    reason: str | None = Field(None, description="why it could not run, or what decided the outcome")
+    seconds: float = 0.0
+
+
+class RegressionRange(BaseModel):
+    """The bug appeared after `last_good` and by `first_bad`: (last_good, first_bad]."""
+
+    last_good: str
+    first_bad: str
 
 
 class Report(BaseModel):
@@ -320,6 +354,18 @@ class Report(BaseModel):
         None, description="structural hash of the minimal graph ignoring tensor sizes (ops, edges, dtypes, devices): "
                           "with the signature, the key of the job's bug")
     bug: str | None = Field(None, description="the id of the bug this job's minimal program belongs to")
+    versions_state: CulpritState | None = Field(
+        None, description="where the version phase stands (it runs after the result, before the culprit event): "
+                          "running, done, skipped, cancelled, lost")
+    versions: list[VersionRun] = Field(
+        default_factory=list, description="repro.py under each torch version the workers offer, oldest first")
+    regression_range: RegressionRange | None = Field(
+        None, description="(last_good, first_bad]: null with regression_reason when no older version passes")
+    regression_reason: str | None = None
+    fixed_in: str | None = Field(
+        None, description="the oldest version after the newest failing one that passes: the bug is fixed there")
+    versions_summary: str | None = Field(
+        None, description="one line: 'fails on 2.14.1, 2.15.0; passes on 2.13.0: regression in (2.13.0, 2.14.1]'")
 
 
 class JobLinks(BaseModel):

@@ -50,6 +50,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-culprit", dest="culprit", action="store_false", default=None,
                        help="skip the culprit phase (default: once minimal, find the compiler stage to blame and "
                             "the settings that avoid the bug)")
+    group.add_argument("--no-versions", dest="versions", action="store_false", default=None,
+                       help="skip the version phase (default: after the result, run repro.py under every other "
+                            "torch version the workers offer: which fail the same way, the regression range)")
     group.add_argument("--no-shrink", dest="shrink", action="store_false", default=None,
                        help="keep the minimized program's input sizes (default: halve its tensor inputs' dims "
                             "while the failure holds)")
@@ -65,7 +68,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise SpecError(f"cannot read spec file {args.spec}: {error}") from error
         if not isinstance(data, dict):
             raise SpecError(f"spec file {args.spec} must hold a JSON object")
-    for field in ("backend", "device", "dynamic", "shrink", "culprit"):
+    for field in ("backend", "device", "dynamic", "shrink", "culprit", "versions"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     failure = dict(data.get("failure") or {})
