@@ -1,0 +1,59 @@
+"""What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py, report.json, bundle.tar.gz.
+
+By concept: `repro` renders repro.py (pure: `render_repro`); `files` writes the files, the
+program's in a sandbox child (`write_program_artifacts`: it needs the value store and
+torch.export), report.json and the bundle in the engine's process (`write_report`,
+`write_bundle`); `bugs` files a result under its bug (`file_under_bug`).
+
+repro.py always reads its inputs from inputs.pt rather than embedding them: torch.save keeps
+exact bits, dtypes, strides and scalar types for any size, and an accuracy or data-dependent
+failure may hinge on the exact values (torch's own repros regenerate random inputs and can
+lose the failure that way).
+
+Sandbox call targets name this package ("minify_worker.artifacts:write_program_artifacts"):
+keep what they name re-exported here.
+"""
+
+from .bugs import file_under_bug
+from .files import (
+    BUNDLE,
+    BUNDLE_FOLDER,
+    INPUTS,
+    MINIMIZED,
+    REPORT,
+    REPRO,
+    STORAGE_ERRNOS,
+    ArtifactWriteError,
+    InputValue,
+    export_minimized,
+    graph_inputs,
+    raise_storage_error,
+    rewrite_for_culprit,
+    write_bundle,
+    write_program_artifacts,
+    write_program_files,
+    write_report,
+)
+from .repro import render_repro
+
+__all__ = [
+    "BUNDLE",
+    "BUNDLE_FOLDER",
+    "INPUTS",
+    "MINIMIZED",
+    "REPORT",
+    "REPRO",
+    "STORAGE_ERRNOS",
+    "ArtifactWriteError",
+    "InputValue",
+    "export_minimized",
+    "file_under_bug",
+    "graph_inputs",
+    "raise_storage_error",
+    "render_repro",
+    "rewrite_for_culprit",
+    "write_bundle",
+    "write_program_artifacts",
+    "write_program_files",
+    "write_report",
+]
