@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,10 +25,11 @@ import torch.fx as fx
 from minify_client.models import CulpritState, FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, shrink, strategies
+from minify_worker.evaluator import SandboxEvaluator
 from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.hang import HangCalibration, HangState, HangWatch, Refuted
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Invalid, Outcome, Signature, TimedOut
+from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
@@ -55,7 +56,6 @@ DEFAULT_TIMEOUT_FAILURE_S = 60.0
 # hour, so a hanging compile shows as a hang in minutes.
 DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
 EVENT_INTERVAL_S = 0.2
-MAX_SANDBOX_RESTARTS = 3
 
 
 @dataclass
@@ -95,119 +95,6 @@ def default_parallelism(spec: JobSpec) -> int:
         return spec.limits.parallelism
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, 4 if spec.device_class == "cuda" else 16))
-
-
-class _SandboxEvaluator:
-    """The scheduler's view of the sandbox: graphs in, outcomes out, with the calibrated timeout.
-
-    If the fork server itself dies (the OOM killer, or a candidate that kills its parent), the
-    candidates that were in flight come back `Invalid` and the next submit starts a fresh fork
-    server: it costs those candidates, not the job. A `SandboxFault` (a child that could not run
-    its candidate at all, e.g. CUDA unusable after a fork) is never an outcome: the sandbox is
-    restarted, spawned afresh, and the candidate runs again there; a fault that is not the fork's
-    doing, or one that outlives `MAX_SANDBOX_RESTARTS` restarts, fails the job with its cause.
-    """
-
-    def __init__(self, pool: SandboxPool, timeout_s: float, restart: Callable[[str | None], SandboxPool]) -> None:
-        self.pool = pool
-        self.timeout_s = timeout_s
-        self.restarts = 0
-        self._restart = restart
-        self._dead: SandboxPool | None = None
-        self._restart_start: str | None = None
-        self._fault: SandboxFault | None = None
-        self._started: list[SandboxPool] = []
-        self._inner: dict[Future[Outcome], Future[Outcome]] = {}
-        self._lock = threading.RLock()
-        self.on_outcome: Callable[[fx.Graph, Outcome], None] | None = None  # sees every outcome as it comes
-        self.spared: set[Future[Outcome]] = set()  # runs that keep their own timeout (the original's)
-
-    def live_pool(self) -> SandboxPool:
-        """The current pool, restarted first if its fork server died or a child faulted."""
-        with self._lock:
-            if self._dead is self.pool:
-                if self.restarts >= MAX_SANDBOX_RESTARTS:
-                    if self._fault is not None:
-                        raise SandboxError(f"{self._fault} (still after {self.restarts} sandbox restarts)")
-                    raise SandboxError(f"the fork server died {self.restarts + 1} times")
-                self.restarts += 1
-                log.warning("restarting the sandbox (%d): %s", self.restarts, self._fault or "the fork server died")
-                self.pool = self._restart(self._restart_start)
-                self._started.append(self.pool)
-            return self.pool
-
-    def submit(self, graph: fx.Graph, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]:
-        outer: Future[Outcome] = Future()
-        self._submit(outer, graph, timeout_s, runs)
-        return outer
-
-    def _submit(self, outer: Future[Outcome], graph: fx.Graph, timeout_s: float | None, runs: int = 1) -> None:
-        pool = self.live_pool()
-        inner = pool.submit(graph_to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
-        self._inner[outer] = inner
-
-        def settle(done: Future[Outcome]) -> None:
-            self._inner.pop(outer, None)
-            error = None if done.cancelled() else done.exception()
-            if done.cancelled():
-                outer.cancel()
-            elif isinstance(error, SandboxFault):
-                self._faulted(pool, error)
-                try:
-                    self._submit(outer, graph, timeout_s, runs)
-                except SandboxError as final:
-                    _settle(outer, error=final)
-            elif isinstance(error, SandboxError):
-                with self._lock:
-                    self._dead = pool
-                _settle(outer, result=Invalid(f"the sandbox's fork server died while this candidate ran: {error}"))
-            elif error is not None:
-                _settle(outer, error=error)
-            else:
-                if self.on_outcome is not None:
-                    self.on_outcome(graph, done.result())
-                _settle(outer, result=done.result())
-
-        inner.add_done_callback(settle)
-
-    def _faulted(self, pool: SandboxPool, fault: SandboxFault) -> None:
-        with self._lock:
-            if self._dead is pool or pool is not self.pool:
-                return  # already restarted for this pool
-            self._fault = fault
-            self._dead = pool
-            if not fault.fork_related:
-                self.restarts = MAX_SANDBOX_RESTARTS  # a fresh sandbox would fail the same way
-            self._restart_start = "spawn"
-
-    def set_timeout(self, timeout_s: float) -> None:
-        """The timeout of every later candidate, and of those already submitted."""
-        self.timeout_s = timeout_s
-        for outer, inner in list(self._inner.items()):
-            if outer not in self.spared:
-                self.pool.set_timeout(inner, timeout_s)
-
-    def cancel(self, future: Future[Outcome]) -> None:
-        inner = self._inner.get(future)
-        if inner is not None:
-            self.pool.cancel(inner)
-        future.cancel()
-
-    def close(self) -> None:
-        """Close the fork servers this evaluator started (the first pool belongs to the caller)."""
-        for pool in self._started:
-            pool.close()
-
-
-def _settle(future: Future[Outcome], *, result: Outcome | None = None, error: BaseException | None = None) -> None:
-    """Resolve `future` unless it was cancelled meanwhile."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-    except InvalidStateError:
-        pass
 
 
 class _Run:
@@ -302,7 +189,7 @@ class _Run:
         self._record_point()
         if self.cancel.is_set():
             return self._finish(JobState.cancelled, "cancelled before it started")
-        evaluator = _SandboxEvaluator(
+        evaluator = SandboxEvaluator(
             pool, self._first_timeout(),
             restart=lambda start: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism, start=start),
         )
@@ -320,7 +207,7 @@ class _Run:
         finally:
             evaluator.close()
 
-    def _reproduce_and_reduce(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
+    def _reproduce_and_reduce(self, evaluator: SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known (`_still_fails`);
         if the original turns out to fail otherwise, the reduction starts over (`_Restart`)."""
@@ -369,7 +256,7 @@ class _Run:
                 log.exception("delivering the result failed")
         return self._culprit_phase(evaluator, result)
 
-    def _culprit_phase(self, evaluator: _SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
+    def _culprit_phase(self, evaluator: SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
         """The culprit phase (culprit.py), after the result was delivered: its finding rewrites
         report.json, repro.py's header and the bundle; a stop (a cancel, the job's timeout) or a
         sandbox failure ends the phase, never the succeeded job."""
@@ -423,7 +310,7 @@ class _Run:
         """A candidate may take this long before the original has calibrated the timeout."""
         return self.spec.limits.candidate_timeout_s or self._original_timeout()
 
-    def _start_original(self, evaluator: _SandboxEvaluator, graph: fx.Graph) -> None:
+    def _start_original(self, evaluator: SandboxEvaluator, graph: fx.Graph) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
