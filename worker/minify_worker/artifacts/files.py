@@ -233,6 +233,30 @@ def rewrite_for_culprit(out_dir: Path, report: Report, pending_lines: list[str],
     if repro.is_file() and pending_lines:
         text = repro.read_text()
         _replace_whole(repro, text.replace(_commented(pending_lines), _commented(final_lines), 1).encode())
+    _replace_report_and_bundle(out_dir, report)
+
+
+# Lines added to repro.py's header after delivery go before the first of these paragraphs (repro.py's _header).
+_LATE_HEADER_ANCHORS = ("# Environment it failed in", "# Run: python repro.py")
+
+
+def rewrite_with_header_lines(out_dir: Path, report: Report, lines: list[str]) -> None:
+    """After the version phase, which also follows the delivered result: `lines` added to repro.py's
+    header as a paragraph of their own (before the environment's), then report.json and the bundle,
+    each replaced whole by a rename as `rewrite_for_culprit` replaces them."""
+    repro = out_dir / REPRO
+    if repro.is_file() and lines:
+        text = repro.read_text()
+        for anchor in _LATE_HEADER_ANCHORS:
+            at = text.find("\n" + anchor)
+            if at >= 0:
+                text = text[:at + 1] + _commented(lines) + "\n#\n" + text[at + 1:]
+                break
+        _replace_whole(repro, text.encode())
+    _replace_report_and_bundle(out_dir, report)
+
+
+def _replace_report_and_bundle(out_dir: Path, report: Report) -> None:
     _replace_whole(out_dir / REPORT, (report.model_dump_json(indent=2) + "\n").encode())
     if (out_dir / BUNDLE).is_file():
         _replace_whole(out_dir / BUNDLE, _bundle_bytes(out_dir))
