@@ -18,15 +18,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.fx as fx
 
+from minify_client.bugs import bug_key
 from minify_client.models import CulpritState, FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
-from minify_worker import artifacts, culprit, environment, oracle, shrink, strategies
+from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator
-from minify_worker.graph import count_ops, graph_code, graph_from_wire, graph_to_wire, output_node, placeholders
 from minify_worker.hang import HangCalibration, HangState, HangWatch, Refuted
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
@@ -102,6 +102,7 @@ class _Run:
                  cancel: threading.Event, hang: HangCalibration,
                  on_result: Callable[[MinifyResult], None] | None = None) -> None:
         self.spec = spec
+        self.program = programs.of_format(getattr(spec, "program_format", "pt2"))
         self.on_result = on_result
         self.out_dir = out_dir
         self.on_event = on_event
@@ -110,7 +111,7 @@ class _Run:
         self.deadline = self.started + spec.limits.job_timeout_s
         self.scheduler: Scheduler | None = None
         self.nodes_original: int | None = None
-        self.best: fx.Graph | None = None
+        self.best: Any | None = None
         self.signature: Signature | None = None
         self.timeline: list[TimelinePoint] = []
         self.phase = "prepare"
@@ -122,7 +123,7 @@ class _Run:
         self.original_runs = 0
         self.candidate_timeout_s: float | None = None
         self.artifact_errors: dict[str, str] = {}
-        self._unshrunk: fx.Graph | None = None  # the minimal graph the shrink phase started from
+        self._unshrunk: Any | None = None  # the minimal graph the shrink phase started from
         self._culprit_pending = False  # the delivered result says the culprit phase follows
         self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self.environment: dict[str, str] = {}
@@ -132,7 +133,8 @@ class _Run:
         self._provisional: Signature | None = None  # the target guessed while the original runs
         self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
         self.hang_watch = HangWatch(hang, spec, hang_state=self._hang_state, shorten=self._shorten_timeout,
-                                    say=lambda message: self._emit(force=True, message=message))
+                                    say=lambda message: self._emit(force=True, message=message),
+                                    count_ops=self.program.count_ops)
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -175,7 +177,7 @@ class _Run:
         try:
             # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
             prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool,
-                                       should_stop=self._stop_reason)
+                                       should_stop=self._stop_reason, target=self.program.prepare_target)
             pool.load_values(prepared.values_path, timeout_s=self._remaining())
         except ProgramError as error:
             return self._finish(JobState.failed, str(error))
@@ -183,8 +185,8 @@ class _Run:
             return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, str(stopped))
         self._environment_call = pool.submit_call(environment.CALL_TARGET, timeout_s=environment.CALL_TIMEOUT_S,
                                                   purpose="environment")
-        graph = graph_from_wire(prepared.wire_graph)
-        self.nodes_original = count_ops(graph)
+        graph = self.program.from_wire(prepared.wire_graph)
+        self.nodes_original = self.program.count_ops(graph)
         self.best = graph
         self._record_point()
         if self.cancel.is_set():
@@ -192,6 +194,7 @@ class _Run:
         evaluator = SandboxEvaluator(
             pool, self._first_timeout(),
             restart=lambda start: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism, start=start),
+            program=self.program,
         )
         self.scheduler = Scheduler(
             evaluator,
@@ -199,6 +202,7 @@ class _Run:
             parallelism=parallelism,
             on_check=self._emit,
             should_stop=self._poll,
+            program=self.program,
         )
         try:
             return self._reproduce_and_reduce(evaluator, graph)
@@ -207,7 +211,7 @@ class _Run:
         finally:
             evaluator.close()
 
-    def _reproduce_and_reduce(self, evaluator: SandboxEvaluator, graph: fx.Graph) -> MinifyResult:
+    def _reproduce_and_reduce(self, evaluator: SandboxEvaluator, graph: Any) -> MinifyResult:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known (`_still_fails`);
         if the original turns out to fail otherwise, the reduction starts over (`_Restart`)."""
@@ -217,7 +221,7 @@ class _Run:
         try:
             while True:
                 try:
-                    reduce(self.scheduler, graph, self._context(), strategies.PASSES,
+                    reduce(self.scheduler, graph, self._context(), self.program.passes(),
                            on_accept=self._accepted)
                     self._target()  # a graph that offered no candidate at all never asked for it
                     break
@@ -239,7 +243,8 @@ class _Run:
         self._enter_phase("artifacts")
         self._emit(force=True, message="writing artifacts")
         # The culprit phase follows the delivered result, unless the job was cut short (a stop).
-        follows = self.spec.culprit and status is JobState.succeeded and not stopped_early
+        follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
+                   and status is JobState.succeeded and not stopped_early)
         self._culprit_pending = follows
         try:
             written = self._write_program_artifacts(evaluator.live_pool())
@@ -310,7 +315,7 @@ class _Run:
         """A candidate may take this long before the original has calibrated the timeout."""
         return self.spec.limits.candidate_timeout_s or self._original_timeout()
 
-    def _start_original(self, evaluator: SandboxEvaluator, graph: fx.Graph) -> None:
+    def _start_original(self, evaluator: SandboxEvaluator, graph: Any) -> None:
         self._enter_phase("reproduce")
         self._evaluator, self._original = evaluator, graph
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
@@ -320,7 +325,7 @@ class _Run:
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)
         # The failure must depend on the program: the program with no ops runs beside it.
-        self._empty = evaluator.submit(empty_program(graph), timeout_s=self._original_timeout())
+        self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self._original_timeout())
         given = self.spec.failure.signature
         self._emit(force=True, message="running the original" + (
             f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
@@ -477,7 +482,7 @@ class _Run:
         pool = self._evaluator.live_pool()
         if not pool.reuse or self.best is None or self.best is self._original or self.signature is None:
             return None
-        future = pool.submit(graph_to_wire(self.best), timeout_s=self.candidate_timeout_s, fresh=True)
+        future = pool.submit(self.program.to_wire(self.best), timeout_s=self.candidate_timeout_s, fresh=True)
         if wait_unless_stopped(pool, [future], self._stop_reason):
             return None
         outcome = future.result()
@@ -498,28 +503,24 @@ class _Run:
             raise Stopped(reason)
 
     def _shrink_inputs(self) -> None:
-        """The shrink phase (shrink.py), unless the spec turns it off: halve the minimal graph's
-        tensor inputs while the failure holds; a graph it cannot shrink says why."""
+        """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
+        program's inputs while the failure holds (`programs.Shrinks`)."""
         if not self.spec.shrink or self.best is None:
             return
         assert self.scheduler is not None
         self._enter_phase("shrink")
         self._unshrunk = self.best
-        skipped = shrink.not_shrinkable(self.best, self.spec.dynamic)
-        if skipped:
-            self._emit(force=True, message=f"shrink skipped: {skipped}")
+        shrinks = getattr(self.program, "shrink", None)
+        if shrinks is None:
+            self._emit(force=True, message=f"shrink skipped: {self.program.name} programs cannot shrink their inputs")
             return
-        kept = shrink.kept_inputs(self.best)
-        self._emit(force=True, message=f"shrinking {shrink.shapes_text(self.best)}"
-                                       + (f"; kept as they are (not tensors): {', '.join(kept)}" if kept else ""))
-        done = shrink.shrink(self.scheduler, self.best, on_accept=self._accepted)
-        self._emit(force=True, message=f"shrunk to {shrink.shapes_text(done.graph)} in {done.checks} checks"
-                   if done.accepted else f"no input could shrink ({done.checks} checks)")
+        shrinks(self.scheduler, self.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
+                say=lambda message: self._emit(force=True, message=message))
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
 
-    def _accepted(self, graph: fx.Graph, description: str) -> None:
+    def _accepted(self, graph: Any, description: str) -> None:
         self.best = graph
         self._record_point()
         self._emit(force=True, graph=graph, message=description)
@@ -527,9 +528,9 @@ class _Run:
     def _write_program_artifacts(self, pool: SandboxPool) -> dict[str, Path]:
         assert self.best is not None
         result = pool.call(
-            "minify_worker.artifacts:write_program_artifacts",
+            self.program.artifacts_target,
             {
-                "wire_graph": graph_to_wire(self.best),
+                "wire_graph": self.program.to_wire(self.best),
                 "out_dir": str(self.out_dir),
                 "spec_json": self.spec.model_dump_json(),
                 "signature": asdict(self.signature) if self.signature else None,
@@ -578,7 +579,7 @@ class _Run:
             status=status,
             reason=reason,
             nodes_original=self.nodes_original,
-            nodes_final=count_ops(best) if best is not None and status is JobState.succeeded else None,
+            nodes_final=self.program.count_ops(best) if best is not None and status is JobState.succeeded else None,
             checks_total=stats.checks_total if stats else 0,
             checks_cached=stats.checks_cached if stats else 0,
             elapsed_s=round(time.monotonic() - self.started, 3),
@@ -597,17 +598,18 @@ class _Run:
             environment=self._environment(),
             outcomes=dict(stats.outcomes) if stats else {},
             timeline=self.timeline,
-            graph_code=graph_code(best) if best is not None and status is JobState.succeeded else None,
+            graph_code=self.program.code(best) if best is not None and status is JobState.succeeded else None,
             artifact_errors=self.artifact_errors,
             phase_s=self.phase_s,
             sandbox_start=self.sandbox_start,
-            input_shapes_original=shrink.input_shapes(self._unshrunk or best) if succeeded else {},
-            input_shapes_final=shrink.input_shapes(best) if succeeded else {},
+            input_shapes_original=self.program.input_shapes(self._unshrunk or best) if succeeded else {},
+            input_shapes_final=self.program.input_shapes(best) if succeeded else {},
             **(culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
                else culprit.report_fields(None, self.spec)),
         )
         if succeeded:
-            artifacts.file_under_bug(report, best)
+            report.graph_shape_hash = self.program.shape_hash(best)
+            report.bug = bug_key(report.signature, report.graph_shape_hash) if report.signature else None
         files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
         try:
@@ -645,9 +647,9 @@ class _Run:
         assert self.best is not None
         checks = self.scheduler.stats.checks_total if self.scheduler else 0
         self.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
-                                           nodes=count_ops(self.best), checks=checks))
+                                           nodes=self.program.count_ops(self.best), checks=checks))
 
-    def _emit(self, force: bool = False, *, graph: fx.Graph | None = None, status: JobState | None = None,
+    def _emit(self, force: bool = False, *, graph: Any | None = None, status: JobState | None = None,
               message: str | None = None, culprit_state: CulpritState | None = None) -> None:
         if self.on_event is None:
             return
@@ -664,14 +666,14 @@ class _Run:
             "status" if status is not None else "progress",
             phase=stats.phase if stats and self.phase == "reduce" else self.phase,
             nodes_original=self.nodes_original,
-            nodes_current=count_ops(self.best) if self.best is not None else None,
+            nodes_current=self.program.count_ops(self.best) if self.best is not None else None,
             checks_total=stats.checks_total if stats else 0,
             checks_cached=stats.checks_cached if stats else 0,
             checks_in_flight=stats.checks_in_flight if stats else 0,
             outcomes=dict(stats.outcomes) if stats else {},
             elapsed_s=round(now - self.started, 3),
             signature=str(self.signature) if self.signature else None,
-            graph_code=graph_code(graph) if graph is not None else None,
+            graph_code=self.program.code(graph) if graph is not None else None,
             status=status,
             message=message,
             culprit_state=culprit_state,
@@ -693,18 +695,6 @@ class _Unreproduced(Exception):
     def __init__(self, result: MinifyResult) -> None:
         super().__init__(result.reason)
         self.result = result
-
-
-def empty_program(graph: fx.Graph) -> fx.Graph:
-    """`graph` with no ops: the same inputs, returned as they are."""
-    empty = fx.Graph()
-    inputs = []
-    for node in placeholders(graph):
-        copy = empty.node_copy(node)
-        copy.meta = dict(node.meta)
-        inputs.append(copy)
-    empty.output(tuple(inputs)).meta = dict(output_node(graph).meta)
-    return empty
 
 
 def _target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:

@@ -18,13 +18,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal, Protocol
-
-import torch.fx as fx
+from typing import Any, Literal, Protocol
 
 from minify_client.models import JobSpec
 from minify_worker import oracle
-from minify_worker.graph import count_ops
 from minify_worker.outcomes import Outcome, Passes, Signature, TimedOut
 
 # When the failure is a hang, candidates that pass calibrate the timeout: a candidate that runs
@@ -66,7 +63,7 @@ class Refuted:
 class Evaluator(Protocol):
     """What the watch needs of the engine's evaluator: run a graph, stop a run."""
 
-    def submit(self, graph: fx.Graph, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]: ...
+    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]: ...
 
     def cancel(self, future: Future[Outcome]) -> None: ...
 
@@ -79,12 +76,13 @@ class HangWatch:
 
     def __init__(self, calibration: HangCalibration, spec: JobSpec, *,
                  hang_state: Callable[[], HangState | None], shorten: Callable[[float], None],
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], count_ops: Callable[[Any], int]) -> None:
         self.calibration = calibration
         self.failure = spec.failure
         self._hang_state = hang_state
         self._shorten = shorten
         self._say = say
+        self._count_ops = count_ops  # the representation's (programs.Representation.count_ops)
         # A hang may be guessed before the original's bound only when the user gave no timeout.
         self.may_guess = (spec.failure.kind in ("any", "timeout") and not spec.limits.candidate_timeout_s
                           and not spec.limits.original_timeout_s)
@@ -102,11 +100,11 @@ class HangWatch:
         self._original_submitted = submitted
         self._nodes_original = nodes_original or 1
 
-    def observe(self, graph: fx.Graph, outcome: Outcome) -> None:
+    def observe(self, graph: Any, outcome: Outcome) -> None:
         """Every outcome as it comes (the sandbox's thread): passing runs calibrate hangs."""
         if not isinstance(outcome, Passes):
             return
-        self.passes.append((count_ops(graph), outcome.duration_s))
+        self.passes.append((self._count_ops(graph), outcome.duration_s))
         state = self._hang_state()
         if state == "guessed":
             self.calibrate(passes_needed=1)
@@ -147,7 +145,7 @@ class HangWatch:
                   f"{self.calibration.original_factor:g}x what passing runs predict for its size "
                   f"({expected_s:.1f} s): judged a hang for now, to be confirmed on the result")
 
-    def confirm(self, result: fx.Graph, guess: Signature, *, remaining_s: float,
+    def confirm(self, result: Any, guess: Signature, *, remaining_s: float,
                 wait_for: Callable[[list[Future[Outcome]]], None]) -> Outcome | Refuted:
         """The reduction ended on the guessed hang `guess` while the original still runs: run the
         smallest program, `result`, with a longer timeout (`HangCalibration.confirm_*`) instead of
@@ -159,7 +157,8 @@ class HangWatch:
         slowest_s = max((seconds for _, seconds in self.passes), default=0.0)
         confirm_s = round(min(max(self.calibration.confirm_min_s, self.calibration.confirm_factor * slowest_s),
                               remaining_s), 1)
-        self._say(f"confirming the hang: the result ({count_ops(result)} ops) runs with a {confirm_s:g} s timeout")
+        self._say(f"confirming the hang: the result ({self._count_ops(result)} ops) runs with a {confirm_s:g} s "
+                  "timeout")
         confirm = self._evaluator.submit(result, timeout_s=confirm_s)
         wait_for([confirm])
         outcome = confirm.result()

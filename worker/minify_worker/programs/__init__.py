@@ -30,6 +30,13 @@ class Representation(Protocol):
     the engine's process (an `fx.Graph`, a parsed module's text); it never leaves it but as wire."""
 
     name: str
+    # Sandbox call targets (`module:function`, run in a child as `fn(context, **kwargs) -> dict`):
+    # `prepare_target(context, *, program, inputs)` parses the upload and writes program.json (the
+    # wire form) and values.pt into `context.workdir` (loader.PreparedProgram), raising
+    # `loader.ProgramError` for bad input; `artifacts_target` takes `artifacts.write_program_artifacts`'
+    # keyword arguments and returns its `{"files": [...], "errors": {...}}`.
+    prepare_target: str
+    artifacts_target: str
 
     # -- the engine's process: pure, no compiler --------------------------------------------
     def key(self, program: Any) -> str:
@@ -53,6 +60,12 @@ class Representation(Protocol):
     def empty(self, program: Any) -> Any:
         """`program` with no ops (its inputs returned): a failure it shares is not the program's."""
 
+    def shape_hash(self, program: Any) -> str:
+        """The program's structure without its sizes: with the signature, the bug a result files under."""
+
+    def input_shapes(self, program: Any) -> dict[str, dict[str, Any]]:
+        """Each input's shape and dtype, for report.json (`input_shapes_original` / `_final`)."""
+
     def to_wire(self, program: Any) -> dict[str, Any]:
         """JSON-safe form for a sandbox child; carries `WIRE_KEY: name`."""
 
@@ -66,6 +79,20 @@ class Representation(Protocol):
         classify the result. Called in a sandbox child."""
 
 
+class Shrinks(Protocol):
+    """A representation that can shrink its inputs' sizes once the program is minimal (the shrink
+    phase; one that cannot says so in the job's progress)."""
+
+    def shrink(self, scheduler: Any, program: Any, *, dynamic: str, say: Any, on_accept: Any) -> Any:
+        """Shrink `program`'s inputs while the failure holds; returns the program the phase started from."""
+
+
+class HasCulprit(Protocol):
+    """A representation whose compiler the culprit phase can bisect (culprit.py: inductor's)."""
+
+    culprit_phase: bool
+
+
 def representation(name: str) -> Representation:
     """The representation called `name` (`fx`, `stablehlo`), imported on first use."""
     try:
@@ -73,6 +100,12 @@ def representation(name: str) -> Representation:
     except KeyError:
         raise ValueError(f"unknown program representation {name!r} (known: {', '.join(sorted(_MODULES))})") from None
     return module.REPRESENTATION
+
+
+def of_format(program_format: str) -> Representation:
+    """The representation of a job spec's `program_format`: a `.pt2` is FX; StableHLO and HLO text
+    are both StableHLO (HLO is converted when it is loaded)."""
+    return representation("fx" if program_format in ("pt2", "fx") else "stablehlo")
 
 
 def of_wire(wire: dict[str, Any]) -> Representation:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx as fx
 
-from minify_worker import graph, strategies
+from minify_worker import graph, shrink, strategies
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY
 
 
 class FxRepresentation:
     name = "fx"
+    prepare_target = "minify_worker.loader:prepare_in_child"
+    artifacts_target = "minify_worker.artifacts:write_program_artifacts"
+    culprit_phase = True
 
     def key(self, program: fx.Graph) -> str:
         return graph.structural_hash(program)
@@ -42,6 +45,27 @@ class FxRepresentation:
             inputs.append(copy)
         empty.output(tuple(inputs)).meta = dict(graph.output_node(program).meta)
         return empty
+
+    def shape_hash(self, program: fx.Graph) -> str:
+        return graph.graph_shape_hash(program)
+
+    def input_shapes(self, program: fx.Graph) -> dict[str, dict[str, Any]]:
+        return shrink.input_shapes(program)
+
+    def shrink(self, scheduler: Any, program: fx.Graph, *, dynamic: str, say: Callable[[str], None],
+               on_accept: Callable[[fx.Graph, str], None]) -> None:
+        """The shrink phase (shrink.py): halve the minimal graph's tensor inputs while the failure
+        holds; a graph it cannot shrink says why."""
+        skipped = shrink.not_shrinkable(program, dynamic)
+        if skipped:
+            say(f"shrink skipped: {skipped}")
+            return
+        kept = shrink.kept_inputs(program)
+        say(f"shrinking {shrink.shapes_text(program)}" + (f"; kept as they are (not tensors): {', '.join(kept)}"
+                                                           if kept else ""))
+        done = shrink.shrink(scheduler, program, on_accept=on_accept)
+        say(f"shrunk to {shrink.shapes_text(done.graph)} in {done.checks} checks" if done.accepted
+            else f"no input could shrink ({done.checks} checks)")
 
     def to_wire(self, program: fx.Graph) -> dict[str, Any]:
         return {**graph.graph_to_wire(program), WIRE_KEY: self.name}

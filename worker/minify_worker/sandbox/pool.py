@@ -443,8 +443,10 @@ def wait_unless_stopped(pool: _Cancels, futures: list[Future],
 
 def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,
                     timeout_s: float | None = 600.0, pool: SandboxPool | None = None,
-                    should_stop: Callable[[], str | None] | None = None) -> PreparedProgram:
-    """Run the loader in a sandbox child: values.pt and program.json into `workdir`.
+                    should_stop: Callable[[], str | None] | None = None,
+                    target: str = "minify_worker.loader:prepare_in_child") -> PreparedProgram:
+    """Run the loader in a sandbox child: values.pt and program.json into `workdir`. `target`: the
+    representation's loader (`programs.Representation.prepare_target`), the `.pt2` loader by default.
 
     Uses `pool` if given (it need not have a value store yet), else a one-shot pool without
     inductor warm-up. Any failure (a bad file, inputs that do not fit, a crash or hang while
@@ -465,7 +467,7 @@ def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: Job
     kwargs = {"program": str(Path(program).resolve()),
               "inputs": None if inputs is None else str(Path(inputs).resolve())}
     try:
-        future = active.submit_call("minify_worker.loader:prepare_in_child", kwargs, timeout_s, purpose="prepare")
+        future = active.submit_call(target, kwargs, timeout_s, purpose="prepare")
         reason = wait_unless_stopped(active, [future], should_stop)
         if reason:
             raise PrepareStopped(reason)
