@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minify_client.models import JobState, ProgressEvent
+from minify_client.models import JobState, ProgressEvent, Report
 from minify_client.progress import culprit_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
@@ -114,13 +114,32 @@ def minify_command(argv: list[str]) -> int:
     if terminated.is_set():
         print("terminated", file=sys.stderr)
         return EXIT_TERMINATED
+    report = result.report
+    if spec.versions and delivered and result.status is JobState.succeeded:
+        report = _version_phase(report, args.out.resolve(), display)
     if args.json:
-        print(result.report.model_dump_json(indent=2))
+        print(report.model_dump_json(indent=2))
     elif delivered:
-        print(culprit_summary(result.report) or f"culprit: {result.report.culprit_state}")
+        print(culprit_summary(report) or f"culprit: {report.culprit_state}")
+        if report.versions_summary:
+            print(f"versions: {report.versions_summary}")
     else:
         _print_summary(result, args.out.resolve())
     return EXIT_CODES[result.status]
+
+
+def _version_phase(report: Report, out_dir: Path, display: _ProgressDisplay) -> Report:
+    """repro.py under every torch this command has (its own, MINIFY_TORCH_ENVS, MINIFY_TORCH_INDEX's
+    installed ones), after the culprit phase; report.json and repro.py's header rewritten."""
+    from minify_worker.versions import phase
+
+    envs = phase.offered_envs()
+    if len(envs) > 1:
+        display.update(ProgressEvent(type="log", phase="versions", elapsed_s=report.elapsed_s,
+                                     message=f"running repro.py on torch {', '.join(env.torch for env in envs[1:])}"))
+    found = phase.run_locally(out_dir, report, envs)
+    phase.write_findings(out_dir, found)
+    return found
 
 
 def _print_summary(result: MinifyResult, out_dir: Path) -> None:

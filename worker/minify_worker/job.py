@@ -28,6 +28,7 @@ from rq.job import Job
 from minify_client.bugs import add_to_bug_index
 from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
 from minify_client.progress import culprit_summary
+from minify_worker.versions import phase as versions_phase
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +220,22 @@ def run_job(ticket: dict[str, Any]) -> str:
     watcher.start()
     signal.signal(signal.SIGTERM, watcher.interrupt)
     delivered: list[Report] = []
+    probed_versions: list[list[str]] = []
 
     def deliver(status: JobState, reason: str | None, report: Report) -> None:
-        """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable."""
+        """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable;
+        then the version phase's probes go out to the workers holding other torch versions."""
+        versions = spec.versions and status is JobState.succeeded
+        if versions:
+            report = report.model_copy(update={"versions_state": CulpritState.running})
         _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
         delivered.append(report)
+        if versions:
+            try:
+                probed_versions.append(versions_phase.fan_out(channel.redis, ticket["job_id"], out_dir, report,
+                                                              versions_phase.offered_envs()[0]))
+            except RedisError as error:
+                log.warning("the version phase could not send its probes: %s", error)
 
     status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel, deliver)
     watcher.stop()
@@ -234,6 +246,8 @@ def run_job(ticket: dict[str, Any]) -> str:
             report = _culprit_lost(delivered[0], out_dir, f"the culprit phase ended in an error: {reason}")
         elif watcher.interrupted:
             report = _culprit_lost(report, out_dir, "the worker shut down during the culprit phase")
+        if probed_versions and not watcher.interrupted:
+            report = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
         final = report
         _retry_redis(lambda: channel.culprit_ended(final), FINAL_WRITE_PATIENCE_S)
         return JobState.succeeded.value
@@ -273,13 +287,33 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
     return result.status, result.reason, result.report
 
 
+def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Report, versions: list[str]) -> Report:
+    """The probes' answers (versions_phase.collect) in report.json, repro.py's header and a
+    `versions` event, before the culprit event ends the job's stream."""
+    own = versions_phase.offered_envs()[0]
+    deadline = time.monotonic() + versions_phase.probe_timeout_s() + versions_phase.QUEUE_WAIT_S
+    try:
+        runs, stopped = versions_phase.collect(channel.redis, job_id, out_dir, report, versions, deadline,
+                                               channel.cancel_requested)
+        found = versions_phase.with_versions(report, [versions_phase.own_run(report, own), *runs],
+                                             CulpritState.cancelled if stopped else CulpritState.done)
+        versions_phase.write_findings(out_dir, found)
+        channel.publish(ProgressEvent(type="versions", phase="versions", message=found.versions_summary))
+        return found
+    except (RedisError, OSError) as error:
+        log.warning("the version phase failed: %s", error)
+        return report.model_copy(update={"versions_state": CulpritState.lost})
+
+
 def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
     """The delivered result with its culprit phase marked lost; report.json (and the bundle) rewritten
     as the phase's own end rewrites them (`artifacts.rewrite_for_culprit`), when the result's files
     are there: repro.py's header says the phase was lost, not that it is pending."""
     reason = f"lost: {why}"
+    versions_state = CulpritState.lost if report.versions_state is CulpritState.running else report.versions_state
     lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
-                                     "culprit_reason": reason, "workarounds": [], "workarounds_tried": {}})
+                                     "culprit_reason": reason, "workarounds": [], "workarounds_tried": {},
+                                     "versions_state": versions_state})
     if (out_dir / "report.json").is_file():
         # torch is behind these two: the worker preloaded it, and the server never calls this
         from minify_worker import artifacts, culprit

@@ -32,6 +32,7 @@ from rq.executions import Execution
 from rq.job import Job
 
 from minify_worker.job import record_worker_lost
+from minify_worker.versions import phase as versions_phase
 from minify_worker.workdirs import remove_stale_job_dirs
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class MinifyWorker(Worker):
         super().heartbeat(self.heartbeat_interval_s + self.heartbeat_grace_s, pipeline=pipeline)
         connection = pipeline if pipeline is not None else self.connection
         connection.hset(QUEUES_SERVED_KEY, mapping={name: int(time.time()) for name in self.queue_names()})
+        versions_phase.announce(connection, self.name, versions_phase.offered_envs())
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """How long the running job's entry lives without a beat (RQ adds a fixed 60 s)."""
@@ -235,6 +237,8 @@ def main(argv: list[str]) -> int:
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
     name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    # The version phase's probes: a queue per torch installation this worker holds (minify_worker/versions).
+    queues += [versions_phase.queue_name(env.torch) for env in versions_phase.offered_envs()]
     served = [MinifyQueue(queue, connection=redis) for queue in queues]
     for queue in served:
         queue.holder = MinifyWorker.redis_worker_namespace_prefix + name
