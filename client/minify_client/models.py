@@ -442,6 +442,31 @@ class BugList(BaseModel):
     limit: int
 
 
+class TorchInstall(BaseModel):
+    """A torch installation a worker offers for the version phase's probes."""
+
+    torch: str
+    git_version: str | None = None
+    origin: str | None = Field(None, description="own (the worker's), MINIFY_TORCH_ENVS, or index (installed by uv)")
+
+
+class WorkerInfo(BaseModel):
+    """A live worker: its RQ state and the torch versions it holds."""
+
+    name: str
+    state: str | None = None
+    queues: list[str] = Field(default_factory=list)
+    current_job: str | None = None
+    last_heartbeat: datetime | None = None
+    torch: list[TorchInstall] = Field(default_factory=list)
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerInfo]
+    versions: dict[str, int] = Field(
+        default_factory=dict, description="torch version -> live workers that hold it, oldest version first")
+
+
 class ErrorResponse(BaseModel):
     error: str
     detail: Any | None = None
