@@ -464,7 +464,7 @@ class WorkerInfo(BaseModel):
 class WorkerList(BaseModel):
     workers: list[WorkerInfo]
     versions: dict[str, int] = Field(
-        default_factory=dict, description="torch version -> live workers that hold it, oldest version first")
+        default_factory=dict, description="torch version -> how many live workers hold it")
 
 
 class ErrorResponse(BaseModel):

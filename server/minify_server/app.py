@@ -17,7 +17,7 @@ from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
-from minify_server.routes import bugs, docs, jobs, system
+from minify_server.routes import bugs, docs, jobs, system, workers
 from minify_server.store import ArtifactStore
 
 # Routes that answer only after talking to Redis: a success there means Redis is back.
@@ -77,6 +77,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)
     app.include_router(bugs.router)
+    app.include_router(workers.router)
     app.include_router(system.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

@@ -15,13 +15,14 @@ class _Snapshot:
     """A one-shot collector over values already read from Redis."""
 
     def __init__(self, statuses: list[str], depths: dict[str, int], workers: int,
-                 counters: dict[str, int], bugs: int, data_bytes: int) -> None:
+                 counters: dict[str, int], bugs: int, data_bytes: int, torch_versions: dict[str, int]) -> None:
         self.statuses = Counter(statuses)
         self.depths = depths
         self.workers = workers
         self.counters = counters
         self.bugs = bugs
         self.data_bytes = data_bytes
+        self.torch_versions = torch_versions
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("minify_jobs", "Jobs by status", labels=["status"])
@@ -33,6 +34,11 @@ class _Snapshot:
             depth.add_metric([name], count)
         yield depth
         yield GaugeMetricFamily("minify_workers", "Live workers (heartbeat not expired)", value=self.workers)
+        held = GaugeMetricFamily("minify_worker_torch_versions", "Live workers holding each torch version (the "
+                                 "version phase runs repro.py on every one)", labels=["torch"])
+        for version, count in self.torch_versions.items():
+            held.add_metric([version], count)
+        yield held
         yield GaugeMetricFamily("minify_bugs", "Bugs listed (succeeded jobs grouped by signature and graph shape)",
                                 value=self.bugs)
         yield GaugeMetricFamily("minify_data_dir_bytes", "Bytes of every file in the data dir (uploads, results, "
@@ -50,7 +56,7 @@ class _Snapshot:
 
 
 def render(statuses: list[str], depths: dict[str, int], workers: int, counters: dict[str, int],
-           bugs: int, data_bytes: int) -> bytes:
+           bugs: int, data_bytes: int, torch_versions: dict[str, int] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(statuses, depths, workers, counters, bugs, data_bytes))
+    registry.register(_Snapshot(statuses, depths, workers, counters, bugs, data_bytes, torch_versions or {}))
     return generate_latest(registry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from redis import Redis
@@ -12,11 +13,13 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from minify_client.models import JobSpec
+from minify_client.models import JobSpec, TorchInstall, WorkerInfo
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.job.run_job"
 JOB_FAILED = "minify_worker.job.on_rq_failure"
+# Worker name -> the torch installations it announced, as JSON (minify_worker/versions/phase.py writes it).
+WORKERS_TORCH_KEY = "minify:workers:torch"
 # RQ's hard timeout is a backstop: the job entry ends the engine itself at the spec's job_timeout_s.
 TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
@@ -64,3 +67,35 @@ async def live_workers(redis: AsyncRedis, queue_name: str | None = None) -> int:
     """
     names = await redis.smembers(WORKERS_BY_QUEUE_KEY % queue_name if queue_name else REDIS_WORKER_KEYS)
     return await redis.exists(*names) if names else 0
+
+
+async def worker_infos(redis: AsyncRedis) -> list[WorkerInfo]:
+    """Live workers (their record not expired), by name: RQ's record and the torch versions each
+    announced for the version phase."""
+    names = sorted(await redis.smembers(REDIS_WORKER_KEYS))
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in names:
+            pipe.hgetall(key)
+        records = await pipe.execute()
+    announced = await redis.hgetall(WORKERS_TORCH_KEY)
+    workers = []
+    for key, record in zip(names, records, strict=True):
+        if not record:
+            continue  # expired: RQ's set keeps the name until a maintenance pass
+        name = key.removeprefix("rq:worker:")
+        torch = json.loads(announced[name])["torch"] if name in announced else []
+        workers.append(WorkerInfo(
+            name=name, state=record.get("state"), current_job=record.get("current_job") or None,
+            queues=[queue for queue in record.get("queues", "").split(",") if queue],
+            last_heartbeat=record.get("last_heartbeat") or None,
+            torch=[TorchInstall.model_validate(install) for install in torch]))
+    return workers
+
+
+def torch_versions_held(workers: list[WorkerInfo]) -> dict[str, int]:
+    """torch version -> how many of `workers` hold it, sorted by version text."""
+    counts: dict[str, int] = {}
+    for worker in workers:
+        for version in {install.torch for install in worker.torch}:
+            counts[version] = counts.get(version, 0) + 1
+    return dict(sorted(counts.items()))

@@ -57,5 +57,6 @@ async def prometheus_metrics(request: Request) -> Response:
         await records.counters(),
         await request.app.state.bugs.count(),
         await run_in_threadpool(request.app.state.store.size_bytes),
+        queue.torch_versions_held(await queue.worker_infos(redis)),
     )
     return Response(body, media_type="text/plain; version=0.0.4")
