@@ -1,0 +1,155 @@
+"""StableHLO candidates and strategies as pure functions: no jax, no compile (issue 32)."""
+
+from __future__ import annotations
+
+from minify_worker.outcomes import Fails
+from minify_worker.programs.stablehlo import REPRESENTATION, moves, surgery
+from minify_worker.programs.stablehlo.module import Module, Op, Value, catalog, empty, key, render, size
+from minify_worker.scheduler import Scheduler, reduce
+from minify_worker.strategies import StrategyContext
+from tests.support.evaluators import SIGNATURE, ThreadEvaluator, still_fails
+
+T = "tensor<4x8xf32>"
+R = "tensor<4xf32>"
+
+
+def _op(index: int, kind: str, operands: list[str], result_type: str | None = T, results: int = 1) -> Op:
+    reads = ", ".join(f"%m.{operand}" for operand in operands)
+    if result_type is None:
+        return Op(index, kind, (), tuple(operands), f"{kind} {reads}")
+    keys = [f"v{index}"] if results == 1 else [f"v{index}#{k}" for k in range(results)]
+    return Op(index, kind, tuple(Value(k, result_type) for k in keys), tuple(operands),
+              f"{kind} {reads} : {result_type}")
+
+
+def program(*ops: Op, outputs: tuple[str, ...], args: int = 2, recorded: bool = True) -> Module:
+    arguments = tuple(Value(f"a{i}", T) for i in range(args))
+    types = catalog(arguments, ops)
+    return Module("m", "", (), arguments, tuple(ops), outputs, types,
+                  frozenset(k for op in ops for k in op.result_keys) if recorded else frozenset())
+
+
+def chain() -> Module:
+    """sine -> multiply -> reduce(max) -> exponential, beside an unrelated tanh output."""
+    return program(
+        _op(0, "stablehlo.sine", ["a0"]),
+        _op(1, "stablehlo.multiply", ["v0", "a1"]),
+        _op(2, "stablehlo.tanh", ["a1"]),
+        _op(3, "stablehlo.reduce", ["v1"], R),
+        _op(4, "stablehlo.exponential", ["v3"], R),
+        outputs=("v4", "v2"),
+    )
+
+
+def test_an_outside_operand_becomes_an_argument_that_receives_its_recorded_value() -> None:
+    candidate = surgery.keep_ops(chain(), [chain().ops[3]])
+    assert candidate is not None
+    assert [value.key for value in candidate.args] == ["v1"]
+    assert candidate.outputs == ("v3",)
+    assert "func.func public @main(%m.v1: tensor<4x8xf32>) -> (tensor<4xf32>)" in render(candidate)
+    assert "%m.v3 = stablehlo.reduce %m.v1 : tensor<4xf32>" in render(candidate)
+
+
+def test_a_value_without_a_recorded_value_cannot_be_promoted() -> None:
+    unrecorded = program(*chain().ops, outputs=("v4",), recorded=False)
+    assert surgery.keep_ops(unrecorded, [unrecorded.ops[3]]) is None
+    assert surgery.promote(unrecorded, {1}) is None
+
+
+def test_truncation_returns_the_cut_op_and_drops_what_it_does_not_need() -> None:
+    candidate = surgery.truncate(chain(), 1)
+    assert candidate is not None
+    assert [op.kind for op in candidate.ops] == ["stablehlo.sine", "stablehlo.multiply"]
+    assert candidate.outputs == ("v1",)
+    assert [value.key for value in candidate.args] == ["a0", "a1"]
+
+
+def test_dead_code_and_unused_arguments_go_together() -> None:
+    module = program(*chain().ops, outputs=("v4",), args=3)
+    candidate = surgery.canonical(module)
+    assert candidate is not None
+    assert "stablehlo.tanh" not in {op.kind for op in candidate.ops}
+    assert [value.key for value in candidate.args] == ["a0", "a1"]
+
+
+def test_an_op_without_results_is_kept_until_dropped_on_purpose() -> None:
+    module = program(_op(0, "stablehlo.sine", ["a0"]), _op(1, "stablehlo.custom_call", ["v0"], None),
+                     _op(2, "stablehlo.tanh", ["a1"]), outputs=("v2",))
+    assert [op.kind for op in surgery.canonical(module).ops] == [  # type: ignore[union-attr]
+        "stablehlo.sine", "stablehlo.custom_call", "stablehlo.tanh"]
+    dropped = surgery.promote(module, {1})
+    assert dropped is not None and [op.kind for op in dropped.ops] == ["stablehlo.tanh"]
+
+
+def test_one_result_of_several_becomes_an_argument_named_without_its_number() -> None:
+    module = program(_op(0, "stablehlo.while", ["a0"], T, results=2), _op(1, "stablehlo.sine", ["v0#1"]),
+                     outputs=("v1",))
+    candidate = surgery.promote(module, {0})
+    assert candidate is not None
+    text = render(candidate)
+    assert "@main(%m.v0_1: tensor<4x8xf32>)" in text
+    assert "stablehlo.sine %m.v0_1" in text
+    whole = render(module)
+    assert "%m.v0:2 = stablehlo.while %m.a0" in whole and "stablehlo.sine %m.v0#1" in whole
+
+
+def test_the_same_candidate_has_the_same_key_whichever_way_it_was_made() -> None:
+    by_truncation = surgery.truncate(chain(), 3)
+    by_promotion = surgery.promote(surgery.subset(chain(), {0, 1, 3}, ["v3"]), set())  # type: ignore[arg-type]
+    assert by_truncation is not None and by_promotion is not None
+    assert key(by_truncation) == key(by_promotion)
+
+
+def test_the_empty_program_returns_its_arguments() -> None:
+    nothing = empty(chain())
+    assert nothing.ops == () and nothing.outputs == ("a0", "a1")
+    assert "return %m.a0, %m.a1 : tensor<4x8xf32>, tensor<4x8xf32>" in render(nothing)
+
+
+def test_every_candidate_a_strategy_proposes_is_smaller_and_new() -> None:
+    module = chain()
+    context = StrategyContext()
+    for tier in moves.PASSES:
+        for _, strategy in tier.strategies:
+            keys = set()
+            for candidate in strategy(module, context):
+                assert size(candidate.graph) < size(module)  # type: ignore[arg-type]
+                keys.add(key(candidate.graph))  # type: ignore[arg-type]
+            assert key(module) not in keys
+
+
+def test_an_accuracy_failure_is_never_looked_for_in_a_program_without_float_outputs() -> None:
+    module = program(_op(0, "stablehlo.sine", ["a0"]), _op(1, "stablehlo.compare", ["v0", "a1"], "tensor<4x8xi1>"),
+                     outputs=("v1",))
+    context = StrategyContext.for_failure("accuracy")
+    proposed = [c.graph for tier in moves.PASSES for _, s in tier.strategies for c in s(module, context)]
+    assert all(any(output.startswith("v0") for output in c.outputs) for c in proposed)  # type: ignore[attr-defined]
+
+
+def test_reduction_ends_at_the_one_op_the_failure_needs() -> None:
+    evaluator = ThreadEvaluator(lambda module: "stablehlo.reduce" in {op.kind for op in module.ops}, workers=2)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2, program=REPRESENTATION)
+    scheduler.remember(chain(), Fails(SIGNATURE))
+    result = reduce(scheduler, chain(), StrategyContext(), REPRESENTATION.passes())
+    assert [op.kind for op in result.graph.ops] == ["stablehlo.reduce"]
+    assert [value.key for value in result.graph.args] == ["v1"]
+    assert scheduler.stats.checks_total < 20
+
+
+def test_reduction_keeps_two_ops_a_failure_needs_together() -> None:
+    def needs_both(module: Module) -> bool:
+        kinds = [op.kind for op in module.ops]
+        return "stablehlo.multiply" in kinds and "stablehlo.reduce" in kinds and any(
+            "v1" in op.operands for op in module.ops)
+
+    evaluator = ThreadEvaluator(needs_both, workers=2)
+    scheduler = Scheduler(evaluator, still_fails, parallelism=2, program=REPRESENTATION)
+    result = reduce(scheduler, chain(), StrategyContext(), REPRESENTATION.passes())
+    assert [op.kind for op in result.graph.ops] == ["stablehlo.multiply", "stablehlo.reduce"]
+
+
+def test_the_wire_form_round_trips() -> None:
+    module = chain()
+    again = REPRESENTATION.from_wire(REPRESENTATION.to_wire(module))
+    assert render(again) == render(module) and again.recorded == module.recorded
+    assert REPRESENTATION.to_wire(module)["representation"] == "stablehlo"

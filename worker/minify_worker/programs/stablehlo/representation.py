@@ -1,0 +1,61 @@
+"""A StableHLO module as a representation (`programs.Representation`): the engine's half is pure
+(`module.py`, `moves.py`); the child's half runs candidates (`run.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from minify_worker.outcomes import Outcome
+from minify_worker.programs import WIRE_KEY
+from minify_worker.strategies import Tier
+
+from . import module as hlo
+from .moves import PASSES
+from .run import WIRE_MODULE
+
+_PACKAGE = "minify_worker.programs.stablehlo"
+
+
+class StablehloRepresentation:
+    name = "stablehlo"
+    # Sandbox call targets (`SandboxPool.call`) for the engine: the loader and the artifact writer.
+    prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
+    artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
+
+    def key(self, program: hlo.Module) -> str:
+        return hlo.key(program)
+
+    def size(self, program: hlo.Module) -> tuple[int, ...]:
+        return hlo.size(program)
+
+    def op_kinds(self, program: hlo.Module) -> frozenset[str]:
+        return hlo.op_kinds(program)
+
+    def count_ops(self, program: hlo.Module) -> int:
+        return len(program.ops)
+
+    def code(self, program: hlo.Module) -> str:
+        return hlo.render(program)
+
+    def passes(self) -> Sequence[Tier]:
+        return PASSES
+
+    def empty(self, program: hlo.Module) -> hlo.Module:
+        return hlo.empty(program)
+
+    def to_wire(self, program: hlo.Module) -> dict[str, Any]:
+        return {WIRE_KEY: self.name, WIRE_MODULE: hlo.to_wire(program)}
+
+    def from_wire(self, wire: dict[str, Any]) -> hlo.Module:
+        return hlo.from_wire(wire[WIRE_MODULE])
+
+    def run_wire_candidate(self, wire: dict[str, Any], values: dict[str, Any], spec: Any, workdir: Any,
+                           runs: int = 1) -> Outcome:
+        from .run import run_wire_candidate
+
+        return run_wire_candidate(wire, values, spec, Path(workdir), runs)
+
+
+REPRESENTATION = StablehloRepresentation()

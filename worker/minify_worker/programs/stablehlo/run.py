@@ -1,0 +1,176 @@
+"""Run one StableHLO candidate in a sandbox child and classify what happened, by the FX jobs'
+rules (runner.py, oracle.py): an exception while compiling is `Fails(compile_error)`, while
+running `Fails(runtime_error)`, outputs that differ from the reference `Fails(accuracy,
+AccuracyError)` (`minify_client.accuracy.divergence`, as FX jobs compare), a module that does not
+build or parse `Invalid`; a crash, a hang or a memory blow-up is classified by the sandbox from
+how the child died.
+
+Backends (`spec.backend`):
+- `xla`: XLA through jax on the spec's device, with the spec's XLA options (`xla.` config keys).
+  The accuracy reference is XLA with default options, or StableHLO's reference interpreter with
+  `--config minify.reference=interpreter`.
+- `command`: an external command (`command.py`); its reference for accuracy is XLA's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minify_client.models import JobSpec
+from minify_worker import oracle
+from minify_worker.outcomes import Crashed, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
+
+from . import arrays as array_io
+from . import command, xla
+from .module import Module, from_wire, render
+
+REFERENCE_KEY = "minify.reference"
+REFERENCES = ("xla", "interpreter")
+BACKENDS = ("xla", "command")
+WIRE_MODULE = "module"
+
+
+def candidate_inputs(module: Module, values: Mapping[str, Any]) -> list[np.ndarray]:
+    """The candidate's arguments from the value store, in order."""
+    missing = [value.key for value in module.args if value.key not in values]
+    if missing:
+        raise KeyError(f"no recorded value for {', '.join(missing)}")
+    return [array_io.to_numpy(values[value.key]) for value in module.args]
+
+
+def run_wire_candidate(wire: dict[str, Any], values: Mapping[str, Any], spec: JobSpec, workdir: Path,
+                       runs: int = 1) -> Outcome:
+    started = time.monotonic()
+    try:
+        module = from_wire(wire[WIRE_MODULE])
+        text = render(module)
+        inputs = candidate_inputs(module, values)
+        check_parses(text)
+    except Exception as error:
+        return Invalid(message=f"cannot build the candidate: {type(error).__name__}: {error}"[:2000],
+                       duration_s=time.monotonic() - started)
+    return run_module(text, inputs, spec, Path(workdir), runs)
+
+
+def check_parses(text: str) -> None:
+    from jax._src.lib.mlir import ir
+
+    from .parse import context
+
+    ir.Module.parse(text, context=context())
+
+
+def reference_outputs(text: str, inputs: Sequence[np.ndarray], spec: JobSpec) -> list[np.ndarray]:
+    """What the module should compute: XLA with default options, or the interpreter."""
+    reference = spec.config.get(REFERENCE_KEY, "xla")
+    if reference == "interpreter":
+        return xla.interpret(text, inputs)
+    if reference != "xla":
+        raise ValueError(f"{REFERENCE_KEY} must be one of {', '.join(REFERENCES)}, not {reference!r}")
+    return xla.compile_module(text, {}, spec.device)(inputs)
+
+
+def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path, runs: int = 1) -> Outcome:
+    """Compile and run the module `text` on `inputs` with the spec's backend, `runs` times
+    (compiled once), and classify the result."""
+    started = time.monotonic()
+    accuracy = spec.failure.kind == "accuracy"
+    reference: list[np.ndarray] | None = None
+    if accuracy:
+        try:
+            reference = reference_outputs(text, inputs, spec)
+        except Exception as error:
+            return Invalid(message=f"the reference run failed: {type(error).__name__}: {error}"[:2000],
+                           duration_s=time.monotonic() - started)
+    if spec.backend == "command":
+        return _run_command(text, inputs, spec, workdir, reference, started)
+    if spec.backend != "xla":
+        return Invalid(message=f"backend {spec.backend!r} cannot run a StableHLO program "
+                               f"(it takes {', '.join(BACKENDS)})", duration_s=0.0)
+    try:
+        compiled = xla.compile_module(text, xla.xla_options(spec.config), spec.device)
+    except xla.OptionError as error:
+        return Invalid(message=str(error)[:2000], duration_s=time.monotonic() - started)
+    except Exception as error:
+        return _failure(error, "compile_error", started)
+    compile_s = time.monotonic() - started
+
+    def run_once() -> Outcome:
+        run_started = time.monotonic()
+        try:
+            outputs = compiled(inputs)
+        except Exception as error:
+            return _failure(error, "runtime_error", run_started)
+        if reference is not None:
+            detail = compare(reference, outputs, spec)
+            if detail is not None:
+                return Fails(signature=accuracy_signature(detail), duration_s=time.monotonic() - run_started)
+        return Passes(duration_s=time.monotonic() - run_started)
+
+    return repeated(run_once, runs, compile_s)
+
+
+def _run_command(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path,
+                 reference: list[np.ndarray] | None, started: float) -> Outcome:
+    try:
+        completed = command.run(text, inputs, spec.config, workdir)
+    except command.CommandError as error:
+        return Invalid(message=str(error), duration_s=time.monotonic() - started)
+    duration = time.monotonic() - started
+    if completed.returncode < 0:
+        number = -completed.returncode
+        return Crashed(signal=number, signature=oracle.crash_signature(number), duration_s=duration)
+    if completed.returncode != 0:
+        signature = oracle.signature_from_text(command.EXC_TYPE, command.failure_message(completed), "compile_error")
+        return Fails(signature=signature, duration_s=duration)
+    if reference is not None and completed.outputs is not None:
+        detail = compare(reference, completed.outputs, spec)
+        if detail is not None:
+            return Fails(signature=accuracy_signature(detail), duration_s=duration)
+    return Passes(duration_s=duration)
+
+
+def compare(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray], spec: JobSpec) -> str | None:
+    """None when `outputs` pass for `reference` by the FX jobs' rule (`divergence`), else what differs."""
+    from minify_client.accuracy import divergence
+
+    if len(reference) != len(outputs):
+        return f"{len(outputs)} outputs where the reference has {len(reference)}"
+    return divergence([array_io.to_torch(np.asarray(a)) for a in reference],
+                      [array_io.to_torch(np.asarray(a)) for a in outputs], None,
+                      tolerance=spec.failure.tolerance, strict=spec.failure.strict_accuracy)
+
+
+def accuracy_signature(detail: str) -> Signature:
+    from minify_client.accuracy import ACCURACY_EXC_TYPE
+
+    return Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="", text=f"{ACCURACY_EXC_TYPE}: {detail}")
+
+
+def _failure(error: BaseException, kind: str, started: float) -> Outcome:
+    from minify_worker.runner import is_out_of_memory
+
+    duration = time.monotonic() - started
+    if is_out_of_memory(error):
+        return OutOfMemory(message=str(error)[:2000], duration_s=duration)
+    return Fails(signature=oracle.signature_from_exception(error, kind), duration_s=duration)  # type: ignore[arg-type]
+
+
+def repeated(run_once: Callable[[], Outcome], runs: int, compile_s: float) -> Outcome:
+    """`runs` runs of one compiled module as one outcome: the first failure, with how many runs
+    failed that way (fewer than `runs`: flaky)."""
+    outcomes = [run_once() for _ in range(max(1, runs))]
+    duration = compile_s + max(getattr(outcome, "duration_s", 0.0) for outcome in outcomes)
+    first = next((outcome for outcome in outcomes if not isinstance(outcome, Passes)), None)
+    if first is None:
+        return Passes(duration_s=duration, runs=len(outcomes))
+    if not isinstance(first, Fails):
+        return first
+    failed = sum(1 for outcome in outcomes if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
+    return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
