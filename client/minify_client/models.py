@@ -18,6 +18,9 @@ from minify_client import signatures
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
 FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
 DYNAMIC_MODES = ("as_exported", "auto", "static")
+# What the uploaded program is: a torch.export archive, a StableHLO module (MLIR text or bytecode,
+# or a portable VHLO artifact) or HLO text as XLA dumps it (docs/hlo.md).
+PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -110,6 +113,12 @@ class JobSpec(_Strict):
         default=True,
         description="once the graph is minimal, find the compiler stage to blame (compiler bisection) and the "
                     "settings that avoid the bug on the original (the culprit phase)",
+    )
+    program_format: Literal["pt2", "stablehlo", "hlo"] = Field(
+        default="pt2",
+        description="what the program is: a torch.export archive (pt2), a StableHLO module (stablehlo: MLIR text "
+                    "or bytecode, or a VHLO artifact) or HLO text as XLA dumps it (hlo); the last two run with "
+                    "backend xla or command (docs/hlo.md)",
     )
     op_modules: list[str] = Field(
         default_factory=list,
