@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from minify_client.bugs import bug_key
-from minify_client.models import CulpritState, FailureSpec, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_client.models import CulpritState, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator
-from minify_worker.hang import HangCalibration, HangState, HangWatch, Refuted
+from minify_worker.hang import HangCalibration, HangWatch, Refuted
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
 from minify_worker.sandbox import (
@@ -39,6 +39,7 @@ from minify_worker.sandbox import (
     wait_unless_stopped,
 )
 from minify_worker.scheduler import Scheduler, Stopped, reduce
+from minify_worker.target import Reproduced, Restart, Target, Unreproduced
 from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,10 @@ class _Run:
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._original_run: Future[Outcome] | None = None  # compiled once, run ORIGINAL_RUNS times
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
-        self._provisional: Signature | None = None  # the target guessed while the original runs
-        self._provisional_verdicts: set[tuple[Outcome, bool]] = set()  # judged against the guess
-        self.hang_watch = HangWatch(hang, spec, hang_state=self._hang_state, shorten=self._shorten_timeout,
+        self.target = Target(spec)  # the original's verdict (target.py)
+        self._ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
+        self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
+                                    shorten=self._shorten_timeout,
                                     say=lambda message: self._emit(force=True, message=message),
                                     count_ops=self.program.count_ops)
         self._last_event = 0.0
@@ -206,15 +208,13 @@ class _Run:
         )
         try:
             return self._reproduce_and_reduce(evaluator, graph)
-        except _Unreproduced as unreproduced:
-            return unreproduced.result
         finally:
             evaluator.close()
 
     def _reproduce_and_reduce(self, evaluator: SandboxEvaluator, graph: Any) -> MinifyResult:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known (`_still_fails`);
-        if the original turns out to fail otherwise, the reduction starts over (`_Restart`)."""
+        if the original turns out to fail otherwise, the reduction starts over (`target.Restart`)."""
         self._start_original(evaluator, graph)
         status, reason = JobState.succeeded, None
         stopped_early = False
@@ -223,12 +223,18 @@ class _Run:
                 try:
                     reduce(self.scheduler, graph, self._context(), self.program.passes(),
                            on_accept=self._accepted)
-                    self._target()  # a graph that offered no candidate at all never asked for it
+                    self._settle_target()  # a graph that offered no candidate at all never asked for it
+                except Stopped:
+                    if self._ending is None:
+                        raise
+                ending, self._ending = self._ending, None
+                if isinstance(ending, Unreproduced):
+                    return self._finish(ending.status, ending.reason, seen=ending.seen)
+                if ending is None:
                     break
-                except _Restart as restart:
-                    self.best = graph
-                    self._record_point()
-                    self._emit(force=True, graph=graph, message=str(restart))
+                self.best = graph
+                self._record_point()
+                self._emit(force=True, graph=graph, message=ending.reason)
             self._shrink_inputs()
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
@@ -331,67 +337,54 @@ class _Run:
             f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
 
     def _still_fails(self, outcome: Outcome) -> bool:
-        if self.signature is None and self._original_run is not None and not self._original_run.done():
-            verdict = self._provisional_verdict(outcome)
+        """The scheduler's predicate: judged against the guess while the original runs (where the
+        guess can judge it), else against the original's failure, waited for. Once the original's
+        verdict ends or restarts the reduction, no candidate counts, and the scheduler's next poll
+        stops it (`_poll`)."""
+        if not self.target.known and self._original_run is not None and not self._original_run.done():
+            verdict = self.target.provisional(outcome)
             if verdict is not None:
                 return verdict
-        return oracle.still_fails(outcome, self._target(), self.spec.failure)
+        if self._settle_target() is not None:
+            return False
+        return self.target.judge(outcome)
 
-    def _provisional_verdict(self, outcome: Outcome) -> bool | None:
-        """Judge `outcome` while the original still runs (its compile is often the longest of the
-        job), so the reduction goes on meanwhile: against the first candidate failure that is the
-        kind of failure asked for, the likeliest to be the original's. Each verdict is kept, and
-        checked once the original's failure is known (`_target`): one that differs then restarts
-        the reduction from the original (`_Restart`). None: wait for the original (a hang or an
-        out-of-memory, whose judgment depends on what the original did)."""
-        signature = oracle.outcome_signature(outcome)
-        if signature is None:
-            return False  # a pass, or a candidate that could not run: never the failure
-        if signature.kind in ("timeout", "oom") and not self._hang_guessed():
-            # Not the signature the spec gives: never the failure, whatever the original does.
-            return None if self._may_be_target(signature) else False
-        if self._provisional is None:
-            guess = _target_of(outcome, self.spec.failure)
-            self._provisional = guess if guess is not None and self._may_be_target(guess) else None
-        verdict = self._provisional is not None and oracle.still_fails(outcome, self._provisional, self.spec.failure)
-        self._provisional_verdicts.add((outcome, verdict))
-        return verdict
-
-    def _may_be_target(self, signature: Signature) -> bool:
-        """Whether `signature` may be the original's: any, unless the spec gives the signature
-        (`failure.signature`), which then is the target from the first check: only a failure with
-        it becomes the guess, so candidates are judged against it before any has failed."""
-        given = self.spec.failure.signature
-        return given is None or oracle.matches_given(signature, given)
-
-    def _target(self) -> Signature:
-        """The original's signature: waits for its run. Raises `_Unreproduced` when it did not fail
-        the wanted way in any of its runs, `Stopped` on a cancel."""
-        if self.signature is not None:
-            return self.signature
-        failure = self.spec.failure
+    def _settle_target(self) -> Restart | Unreproduced | None:
+        """Wait for the original's verdict (once), act on it, and return what ends or restarts the
+        reduction (`_ending`), if anything does. Raises `Stopped` on a cancel."""
+        if self.target.known or self._ending is not None:
+            return self._ending
         assert self._original_run is not None
-        if self._hang_guessed() and not self._original_run.done():
+        if self.target.hang_guessed and not self._original_run.done():
             outcome = self._confirm_hang()
+            if outcome is None:
+                return self._ending
         else:
             self._wait_for([self._original_run])
             outcome = self._original_run.result()
-        target = _target_of(outcome, failure)
-        self.original_runs = getattr(outcome, "runs", 1)
-        if target is not None and not self._may_be_target(target):
-            raise _Unreproduced(self._finish(JobState.not_reproducible, (
-                f"the original program fails with {target}, not with the signature the spec gives "
-                f"({failure.signature}), on backend {self.spec.backend} ({self.spec.device})"), seen=target))
-        if target is None and outcome.kind == "invalid":
-            raise _Unreproduced(self._finish(
-                JobState.failed, f"the program could not be run: {outcome.message}"))  # type: ignore[union-attr]
-        if target is None:
-            raise _Unreproduced(self._finish(JobState.not_reproducible, _not_reproducible_reason(outcome, self.spec),
-                                             seen=oracle.outcome_signature(outcome)))
-        self._check_depends_on_program(target)
+
+        def empty() -> Outcome:
+            self._wait_for([self._empty])
+            return self._empty.result()
+
+        settled = self.target.settle(outcome, empty)
+        self.original_runs = settled.runs
+        if isinstance(settled, Unreproduced):
+            self._ending = settled
+            return settled
+        self._reproduced(settled, outcome)
+        if settled.restart is not None:
+            self._ending = Restart(settled.restart)
+        return self._ending
+
+    def _reproduced(self, settled: Reproduced, outcome: Outcome) -> None:
+        """The original failed the wanted way: the target is known, the candidates' timeout is
+        calibrated from its run, and candidates cut short by a guessed hang's timeout run again
+        if the reduction restarts."""
+        target = settled.signature
         self.signature = target
-        self.original_failures = getattr(outcome, "failed_runs", 1)
-        self.flaky = self.original_failures < self.original_runs
+        self.original_failures = settled.failures
+        self.flaky = settled.flaky
         if self.flaky:
             self._emit(force=True, message=f"flaky: the original failed {self.original_failures} of "
                                            f"{self.original_runs} runs")
@@ -408,26 +401,10 @@ class _Run:
             self._evaluator.set_timeout(self.candidate_timeout_s)
         self._enter_phase("reduce")
         self._emit(force=True, message=f"reproduced: {target}")
-        wrong = [outcome for outcome, verdict in self._provisional_verdicts
-                 if oracle.still_fails(outcome, target, failure) != verdict]
-        self._provisional_verdicts.clear()
-        if wrong:
+        if settled.restart is not None:
             # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
             cut_short = self.candidate_timeout_s
-            self.scheduler.forget(lambda outcome: isinstance(outcome, TimedOut) and outcome.after_s < cut_short)
-            raise _Restart(f"the original fails with {target}, not as the first failing candidate did "
-                           f"({self._provisional}): reducing again from the original")
-        return target
-
-    def _check_depends_on_program(self, target: Signature) -> None:
-        """Raise `_Unreproduced` (the job fails) if the program with no ops fails the same way."""
-        self._wait_for([self._empty])
-        outcome = self._empty.result()
-        if oracle.still_fails(outcome, target, self.spec.failure):
-            raise _Unreproduced(self._finish(
-                JobState.failed, f"the failure does not depend on the program: an empty graph (its inputs returned "
-                                 f"as they are) fails the same way on {self.spec.backend} ({self.spec.device}): "
-                                 f"{target}"))
+            self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < cut_short)
 
     def _shorten_timeout(self, timeout_s: float) -> None:
         """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
@@ -435,46 +412,29 @@ class _Run:
             self.candidate_timeout_s = timeout_s
             self._evaluator.set_timeout(timeout_s)
 
-    def _hang_state(self) -> HangState | None:
-        """Whether candidates are judged against a hang: guessed for the original, or known."""
-        if self._hang_guessed():
-            return "guessed"
-        if self.signature is not None and self.signature.kind == "timeout":
-            return "known"
-        return None
-
-    def _hang_guessed(self) -> bool:
-        """Whether candidates are judged against a hang guessed for the original (`HangWatch.poll`)."""
-        return self.signature is None and self._provisional is not None and self._provisional.kind == "timeout"
-
     def _poll(self) -> str | None:
-        """The scheduler asks this while it waits: is the original a hang by now, should the job stop."""
-        self.hang_watch.poll(self.signature is not None or self._provisional is not None, self._adopt_hang)
+        """The scheduler asks this while it waits: is the original a hang by now, should the
+        reduction stop (the original's verdict ends or restarts it, a cancel, the deadline)."""
+        if self._ending is not None:
+            return f"the original's verdict came: {self._ending.reason}"
+        self.hang_watch.poll(self.target.known or self.target.guess is not None, self.target.adopt_hang)
         return self._stop_reason()
 
-    def _adopt_hang(self, outcome: TimedOut) -> Signature | None:
-        """Judge candidates against the original hanging as `outcome` does, if that may be the target."""
-        guess = _target_of(outcome, self.spec.failure)
-        if guess is None or not self._may_be_target(guess):
-            return None
-        self._provisional = guess
-        return guess
-
-    def _confirm_hang(self) -> Outcome:
+    def _confirm_hang(self) -> Outcome | None:
         """The reduction ended on a guessed hang while the original still runs: confirm it on the
-        result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided and reduce
-        again from the original, waiting for its outcome."""
-        assert self.best is not None and self._provisional is not None and self.scheduler is not None
-        outcome = self.hang_watch.confirm(self.best, self._provisional, remaining_s=self._remaining(),
+        result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
+        the reduction from the original, waiting for its outcome (None; `_ending` says why)."""
+        assert self.best is not None and self.target.guess is not None and self.scheduler is not None
+        outcome = self.hang_watch.confirm(self.best, self.target.guess, remaining_s=self._remaining(),
                                           wait_for=self._wait_for)
         if not isinstance(outcome, Refuted):
             return outcome
-        self._provisional = None
-        self._provisional_verdicts.clear()
+        self.target.refute_hang()
         self.candidate_timeout_s = None
         self._evaluator.set_timeout(self._first_timeout())
         self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
-        raise _Restart(outcome.reason)
+        self._ending = Restart(outcome.reason)
+        return None
 
     def _verify_in_a_fresh_child(self) -> str | None:
         """Where children are reused, run the result once more in a child that ran nothing else: it
@@ -684,43 +644,7 @@ class _Run:
             log.exception("progress callback failed")
 
 
-class _Restart(Exception):
-    """Candidates were judged against a guess of the original's failure, and the original failed
-    otherwise: the reduction starts again from the original (outcomes stay memoized)."""
-
-
-class _Unreproduced(Exception):
-    """The original did not fail the wanted way in any run: the job ends with `result`."""
-
-    def __init__(self, result: MinifyResult) -> None:
-        super().__init__(result.reason)
-        self.result = result
-
-
-def _target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:
-    """The signature of `outcome` if it fails the way `failure` asks for."""
-    signature = oracle.outcome_signature(outcome)
-    return signature if signature is not None and oracle.still_fails(outcome, signature, failure) else None
-
-
 def _duration(outcome: Outcome) -> float:
     if isinstance(outcome, TimedOut):
         return outcome.after_s
     return getattr(outcome, "duration_s", 0.0)
-
-
-def _not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
-    """Why the original's run (one that could run) is not the failure asked for."""
-    seen = f"{outcome.kind} {getattr(outcome, 'runs', 1)}x"
-    failure = oracle.outcome_signature(outcome)
-    wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
-    if spec.failure.match:
-        wanted += f" matching {spec.failure.match!r}"
-    if spec.failure.signature:
-        wanted += f" with the signature the spec gives ({spec.failure.signature})"
-    reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
-    if failure is not None and spec.failure.kind != "any":
-        reason += f"; it failed differently: {failure.text or failure}"
-    elif failure is not None:
-        reason += f"; its failure did not match: {failure.text or failure}"
-    return reason

@@ -1,0 +1,135 @@
+"""The original's verdict as a state machine (target.py), driven with made-up outcomes: no sandbox,
+no compile. What the engine does with each value is tested end to end in test_engine*.py."""
+
+from __future__ import annotations
+
+from minify_client.models import JobSpec, JobState
+from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
+from minify_worker.target import Reproduced, Target, Unreproduced
+
+RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
+                 text="RuntimeError: injected failure on relu")
+COS = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on cos",
+                text="RuntimeError: injected failure on cos")
+RUNTIME = Signature(kind="runtime_error", exc_type="ValueError", key="bad value", text="ValueError: bad value")
+
+
+def target(**failure: object) -> Target:
+    return Target(JobSpec.model_validate({"failure": failure}))
+
+
+def test_the_first_failure_of_the_kind_asked_for_is_the_guess() -> None:
+    guessing = target(kind="compile_error")
+
+    assert guessing.provisional(Fails(RUNTIME)) is False  # not the kind asked for: never the guess
+    assert guessing.guess is None
+    assert guessing.provisional(Fails(RELU)) is True
+    assert guessing.guess == RELU
+    assert guessing.provisional(Fails(COS)) is False
+    assert guessing.provisional(Passes()) is False
+
+
+def test_a_hang_or_oom_waits_for_the_original_unless_a_hang_is_guessed() -> None:
+    guessing = target()
+
+    assert guessing.provisional(TimedOut(5.0)) is None
+    assert guessing.provisional(OutOfMemory("killed")) is None
+    assert guessing.adopt_hang(TimedOut(40.0)) is not None
+    assert guessing.hang_state == "guessed"
+    assert guessing.provisional(TimedOut(5.0)) is True
+
+
+def test_a_given_signature_is_the_guess_from_the_first_check() -> None:
+    given = target(signature=str(RELU))
+
+    assert given.provisional(Fails(COS)) is False
+    assert given.guess is None
+    assert given.provisional(TimedOut(5.0)) is False  # not the given signature: judged at once
+    assert given.provisional(Fails(RELU)) is True
+
+
+def test_verdicts_the_original_agrees_with_stand() -> None:
+    guessing = target()
+    guessing.provisional(Fails(RELU))
+    guessing.provisional(Passes())
+
+    settled = guessing.settle(Fails(RELU, runs=3, failed_runs=3), empty=lambda: Passes())
+
+    assert settled == Reproduced(RELU, runs=3, failures=3, restart=None)
+    assert guessing.known and guessing.judge(Fails(RELU)) and not guessing.judge(Fails(COS))
+
+
+def test_a_guess_the_original_contradicts_restarts_the_reduction() -> None:
+    guessing = target()
+    guessing.provisional(Fails(COS))
+
+    settled = guessing.settle(Fails(RELU), empty=lambda: Passes())
+
+    assert isinstance(settled, Reproduced) and settled.signature == RELU
+    assert settled.restart is not None and "reducing again from the original" in settled.restart
+
+
+def test_an_original_that_fails_in_some_runs_only_is_flaky() -> None:
+    settled = target().settle(Fails(RUNTIME, runs=3, failed_runs=2), empty=lambda: Passes())
+
+    assert isinstance(settled, Reproduced) and settled.flaky
+
+
+def test_an_original_that_passes_is_not_reproducible() -> None:
+    settled = target().settle(Passes(runs=3))
+
+    assert isinstance(settled, Unreproduced)
+    assert settled.status is JobState.not_reproducible and settled.runs == 3 and settled.seen is None
+
+
+def test_an_original_that_fails_otherwise_names_what_it_saw() -> None:
+    settled = target(kind="compile_error").settle(Fails(RUNTIME))
+
+    assert isinstance(settled, Unreproduced) and settled.status is JobState.not_reproducible
+    assert settled.seen == RUNTIME and "it failed differently" in settled.reason
+
+
+def test_an_original_with_another_signature_than_the_given_one_is_not_reproducible() -> None:
+    settled = target(signature=str(RELU)).settle(Fails(COS))
+
+    assert isinstance(settled, Unreproduced) and settled.seen == COS
+    assert str(RELU) in settled.reason
+
+
+def test_an_original_that_cannot_run_fails_the_job() -> None:
+    settled = target().settle(Invalid("no such op"))
+
+    assert isinstance(settled, Unreproduced) and settled.status is JobState.failed
+    assert "could not be run: no such op" in settled.reason
+
+
+def test_a_failure_the_empty_program_shares_is_not_the_programs() -> None:
+    asked: list[str] = []
+
+    def empty() -> Fails:
+        asked.append("empty")
+        return Fails(RELU)
+
+    settled = target().settle(Fails(RELU), empty=empty)
+
+    assert isinstance(settled, Unreproduced) and settled.status is JobState.failed
+    assert "does not depend on the program" in settled.reason and asked == ["empty"]
+
+
+def test_the_empty_program_is_not_waited_for_when_the_original_did_not_fail() -> None:
+    def empty() -> Passes:
+        raise AssertionError("asked for the empty program's outcome")
+
+    assert isinstance(target().settle(Passes(), empty=empty), Unreproduced)
+
+
+def test_a_refuted_hang_forgets_the_guess_and_its_verdicts() -> None:
+    guessing = target()
+    guessing.adopt_hang(TimedOut(40.0))
+    guessing.provisional(TimedOut(5.0))
+
+    guessing.refute_hang()
+
+    assert guessing.guess is None and guessing.hang_state is None
+    settled = guessing.settle(Fails(RELU), empty=lambda: Passes())
+    assert isinstance(settled, Reproduced) and settled.restart is None

@@ -1,0 +1,181 @@
+"""The original's verdict: what candidates are judged against, as a state machine of values.
+
+The original is compiled and run while the reduction already goes on, so for a while candidates
+are judged against a guess: the first candidate failure of the kind asked for (or the signature
+the spec gives), or a hang guessed from how long the original has been running. `Target` holds
+that guess and every verdict given against it; when the original's outcome comes, `settle` turns
+it into a value: `Reproduced` (the signature from then on, and whether verdicts given against the
+guess were wrong, so the reduction must start again from the original) or `Unreproduced` (the job
+ends, with the status and reason to say). Nothing here waits, runs or raises: the engine feeds it
+outcomes and acts on what it answers (engine.py), and it is tested with fake outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from minify_client.models import FailureSpec, JobSpec, JobState
+from minify_worker import oracle
+from minify_worker.hang import HangState
+from minify_worker.outcomes import Outcome, Signature, TimedOut
+
+
+@dataclass(frozen=True)
+class Reproduced:
+    """The original failed the wanted way: `signature` is the target from now on. `restart` says
+    why candidates judged against the guess must be judged again (None: every verdict stands)."""
+
+    signature: Signature
+    runs: int
+    failures: int
+    restart: str | None = None
+
+    @property
+    def flaky(self) -> bool:
+        return self.failures < self.runs
+
+
+@dataclass(frozen=True)
+class Unreproduced:
+    """The original did not fail the wanted way, or its failure is not the program's: the job ends
+    with `status` and `reason`; `seen` is a failure of the original the job did not take."""
+
+    status: JobState
+    reason: str
+    runs: int = 1
+    seen: Signature | None = None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Candidates were judged against a guess that did not hold (the original failed otherwise, or
+    a guessed hang was refuted): the reduction starts again from the original, for `reason`."""
+
+    reason: str
+
+
+Settled = Reproduced | Unreproduced
+
+
+class Target:
+    """One job's target: guessed while the original runs, then known (`signature`)."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.failure: FailureSpec = spec.failure
+        self.signature: Signature | None = None
+        self.guess: Signature | None = None
+        self._verdicts: set[tuple[Outcome, bool]] = set()  # given against the guess
+
+    @property
+    def known(self) -> bool:
+        return self.signature is not None
+
+    def may_be(self, signature: Signature) -> bool:
+        """Whether `signature` may be the original's: any, unless the spec gives the signature
+        (`failure.signature`), which then is the target from the first check: only a failure with
+        it becomes the guess, so candidates are judged against it before any has failed."""
+        given = self.failure.signature
+        return given is None or oracle.matches_given(signature, given)
+
+    @property
+    def hang_guessed(self) -> bool:
+        """Whether candidates are judged against a hang guessed for the original."""
+        return self.signature is None and self.guess is not None and self.guess.kind == "timeout"
+
+    @property
+    def hang_state(self) -> HangState | None:
+        """Whether candidates are judged against a hang: guessed for the original, or known."""
+        if self.hang_guessed:
+            return "guessed"
+        if self.signature is not None and self.signature.kind == "timeout":
+            return "known"
+        return None
+
+    def provisional(self, outcome: Outcome) -> bool | None:
+        """Judge `outcome` while the original still runs, against the first candidate failure that
+        is the kind of failure asked for, the likeliest to be the original's. Each verdict is kept
+        and checked by `settle`. None: the verdict needs the original's outcome (a hang or an
+        out-of-memory, whose judgment depends on what the original did)."""
+        signature = oracle.outcome_signature(outcome)
+        if signature is None:
+            return False  # a pass, or a candidate that could not run: never the failure
+        if signature.kind in ("timeout", "oom") and not self.hang_guessed:
+            # Not the signature the spec gives: never the failure, whatever the original does.
+            return None if self.may_be(signature) else False
+        if self.guess is None:
+            guess = target_of(outcome, self.failure)
+            self.guess = guess if guess is not None and self.may_be(guess) else None
+        verdict = self.guess is not None and oracle.still_fails(outcome, self.guess, self.failure)
+        self._verdicts.add((outcome, verdict))
+        return verdict
+
+    def adopt_hang(self, outcome: TimedOut) -> Signature | None:
+        """Judge candidates against the original hanging as `outcome` does, if that may be the
+        target (`HangWatch.poll`'s guess); returns the guess, or None."""
+        guess = target_of(outcome, self.failure)
+        if guess is None or not self.may_be(guess):
+            return None
+        self.guess = guess
+        return guess
+
+    def refute_hang(self) -> None:
+        """The guessed hang did not hold (`hang.Refuted`): forget it and every verdict given against it."""
+        self.guess = None
+        self._verdicts.clear()
+
+    def settle(self, outcome: Outcome, empty: Callable[[], Outcome] | None = None) -> Settled:
+        """The original's outcome (with `runs`: compiled once, run several times) decides the target.
+        `empty` gives the outcome of the program with no ops (asked only when the original failed
+        the wanted way), which must not fail the same way."""
+        runs = getattr(outcome, "runs", 1)
+        target = target_of(outcome, self.failure)
+        if target is not None and not self.may_be(target):
+            return Unreproduced(JobState.not_reproducible, (
+                f"the original program fails with {target}, not with the signature the spec gives "
+                f"({self.failure.signature}), on backend {self.spec.backend} ({self.spec.device})"), runs, target)
+        if target is None and outcome.kind == "invalid":
+            message = getattr(outcome, "message", "")
+            return Unreproduced(JobState.failed, f"the program could not be run: {message}", runs)
+        if target is None:
+            return Unreproduced(JobState.not_reproducible, not_reproducible_reason(outcome, self.spec), runs,
+                                oracle.outcome_signature(outcome))
+        if empty is not None and oracle.still_fails(empty(), target, self.failure):
+            return Unreproduced(JobState.failed, (
+                f"the failure does not depend on the program: an empty graph (its inputs returned as they are) "
+                f"fails the same way on {self.spec.backend} ({self.spec.device}): {target}"), runs)
+        self.signature = target
+        wrong = any(oracle.still_fails(earlier, target, self.failure) != verdict for earlier, verdict in self._verdicts)
+        self._verdicts.clear()
+        restart = (f"the original fails with {target}, not as the first failing candidate did ({self.guess}): "
+                   "reducing again from the original") if wrong else None
+        return Reproduced(target, runs, getattr(outcome, "failed_runs", 1), restart)
+
+    def judge(self, outcome: Outcome) -> bool:
+        """Whether `outcome` fails the way the original does (the target must be known)."""
+        assert self.signature is not None
+        return oracle.still_fails(outcome, self.signature, self.failure)
+
+
+def target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:
+    """The signature of `outcome` if it fails the way `failure` asks for."""
+    signature = oracle.outcome_signature(outcome)
+    return signature if signature is not None and oracle.still_fails(outcome, signature, failure) else None
+
+
+def not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
+    """Why the original's run (one that could run) is not the failure asked for."""
+    seen = f"{outcome.kind} {getattr(outcome, 'runs', 1)}x"
+    failure = oracle.outcome_signature(outcome)
+    wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
+    if spec.failure.match:
+        wanted += f" matching {spec.failure.match!r}"
+    if spec.failure.signature:
+        wanted += f" with the signature the spec gives ({spec.failure.signature})"
+    reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
+    if failure is not None and spec.failure.kind != "any":
+        reason += f"; it failed differently: {failure.text or failure}"
+    elif failure is not None:
+        reason += f"; its failure did not match: {failure.text or failure}"
+    return reason
