@@ -114,17 +114,19 @@ def minify_command(argv: list[str]) -> int:
     if terminated.is_set():
         print("terminated", file=sys.stderr)
         return EXIT_TERMINATED
+    if not delivered and not args.json:
+        _print_summary(result, args.out.resolve())  # the result first, then the version phase
+        sys.stdout.flush()
     report = result.report
-    if spec.versions and delivered and result.status is JobState.succeeded:
+    if spec.versions and result.status is JobState.succeeded:
         report = _version_phase(report, args.out.resolve(), display)
     if args.json:
         print(report.model_dump_json(indent=2))
-    elif delivered:
-        print(culprit_summary(report) or f"culprit: {report.culprit_state}")
+    else:
+        if delivered:
+            print(culprit_summary(report) or f"culprit: {report.culprit_state}")
         if report.versions_summary:
             print(f"versions: {report.versions_summary}")
-    else:
-        _print_summary(result, args.out.resolve())
     return EXIT_CODES[result.status]
 
 

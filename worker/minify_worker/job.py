@@ -136,6 +136,15 @@ class JobChannel:
             pipe.delete(self.keys["cancel"])
             pipe.execute()
 
+    def versions_ended(self, report: Report) -> None:
+        """The version phase ended after the final status (no culprit phase followed): the record's
+        result and a `versions` event, in one transaction."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys["record"], "result", report.model_dump_json())
+            pipe.xadd(self.keys["events"], _event_fields(_versions_event(report)), maxlen=EVENTS_MAXLEN,
+                      approximate=True)
+            pipe.execute()
+
     def culprit_running(self) -> bool:
         value = self.redis.hget(self.keys["record"], "culprit_state")
         return (value.decode() if isinstance(value, bytes) else value) == CulpritState.running.value
@@ -222,20 +231,24 @@ def run_job(ticket: dict[str, Any]) -> str:
     delivered: list[Report] = []
     probed_versions: list[list[str]] = []
 
-    def deliver(status: JobState, reason: str | None, report: Report) -> None:
-        """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable;
-        then the version phase's probes go out to the workers holding other torch versions."""
-        versions = spec.versions and status is JobState.succeeded
+    def finish_and_send_probes(status: JobState, reason: str | None, report: Report | None) -> Report | None:
+        """The final status and result; for a succeeded job, then the version phase's probes go out
+        to the workers holding other torch versions (`versions_phase.fan_out`)."""
+        versions = spec.versions and status is JobState.succeeded and report is not None
         if versions:
             report = report.model_copy(update={"versions_state": CulpritState.running})
         _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
-        delivered.append(report)
         if versions:
             try:
                 probed_versions.append(versions_phase.fan_out(channel.redis, ticket["job_id"], out_dir, report,
                                                               versions_phase.offered_envs()[0]))
             except RedisError as error:
                 log.warning("the version phase could not send its probes: %s", error)
+        return report
+
+    def deliver(status: JobState, reason: str | None, report: Report) -> None:
+        """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable."""
+        delivered.append(finish_and_send_probes(status, reason, report))
 
     status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel, deliver)
     watcher.stop()
@@ -248,6 +261,7 @@ def run_job(ticket: dict[str, Any]) -> str:
             report = _culprit_lost(report, out_dir, "the worker shut down during the culprit phase")
         if probed_versions and not watcher.interrupted:
             report = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
+            channel.publish(_versions_event(report))
         final = report
         _retry_redis(lambda: channel.culprit_ended(final), FINAL_WRITE_PATIENCE_S)
         return JobState.succeeded.value
@@ -257,7 +271,11 @@ def run_job(ticket: dict[str, Any]) -> str:
         status, reason = JobState.failed, f"job timed out after {spec.limits.job_timeout_s:g} s (limits.job_timeout_s)"
     elif watcher.cancelled:
         status, reason = JobState.cancelled, "cancelled"
-    _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
+    report = finish_and_send_probes(status, reason, report)
+    if probed_versions:
+        # No culprit phase followed (spec culprit false): the version phase runs after the final status.
+        found = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
+        _retry_redis(lambda: channel.versions_ended(found), FINAL_WRITE_PATIENCE_S)
     return status.value
 
 
@@ -287,9 +305,13 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
     return result.status, result.reason, result.report
 
 
+def _versions_event(report: Report) -> ProgressEvent:
+    return ProgressEvent(type="versions", phase="versions",
+                         message=report.versions_summary or f"versions: {report.versions_state}")
+
+
 def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Report, versions: list[str]) -> Report:
-    """The probes' answers (versions_phase.collect) in report.json, repro.py's header and a
-    `versions` event, before the culprit event ends the job's stream."""
+    """The probes' answers (versions_phase.collect) in report.json and repro.py's header."""
     own = versions_phase.offered_envs()[0]
     deadline = time.monotonic() + versions_phase.probe_timeout_s() + versions_phase.QUEUE_WAIT_S
     try:
@@ -298,10 +320,9 @@ def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Repo
         found = versions_phase.with_versions(report, [versions_phase.own_run(report, own), *runs],
                                              CulpritState.cancelled if stopped else CulpritState.done)
         versions_phase.write_findings(out_dir, found)
-        channel.publish(ProgressEvent(type="versions", phase="versions", message=found.versions_summary))
         return found
-    except (RedisError, OSError) as error:
-        log.warning("the version phase failed: %s", error)
+    except Exception:  # Redis gone, a full disk: the succeeded job stands, the phase is lost
+        log.exception("the version phase failed")
         return report.model_copy(update={"versions_state": CulpritState.lost})
 
 

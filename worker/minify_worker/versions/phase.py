@@ -216,10 +216,12 @@ def _forget_rq_job(redis: Redis, rq_id: str) -> None:
 
 
 def with_versions(report: Report, runs: Sequence[VersionRun], state: CulpritState = CulpritState.done) -> Report:
-    """`report` with the phase's findings: the runs, the range, the fix and the summary line."""
+    """`report` with the phase's findings: the runs (oldest version first), the range, the fix and the
+    summary line."""
+    runs = sorted(runs, key=lambda run: ranges.parse_version(run.torch))
     found = ranges.regression_range(runs)
     return report.model_copy(update={
-        "versions_state": state, "versions": list(runs), "regression_range": found.range,
+        "versions_state": state, "versions": runs, "regression_range": found.range,
         "regression_reason": found.reason, "fixed_in": ranges.fixed_in(runs), "versions_summary": ranges.summary(runs)})
 
 
