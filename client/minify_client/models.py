@@ -214,6 +214,30 @@ class Progress(BaseModel):
     signature: str | None = Field(default=None, description="the failure signature being preserved")
 
 
+class Milestone(str, Enum):
+    """What step of a job an event marks (`ProgressEvent.milestone`): a program reads the type, a
+    person the event's message. Periodic progress events mark none."""
+
+    preparing = "preparing"
+    original_started = "original_started"  # the original runs; candidates are judged meanwhile
+    reproduced = "reproduced"  # the original failed the wanted way: the target is known
+    flaky = "flaky"  # ... in some of its runs only
+    restarted = "restarted"  # candidates were judged against a guess that did not hold
+    accepted = "accepted"  # a smaller failing program
+    hang_guessed = "hang_guessed"  # the original runs so long that it is taken for a hang, for now
+    hang_confirming = "hang_confirming"  # the result runs with a longer timeout to confirm the hang
+    hang_confirmed = "hang_confirmed"
+    hang_refuted = "hang_refuted"
+    shrink_started = "shrink_started"
+    shrink_skipped = "shrink_skipped"
+    shrunk = "shrunk"  # the shrink phase ended (its message says whether any input shrank)
+    writing_artifacts = "writing_artifacts"
+    finished = "finished"  # the job's status event
+    culprit_started = "culprit_started"
+    culprit_step = "culprit_step"
+    culprit_ended = "culprit_ended"
+
+
 class ProgressEvent(Progress):
     """One step of a minification, as the engine reports it and the service streams it."""
 
@@ -224,6 +248,7 @@ class ProgressEvent(Progress):
     graph_code: str | None = Field(default=None, description="the current best graph, when it shrank")
     status: JobState | None = None
     message: str | None = None
+    milestone: Milestone | None = Field(None, description="the step this event marks, if any (Milestone)")
     culprit_state: CulpritState | None = Field(
         None, description="on a succeeded status event and on culprit events: where the culprit phase stands")
 
