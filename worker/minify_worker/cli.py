@@ -123,10 +123,10 @@ def minify_command(argv: list[str]) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        if delivered:
-            print(culprit_summary(report) or f"culprit: {report.culprit_state}")
         if report.versions_summary:
             print(f"versions: {report.versions_summary}")
+        if delivered:
+            print(culprit_summary(report) or f"culprit: {report.culprit_state}")
     return EXIT_CODES[result.status]
 
 
