@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from minify_worker.outcomes import Fails
 from minify_worker.programs.stablehlo import REPRESENTATION, moves, surgery
 from minify_worker.programs.stablehlo.module import Module, Op, Value, catalog, empty, key, render, size
@@ -153,3 +155,14 @@ def test_the_wire_form_round_trips() -> None:
     again = REPRESENTATION.from_wire(REPRESENTATION.to_wire(module))
     assert render(again) == render(module) and again.recorded == module.recorded
     assert REPRESENTATION.to_wire(module)["representation"] == "stablehlo"
+
+
+def test_the_same_bug_at_other_sizes_and_places_has_the_same_shape_hash() -> None:
+    here = surgery.keep_ops(chain(), [chain().ops[3]])
+    elsewhere = program(_op(7, "stablehlo.sine", ["a0"]), _op(9, "stablehlo.reduce", ["v7"], R), outputs=("v9",))
+    elsewhere = surgery.keep_ops(elsewhere, [elsewhere.ops[1]])
+    assert here is not None and elsewhere is not None
+    smaller = dataclasses.replace(elsewhere, args=(Value("v7", "tensor<2x2xf32>"),))
+    assert REPRESENTATION.shape_hash(here) == REPRESENTATION.shape_hash(smaller)
+    assert REPRESENTATION.shape_hash(here) != REPRESENTATION.shape_hash(chain())
+    assert REPRESENTATION.input_shapes(smaller) == {"v7": {"shape": [2, 2], "dtype": "f32"}}

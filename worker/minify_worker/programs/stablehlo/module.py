@@ -177,6 +177,34 @@ def size(module: Module) -> tuple[int, int, int, int]:
     return (len(module.ops), sum(op.nested for op in module.ops), len(module.outputs), len(module.args))
 
 
+_SIZES = re.compile(r"tensor<(?:[0-9?]+x)+")
+
+
+def shape_hash(module: Module) -> str:
+    """What a bug is made of, not one instance of it: the module's text with its values numbered in
+    order of appearance (not by their place in the original) and without tensor sizes, hashed."""
+    numbers: dict[str, str] = {}
+
+    def renumber(match: re.Match[str]) -> str:
+        if not match["key"]:
+            return match[0]
+        value, hash_sign, result = match["key"].partition("#")
+        return numbers.setdefault(value, f"%m.{len(numbers)}") + hash_sign + result
+
+    text = _TOKEN.sub(renumber, render(module))
+    return hashlib.sha256(_SIZES.sub("tensor<", text).encode()).hexdigest()
+
+
+def input_shapes(module: Module) -> dict[str, dict[str, Any]]:
+    """`{key: {"shape": [...], "dtype": "f32"}}` of the module's tensor arguments (report.json)."""
+    shapes = {}
+    for value in module.args:
+        parsed = tensor_shape(value.type)
+        if parsed is not None:
+            shapes[value.key] = {"shape": parsed[0], "dtype": parsed[1]}
+    return shapes
+
+
 def op_kinds(module: Module) -> frozenset[str]:
     return frozenset(op.kind for op in module.ops)
 

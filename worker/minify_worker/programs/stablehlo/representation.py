@@ -45,6 +45,12 @@ class StablehloRepresentation:
     def empty(self, program: hlo.Module) -> hlo.Module:
         return hlo.empty(program)
 
+    def shape_hash(self, program: hlo.Module) -> str:
+        return hlo.shape_hash(program)
+
+    def input_shapes(self, program: hlo.Module) -> dict[str, dict[str, Any]]:
+        return hlo.input_shapes(program)
+
     def to_wire(self, program: hlo.Module) -> dict[str, Any]:
         return {WIRE_KEY: self.name, WIRE_MODULE: hlo.to_wire(program)}
 
