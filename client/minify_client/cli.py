@@ -24,7 +24,7 @@ from minify_client.client import (
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
-from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary
+from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary, versions_summary
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_OK = 0
@@ -256,6 +256,7 @@ def _status(args: argparse.Namespace) -> int:
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("reason", status.reason),
             ("culprit", _culprit_row(status)),
+            ("versions", (versions_summary(status.result) or "").removeprefix("versions: ") if status.result else None),
             *[("warning", warning) for warning in status.warnings],
             ("dashboard", client.dashboard_url(status)),
         ]
@@ -426,6 +427,8 @@ def _wait_for_culprit(client: Client, job_id: str, events: Iterator[ProgressEven
         artifacts.update(client.download(job_id, out_dir, names))
         report = _read_report(artifacts) or report
     if not args.json and report is not None:
+        if found := versions_summary(report):
+            print(found)
         print(culprit_summary(report) or f"culprit: {report.culprit_state.value if report.culprit_state else '?'}")
         if out_dir is not None and artifacts:
             print(f"report.json and repro.py in {out_dir} now carry the culprit")
@@ -462,6 +465,8 @@ def _print_result(status: JobStatus, report: Report | None, artifacts: dict[str,
     if status.status == JobState.succeeded and report is not None and (inputs := shrunk_inputs(report)):
         print(inputs)
     if status.status == JobState.succeeded and report is not None and (found := culprit_summary(report)):
+        print(found)
+    if status.status == JobState.succeeded and report is not None and (found := versions_summary(report)):
         print(found)
     if status.status == JobState.succeeded and report is not None and report.graph_code:
         print("\nminimized graph:")

@@ -203,6 +203,16 @@ def culprit_summary(report: Report) -> str | None:
     return f"culprit: {found}; workarounds: {flips}"
 
 
+def versions_summary(report: Report) -> str | None:
+    """`versions: fails on 2.14.1, 2.15.0; passes on 2.13.0: regression in (2.13.0, 2.14.1]`, or None
+    when the version phase did not run; `versions: pending ...` while it runs (after the result)."""
+    if report.versions_state is CulpritState.running:
+        return "versions: pending (repro.py runs under the other torch versions the workers offer)"
+    if report.versions_summary:
+        return f"versions: {report.versions_summary}"
+    return f"versions: {report.versions_state.value}" if report.versions_state else None
+
+
 def summary(status: JobStatus) -> str:
     """The final line for a finished job: `succeeded: 40 → 3 nodes, 37 checks (15 cached) in 12.3s`."""
     state = status.status
