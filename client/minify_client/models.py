@@ -21,7 +21,9 @@ DYNAMIC_MODES = ("as_exported", "auto", "static")
 # What the uploaded program is: a torch.export archive, a StableHLO module (MLIR text or bytecode,
 # or a portable VHLO artifact) or HLO text as XLA dumps it (docs/hlo.md).
 PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
-ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz")
+# A StableHLO job's minimal module, its HLO text and inputs stand where a .pt2 job's .pt2 and inputs.pt do.
+ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "minimized.mlir", "minimized.hlo", "inputs.npz",
+                  "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A name torch.compile backends are registered under (`torch._dynamo.list_backends()`): "tensorrt",
@@ -511,6 +513,24 @@ class Health(BaseModel):
     redis: bool
     workers: int
     queues: dict[str, int] = Field(default_factory=dict)
+
+
+_STABLEHLO_SUFFIXES = (".mlir", ".mlirbc", ".stablehlo", ".vhlo")
+_HLO_SUFFIXES = (".hlo", ".hlo.txt")
+
+
+def detect_program_format(name: str, head: bytes) -> str:
+    """The `program_format` of a program file from its name and first bytes: a zip is a .pt2, MLIR
+    bytecode (VHLO too) or a `.mlir` is StableHLO, text starting `HloModule` is HLO; else by suffix."""
+    text = head.lstrip()
+    if head.startswith(b"PK\x03\x04") or name.endswith(".pt2"):
+        return "pt2"
+    if text.startswith(b"HloModule") or name.endswith(_HLO_SUFFIXES):
+        return "hlo"
+    if head.startswith(b"ML\xefR") or name.endswith(_STABLEHLO_SUFFIXES) or \
+            text.startswith((b"module", b"func.func", b"#loc", b"//")):
+        return "stablehlo"
+    return "pt2"
 
 
 def parse_config_value(raw: str) -> Any:
