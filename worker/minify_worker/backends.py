@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from minify_client.config_keys import config_setting
 from minify_client.models import BUILTIN_BACKENDS
 
 Compiled = Callable[..., Any]
@@ -398,18 +399,14 @@ def run_compiled(compiled: Compiled, inputs: list[Any]) -> Any:
     return _call(compiled, inputs)
 
 
-# Config keys with these prefixes are set in those modules; any other key is torch._inductor.config's.
-CONFIG_MODULES = ("torch._dynamo.config.", "torch._functorch.config.", "torch._inductor.config.")
-
-
 def apply_inductor_config(overrides: dict[str, Any]) -> None:
     """Set each dotted config key: `cpp.inject_relu_bug_TESTING_ONLY` in `torch._inductor.config`,
-    `torch._dynamo.config.X` and `torch._functorch.config.X` in theirs (as captures record them)."""
+    `torch._dynamo.config.X` and `torch._functorch.config.X` in theirs (as captures record them:
+    `minify_client.config_keys`)."""
     for key, value in overrides.items():
-        prefix = next((prefix for prefix in CONFIG_MODULES if key.startswith(prefix)), "torch._inductor.config.")
-        module_name = prefix.rstrip(".")
+        module_name, setting = config_setting(key)
         owner: Any = importlib.import_module(module_name)
-        *path, leaf = key.removeprefix(prefix).split(".")
+        *path, leaf = setting.split(".")
         try:
             for part in path:
                 owner = getattr(owner, part)
@@ -419,7 +416,7 @@ def apply_inductor_config(overrides: dict[str, Any]) -> None:
         try:
             setattr(owner, leaf, value)
         except Exception as error:
-            raise BackendError(f"cannot set {module_name}.{key.removeprefix(prefix)} = {value!r}: {error}") from error
+            raise BackendError(f"cannot set {module_name}.{setting} = {value!r}: {error}") from error
 
 
 def configure_child(compile_threads: int = 1) -> None:

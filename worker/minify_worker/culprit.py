@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 import torch.fx as fx
 
+from minify_client.config_keys import config_setting
 from minify_client.models import Culprit, CulpritState, JobSpec, Workaround
 from minify_client.progress import culprit_text
 from minify_worker import bisector, oracle
-from minify_worker.backends import CONFIG_MODULES
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import (
     Crashed,
@@ -107,9 +107,9 @@ def settings(spec: JobSpec) -> list[tuple[str, Any]]:
 def _current_value(key: str, spec: JobSpec) -> Any:
     if key in spec.config:
         return spec.config[key]
-    prefix = next((prefix for prefix in CONFIG_MODULES if key.startswith(prefix)), "torch._inductor.config.")
-    owner: Any = importlib.import_module(prefix.rstrip("."))
-    for part in key.removeprefix(prefix).split("."):
+    module, setting = config_setting(key)
+    owner: Any = importlib.import_module(module)
+    for part in setting.split("."):
         owner = getattr(owner, part, None)
     return owner
 

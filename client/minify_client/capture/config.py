@@ -18,15 +18,10 @@ import subprocess
 import sys
 from typing import Any
 
+from minify_client.config_keys import CONFIG_MODULES, config_key
+
 logger = logging.getLogger(__name__)
 
-# The config modules recorded, and the prefix their keys carry in JobSpec.config (inductor's none:
-# the spec's keys are inductor's).
-CONFIG_MODULES = {
-    "torch._inductor.config": "",
-    "torch._dynamo.config": "torch._dynamo.config.",
-    "torch._functorch.config": "torch._functorch.config.",
-}
 _JSON_SCALARS = (bool, int, float, str, type(None))
 # Settings torch itself writes while it compiles and leaves set, about the machine rather than the
 # program: aoti_compile_and_package stores the CPU's ISA in aot_inductor.metadata (torch 2.13).
@@ -54,7 +49,7 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
     import importlib
 
     recorded: dict[str, Any] = {}
-    for module_name, prefix in CONFIG_MODULES.items():
+    for module_name in CONFIG_MODULES:  # the config modules recorded: those a JobSpec.config key can set
         module: Any = importlib.import_module(module_name)
         # As save_config_portable leaves out: private keys, machine-specific or cache-only
         # prefixes; as codegen_config leaves out: _save_config_ignore; as the config hash does:
@@ -70,7 +65,7 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
             continue
         for key, value in sorted(values.items()):
             if _json_value(value):
-                recorded[prefix + key] = json.loads(json.dumps(value))
+                recorded[config_key(module_name, key)] = json.loads(json.dumps(value))
             elif not module._is_default(key):
                 logger.warning("minify: not recording %s.%s = %r: not a JSON value", module_name, key, value)
     return recorded

@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 
 from minify_client import signatures
+from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_client.models import BUILTIN_BACKENDS, JobSpec
 
 from ..backends import DynamicShapes, dynamic_shapes_of
@@ -385,23 +386,16 @@ def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
     ])
 
 
-# Spec config keys that name another config module than inductor's (as minify_client.capture
-# records them); the others are torch._inductor.config keys.
-_OTHER_CONFIG_MODULES = ("torch._dynamo.config", "torch._functorch.config")
-
-
 def _config_lines(config: dict[str, Any]) -> str:
     lines = ["# config overrides recorded in the job spec"]
     imports = set()
     for key, value in sorted(config.items()):
         if not all(part.isidentifier() for part in key.split(".")):
             raise ValueError(f"config key {key!r} is not a dotted config name")
-        module = next((name for name in _OTHER_CONFIG_MODULES if key.startswith(name + ".")), None)
-        if module is not None:
+        module, setting = config_setting(key)
+        if module != INDUCTOR_CONFIG:  # _IMPORTS has inductor's
             imports.add(f"import {module}")
-            lines.append(f"{key} = {value!r}")
-        else:
-            lines.append(f"torch._inductor.config.{key} = {value!r}")
+        lines.append(f"{module}.{setting} = {value!r}")
     return "\n".join([*sorted(imports), *lines]) if config else "# no config overrides"
 
 
