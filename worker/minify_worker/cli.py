@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minify_client.models import JobState, ProgressEvent, Report
+from minify_client.models import JobState, ProgressEvent, Report, detect_program_format
 from minify_client.progress import culprit_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
@@ -57,8 +57,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Minify a failing torch.export program offline (no Redis), every candidate in a sandbox child.",
     )
     parser.add_argument("program", type=Path, help="a .pt2 from torch.export.save (or a pickled GraphModule "
-                        "where MINIFY_ALLOW_PICKLE=1)")
-    parser.add_argument("--inputs", type=Path, help="inputs .pt (torch.save of args, (args, kwargs) or a kwargs dict)")
+                        "where MINIFY_ALLOW_PICKLE=1), or a StableHLO module (.mlir, bytecode, VHLO) or HLO text "
+                        "(docs/hlo.md), told apart by suffix or content unless the spec's program_format says")
+    parser.add_argument("--inputs", type=Path, help="inputs .pt (torch.save of args, (args, kwargs) or a kwargs "
+                        "dict); for StableHLO or HLO an .npz of main's arguments")
     parser.add_argument("--out", type=Path, required=True, help="where minimized.pt2, repro.py, ... go")
     parser.add_argument("--json", action="store_true", help="print report.json instead of a summary")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
@@ -77,6 +79,9 @@ def minify_command(argv: list[str]) -> int:
         parser.error(f"{args.program}: no such file")
     if args.inputs is not None and not args.inputs.is_file():
         parser.error(f"{args.inputs}: no such file")
+    if "program_format" not in spec.model_fields_set:
+        with args.program.open("rb") as file:
+            spec = spec.model_copy(update={"program_format": detect_program_format(args.program.name, file.read(64))})
 
     from minify_worker.engine import minify
     from minify_worker.sandbox import preload
@@ -118,7 +123,7 @@ def minify_command(argv: list[str]) -> int:
         _print_summary(result, args.out.resolve())  # the result first, then the version phase
         sys.stdout.flush()
     report = result.report
-    if spec.versions and result.status is JobState.succeeded:
+    if spec.versions and spec.program_format == "pt2" and result.status is JobState.succeeded:
         report = _version_phase(report, args.out.resolve(), display)
     if args.json:
         print(report.model_dump_json(indent=2))
