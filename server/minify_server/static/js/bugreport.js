@@ -18,6 +18,9 @@ export function culpritText(culprit, reason) {
   return reason ? `${text} (${reason})` : text;
 }
 
+/** How each version-phase outcome reads on a badge and in the bug report. */
+export const VERSION_OUTCOMES = { same: "fails", different: "fails otherwise", passes: "passes", cannot_run: "cannot run" };
+
 /** The Markdown for `job` (the API's job status, with its `result` report) and `repro` (repro.py's text, or null). */
 export function bugReportMarkdown(job, repro) {
   const result = job.result || {};
@@ -46,6 +49,17 @@ export function bugReportMarkdown(job, repro) {
     lines.push(workarounds.length
       ? `Workarounds (verified on the original program): ${workarounds.map((w) => `\`${w.setting}=${JSON.stringify(w.value)}\``).join(", ")}`
       : "Workarounds: none verified", "");
+  }
+  if (result.versions_state === "running") {
+    lines.push("Torch versions: not known yet (minify's version phase was still running when this was copied)", "");
+  } else if (result.versions_summary) {
+    lines.push(`Torch versions (minify ran repro.py on each): ${result.versions_summary}`, "");
+    for (const run of result.versions || []) {
+      const detail = run.outcome === "different" ? run.signature : run.outcome === "cannot_run" ? run.reason : "";
+      lines.push(`- torch ${run.torch}${run.git_version ? ` (git ${run.git_version.slice(0, 12)})` : ""}: ` +
+        `${VERSION_OUTCOMES[run.outcome] || run.outcome}${detail ? ` (${detail})` : ""}`);
+    }
+    lines.push("");
   }
   if (repro) {
     lines.push("Repro (`python repro.py`; it reads its inputs from `inputs.pt`, attached):", "", fenced(repro, "python"), "");

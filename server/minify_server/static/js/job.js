@@ -4,7 +4,7 @@
 // stream stays open and the culprit card says so, until the "culprit" event fills it in.
 
 import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
-import { bugReportMarkdown, culpritText } from "./bugreport.js";
+import { bugReportMarkdown, culpritText, VERSION_OUTCOMES } from "./bugreport.js";
 import { NodeChart } from "./chart.js";
 import {
   FINISHED, copyButton, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge,
@@ -121,6 +121,12 @@ export function renderJob(root, id) {
       h("span", { class: "muted small" },
         "torch's compiler bisector on the minimal program; settings verified on the original")),
     culpritList);
+  const versionsSummary = h("p", { class: "versions-summary", id: "versions-summary" });
+  const versionsRow = h("div", { class: "versions", id: "versions" });
+  const versionsCard = h("section", { class: "card", id: "versions-card", hidden: true },
+    h("div", { class: "card-head" }, h("h2", {}, "Torch versions"),
+      h("span", { class: "muted small" }, "repro.py under every torch version the workers offer")),
+    versionsRow, versionsSummary);
   const graphHeading = h("h2", {}, "Current best graph");
   const graphNote = h("span", { class: "muted small" });
   const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
@@ -151,6 +157,7 @@ export function renderJob(root, id) {
     resultSection,
     environmentCard,
     culpritCard,
+    versionsCard,
     graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
@@ -237,6 +244,27 @@ export function renderJob(root, id) {
     culpritList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
   }
 
+  /** The version phase's runs as a row of badges (report.json's versions), and its summary line. */
+  function renderVersions() {
+    const result = job.result;
+    versionsCard.hidden = !result?.versions_state;
+    if (versionsCard.hidden) return;
+    const running = result.versions_state === "running";
+    versionsCard.classList.toggle("pending", running);
+    versionsRow.replaceChildren(...(result.versions || []).map((run) => h("span", {
+      class: `badge version version-${run.outcome}`,
+      title: [run.git_version && `git ${run.git_version}`, run.signature, run.reason,
+        run.seconds ? `${run.seconds} s` : ""].filter(Boolean).join("\n"),
+    }, `${run.torch} ${VERSION_OUTCOMES[run.outcome] || run.outcome}`)));
+    versionsSummary.textContent = running
+      ? "running repro.py under the other torch versions… (the repro above is ready)"
+      : result.versions_summary || result.versions_state;
+  }
+
+  function phaseRunning() {
+    return culpritRunning() || job?.result?.versions_state === "running";
+  }
+
   function culpritRunning() {
     return (job?.culprit_state || job?.result?.culprit_state) === "running";
   }
@@ -264,7 +292,7 @@ export function renderJob(root, id) {
       } catch {
         // the server is away: ask again below
       }
-      if (culpritRunning()) pollCulprit();
+      if (phaseRunning()) pollCulprit();
       else renderResult();
     }, CULPRIT_REFRESH_MS);
   }
@@ -347,6 +375,10 @@ export function renderJob(root, id) {
     }
     if (event.graph_code) showGraph(event.graph_code, false);
     if (event.type === "log" && event.message) appendLog(event.message);
+    if (event.type === "versions") {
+      if (event.message) appendLog(`[versions] ${event.message}`);
+      return;
+    }
     if (event.type === "culprit") {
       if (event.message) appendLog(`[culprit ${event.culprit_state}] ${event.message}`);
       if (event.culprit_state !== "running") culpritEnded();
@@ -386,13 +418,13 @@ export function renderJob(root, id) {
         console.error("bad event", message.data, failure);
       }
     };
-    for (const type of ["progress", "status", "log", "culprit", "message"]) source.addEventListener(type, onMessage);
+    for (const type of ["progress", "status", "log", "culprit", "versions", "message"]) source.addEventListener(type, onMessage);
     // The server ends the stream when the job ends; EventSource would reconnect and replay it all.
     source.addEventListener("error", async () => {
       closeStream();
       if (stopped) return;
       if (finishedShown) {
-        if (culpritRunning()) pollCulprit();
+        if (phaseRunning()) pollCulprit();
         return;
       }
       try {
@@ -402,7 +434,7 @@ export function renderJob(root, id) {
       }
       if (job && FINISHED.has(job.status)) {
         await finish();
-        if (culpritRunning()) pollCulprit();
+        if (phaseRunning()) pollCulprit();
       } else reconnectTimer = setTimeout(openStream, RECONNECT_MS);
     });
   }
@@ -433,6 +465,7 @@ export function renderJob(root, id) {
     renderSpec();
     renderEnvironment();
     renderCulprit();
+    renderVersions();
     renderProgress();
     renderElapsed();
   }
