@@ -33,7 +33,6 @@ public calls. `aot_inductor` exports with `dynamic_shapes` instead (`export_dyna
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -46,6 +45,8 @@ from torch import fx
 
 from minify_client.config_keys import config_setting
 from minify_client.models import BUILTIN_BACKENDS
+
+from .allowlist import allowed_prefixes
 
 Compiled = Callable[..., Any]
 Backend = Callable[[fx.GraphModule, list[Any]], Compiled]
@@ -60,11 +61,6 @@ class BackendError(Exception):
     """The job's backend or config cannot be used: a problem of the job, not of a candidate."""
 
 
-def allowed_prefixes() -> list[str]:
-    raw = os.environ.get(ALLOWED_BACKENDS_ENV, "")
-    return [prefix.strip() for prefix in raw.split(",") if prefix.strip()]
-
-
 def _module_allowed(module: str, prefixes: list[str]) -> bool:
     return any(module.startswith(prefix) for prefix in prefixes)
 
@@ -72,7 +68,7 @@ def _module_allowed(module: str, prefixes: list[str]) -> bool:
 def load_custom_backend(name: str) -> Backend:
     """Import `pkg.module:callable` if `MINIFY_ALLOWED_BACKENDS` allows its module."""
     module_name, _, attribute = name.partition(":")
-    prefixes = allowed_prefixes()
+    prefixes = allowed_prefixes(ALLOWED_BACKENDS_ENV)
     if not _module_allowed(module_name, prefixes):
         raise BackendError(
             f"custom backend {name!r} is not allowed: its module must start with one of the prefixes in "

@@ -20,23 +20,20 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from minify_client.capture.custom_ops import TORCH_NAMESPACES
+
+from .allowlist import allowed_prefixes
 
 ALLOWED_OP_MODULES_ENV = "MINIFY_ALLOWED_OP_MODULES"
 
 
 class OpModuleError(Exception):
     """A module the spec's `op_modules` names cannot be imported here: not allowed, missing, broken."""
-
-
-def allowed_prefixes(environment: Mapping[str, str] = os.environ) -> list[str]:
-    return [prefix.strip() for prefix in environment.get(ALLOWED_OP_MODULES_ENV, "").split(",") if prefix.strip()]
 
 
 def allowed(module: str, prefixes: Sequence[str]) -> bool:
@@ -50,7 +47,7 @@ def import_op_modules(modules: Sequence[str], ops: Sequence[str] = ()) -> None:
     import torch  # here, not at the top: a spawned fork server imports this module before it times torch's import
 
     needed = f"the program's custom ops ({', '.join(ops)}) need" if ops else "the job needs"
-    prefixes = allowed_prefixes()
+    prefixes = allowed_prefixes(ALLOWED_OP_MODULES_ENV)
     for module in modules:
         if not allowed(module, prefixes):
             raise OpModuleError(
