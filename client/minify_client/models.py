@@ -453,6 +453,15 @@ class JobList(BaseModel):
     limit: int
 
 
+class BugFix(BaseModel):
+    """What showed a bug fixed: a run of its repro that passed on a torch newer than every failing one."""
+
+    job: str = Field(description="the job whose repro.py ran")
+    torch: str = Field(description="the torch version it passed on")
+    how: Literal["version phase", "re-test"] = Field(
+        description="the job's own version phase, or the service's re-test of an open bug on a newly offered torch")
+
+
 class Bug(BaseModel):
     """The jobs whose minimal programs fail the same way: one root-cause signature, one graph shape."""
 
@@ -469,6 +478,13 @@ class Bug(BaseModel):
     representative: str = Field(description="the job whose repro stands for the bug (kept while the bug is listed)")
     repro: str | None = Field(None, description="link to the representative job's repro.py")
     dashboard: str | None = None
+    status: Literal["open", "fixed"] = Field(
+        "open", description="fixed: its repro passes on a torch version newer than every one it fails on")
+    affected: list[str] = Field(default_factory=list, description="torch versions its repro fails on, the same way")
+    fixed_in: str | None = Field(None, description="the oldest version after the newest failing one that passes")
+    fixed_evidence: BugFix | None = None
+    versions_tried: dict[str, str] = Field(
+        default_factory=dict, description="torch version -> the outcome of its repro there (the latest run)")
 
 
 class BugList(BaseModel):
