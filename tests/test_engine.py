@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec, JobState
+from minify_client.models import JobSpec, JobState, Milestone
 from minify_worker.engine import minify
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import ops_of, save_chain
@@ -231,7 +231,7 @@ def test_a_job_cancelled_as_its_original_starts_ends_at_once_without_waiting_for
 
     def on_event(event: ProgressEvent) -> None:
         # Sent right after the original's run is submitted, while the environment is collected.
-        if (event.message or "").startswith("running the original") and not cancel.is_set():
+        if event.milestone is Milestone.original_started and not cancel.is_set():
             cancelled_at.append(time.monotonic())
             cancel.set()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobSpec, JobState, ProgressEvent
+from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import DEFAULT_ORIGINAL_TIMEOUT_S, HangCalibration, minify
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
@@ -58,9 +58,9 @@ def test_a_hang_with_no_timeout_given_is_confirmed_on_the_result_without_waiting
     assert result.report.candidate_timeout_s == 5.0
     assert result.report.original_runs == 1
     assert result.report.elapsed_s < DEFAULT_ORIGINAL_TIMEOUT_S  # the original was stopped, not waited out
-    messages = [event.message or "" for event in events]
-    assert any("judged a hang for now" in message for message in messages)
-    assert any(message.startswith("hang confirmed") for message in messages)
+    milestones = [event.milestone for event in events]
+    assert Milestone.hang_guessed in milestones
+    assert Milestone.hang_confirmed in milestones
 
 
 def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain_pt2: Path, tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_a_guessed_hang_does_not_stand_against_a_slow_original_that_passes(chain
 
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append, hang=SHORT_HANG)
 
-    assert any("judged a hang for now" in (event.message or "") for event in events)
+    assert any(event.milestone is Milestone.hang_guessed for event in events)
     assert result.status is JobState.not_reproducible, result.reason
     assert result.report.hang_confirm_timeout_s is None
 
@@ -85,9 +85,11 @@ def test_a_guessed_hang_the_result_does_not_confirm_restarts_from_the_original(
     result = minify(chain_pt2, job, tmp_path / "out", on_event=events.append,
                     hang=HangCalibration(original_min_s=2.0, confirm_min_s=10.0))
 
-    messages = [event.message or "" for event in events]
-    assert any(message.startswith("confirming the hang") for message in messages)
-    assert any(message.startswith("the result did not hang with a 10 s timeout") for message in messages)
+    milestones = [event.milestone for event in events]
+    assert Milestone.hang_confirming in milestones
+    refuted = next(event for event in events if event.milestone is Milestone.hang_refuted)
+    assert "10 s timeout" in (refuted.message or "")
+    assert Milestone.restarted in milestones
     assert result.status is JobState.not_reproducible, result.reason  # the original's own outcome: it passes
     assert result.report.hang_confirm_timeout_s is None
 
@@ -102,7 +104,7 @@ def test_a_given_original_timeout_wins_over_the_hang_guess(chain_pt2: Path, tmp_
     assert result.status is JobState.succeeded, result.reason
     assert ops_of(result.report.graph_code) == ["relu"]
     assert result.report.hang_confirm_timeout_s is None  # the original's own timeout made it a hang
-    assert not any("judged a hang for now" in (event.message or "") for event in events)
+    assert not any(event.milestone is Milestone.hang_guessed for event in events)
 
 
 def test_a_hang_with_failure_timeout_calibrates_the_candidate_timeout_from_passing_runs(

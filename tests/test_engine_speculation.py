@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minify_client.models import JobSpec, JobState, ProgressEvent
+from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import minify
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_cos_sin_relu
@@ -26,7 +26,7 @@ def test_candidates_are_accepted_before_the_original_has_failed(tmp_path: Path, 
     assert result.status is JobState.succeeded, result.reason
     assert ops_of(result.report.graph_code or "") == ["relu"]
     assert result.report.signature == "RuntimeError: injected failure on relu"
-    reproduced = next(i for i, event in enumerate(events) if (event.message or "").startswith("reproduced:"))
+    reproduced = next(i for i, event in enumerate(events) if event.milestone is Milestone.reproduced)
     shrunk_before = [event for event in events[:reproduced]
                      if event.nodes_current is not None and event.nodes_current < (event.nodes_original or 0)]
     assert shrunk_before, "no candidate was accepted while the original ran"
@@ -38,7 +38,7 @@ def test_a_guess_the_original_contradicts_restarts_the_reduction(tmp_path: Path,
     assert result.status is JobState.succeeded, result.reason
     assert result.report.signature == "RuntimeError: injected failure on relu"
     assert ops_of(result.report.graph_code or "") == ["relu"]
-    assert any("reducing again from the original" in (event.message or "") for event in events)
+    assert any(event.milestone is Milestone.restarted for event in events)
 
 
 def test_a_guess_is_only_taken_from_the_failure_kind_asked_for(tmp_path: Path, test_backends_allowed: None) -> None:
@@ -49,4 +49,4 @@ def test_a_guess_is_only_taken_from_the_failure_kind_asked_for(tmp_path: Path, t
 
     assert result.status is JobState.succeeded, result.reason
     assert ops_of(result.report.graph_code or "") == ["relu"]
-    assert not any("reducing again" in (event.message or "") for event in events)
+    assert not any(event.milestone is Milestone.restarted for event in events)

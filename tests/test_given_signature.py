@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from examples import programs
-from minify_client.models import FailureSpec, JobSpec, JobState, ProgressEvent
+from minify_client.models import FailureSpec, JobSpec, JobState, Milestone, ProgressEvent
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker import oracle
 from minify_worker.engine import MinifyResult, minify
@@ -91,7 +91,7 @@ def run(program: Path, out: Path, backend: str, signature: str | None) -> tuple[
 
 
 def restarted(events: list[ProgressEvent]) -> bool:
-    return any("reducing again from the original" in (event.message or "") for event in events)
+    return any(event.milestone is Milestone.restarted for event in events)
 
 
 def test_a_given_signature_is_the_target_from_the_first_check(tmp_path: Path, test_backends_allowed: None) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from minify_client.bugs import bug_key
-from minify_client.models import CulpritState, JobSpec, JobState, ProgressEvent, Report, TimelinePoint
+from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator
@@ -135,7 +135,8 @@ class _Run:
         self._ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
         self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
                                     shorten=self._shorten_timeout,
-                                    say=lambda message: self._emit(force=True, message=message),
+                                    say=lambda milestone, message: self._emit(force=True, milestone=milestone,
+                                                                              message=message),
                                     count_ops=self.program.count_ops)
         self._last_event = 0.0
         self._event_lock = threading.Lock()
@@ -154,7 +155,7 @@ class _Run:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
-        self._emit(force=True, message=f"preparing {program.name}")
+        self._emit(force=True, milestone=Milestone.preparing, message=f"preparing {program.name}")
         parallelism = default_parallelism(self.spec)
         start: str | None = None
         while True:
@@ -234,7 +235,7 @@ class _Run:
                     break
                 self.best = graph
                 self._record_point()
-                self._emit(force=True, graph=graph, message=ending.reason)
+                self._emit(force=True, graph=graph, milestone=Milestone.restarted, message=ending.reason)
             self._shrink_inputs()
         except Stopped as stopped:
             if self.signature is None:  # stopped before the original's outcome was known
@@ -247,7 +248,7 @@ class _Run:
             return self._finish(status, reason)
         reason = self._verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
-        self._emit(force=True, message="writing artifacts")
+        self._emit(force=True, milestone=Milestone.writing_artifacts, message="writing artifacts")
         # The culprit phase follows the delivered result, unless the job was cut short (a stop).
         follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
                    and status is JobState.succeeded and not stopped_early)
@@ -274,14 +275,15 @@ class _Run:
         assert self.best is not None and self.signature is not None
         started = time.monotonic()
         self.phase = "culprit"
-        self._emit(force=True, message="the repro is delivered; finding the culprit")
+        self._emit(force=True, milestone=Milestone.culprit_started,
+                   message="the repro is delivered; finding the culprit")
         state = CulpritState.done
         try:
             self.culprit_found = culprit.find(
                 evaluator.live_pool(), original=self._original, minimal=self.best, target=self.signature,
                 spec=self.spec, timeout_s=self.candidate_timeout_s or self._first_timeout(),
                 budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
-                say=lambda message: self._emit(force=True, message=message))
+                say=lambda message: self._emit(force=True, milestone=Milestone.culprit_step, message=message))
             fields = culprit.report_fields(self.culprit_found, self.spec)
         except Stopped as stopped:
             state = CulpritState.cancelled
@@ -299,7 +301,7 @@ class _Run:
                                           else culprit.stopped_header_lines(fields["culprit_reason"]))
         except (OSError, artifacts.ArtifactWriteError) as error:  # the delivered files stand as they are
             log.warning("could not rewrite the artifacts with the culprit: %s", error)
-        self._emit(force=True, culprit_state=state,
+        self._emit(force=True, culprit_state=state, milestone=Milestone.culprit_ended,
                    message=culprit_summary(report) or fields["culprit_reason"] or state.value)
         return MinifyResult(delivered.status, delivered.reason, report, files)
 
@@ -333,7 +335,7 @@ class _Run:
         # The failure must depend on the program: the program with no ops runs beside it.
         self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self._original_timeout())
         given = self.spec.failure.signature
-        self._emit(force=True, message="running the original" + (
+        self._emit(force=True, milestone=Milestone.original_started, message="running the original" + (
             f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
 
     def _still_fails(self, outcome: Outcome) -> bool:
@@ -386,8 +388,8 @@ class _Run:
         self.original_failures = settled.failures
         self.flaky = settled.flaky
         if self.flaky:
-            self._emit(force=True, message=f"flaky: the original failed {self.original_failures} of "
-                                           f"{self.original_runs} runs")
+            self._emit(force=True, milestone=Milestone.flaky,
+                       message=f"flaky: the original failed {self.original_failures} of {self.original_runs} runs")
         assert self.scheduler is not None
         self.scheduler.remember(self._original, Fails(target))
         if target.kind == "timeout":
@@ -400,7 +402,7 @@ class _Run:
             self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
             self._evaluator.set_timeout(self.candidate_timeout_s)
         self._enter_phase("reduce")
-        self._emit(force=True, message=f"reproduced: {target}")
+        self._emit(force=True, milestone=Milestone.reproduced, message=f"reproduced: {target}")
         if settled.restart is not None:
             # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
             cut_short = self.candidate_timeout_s
@@ -429,6 +431,7 @@ class _Run:
                                           wait_for=self._wait_for)
         if not isinstance(outcome, Refuted):
             return outcome
+        self._emit(force=True, milestone=Milestone.hang_refuted, message=outcome.reason)
         self.target.refute_hang()
         self.candidate_timeout_s = None
         self._evaluator.set_timeout(self._first_timeout())
@@ -472,10 +475,11 @@ class _Run:
         self._unshrunk = self.best
         shrinks = getattr(self.program, "shrink", None)
         if shrinks is None:
-            self._emit(force=True, message=f"shrink skipped: {self.program.name} programs cannot shrink their inputs")
+            self._emit(force=True, milestone=Milestone.shrink_skipped,
+                       message=f"shrink skipped: {self.program.name} programs cannot shrink their inputs")
             return
         shrinks(self.scheduler, self.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
-                say=lambda message: self._emit(force=True, message=message))
+                say=lambda milestone, message: self._emit(force=True, milestone=milestone, message=message))
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
@@ -483,7 +487,7 @@ class _Run:
     def _accepted(self, graph: Any, description: str) -> None:
         self.best = graph
         self._record_point()
-        self._emit(force=True, graph=graph, message=description)
+        self._emit(force=True, graph=graph, milestone=Milestone.accepted, message=description)
 
     def _write_program_artifacts(self, pool: SandboxPool) -> dict[str, Path]:
         assert self.best is not None
@@ -583,7 +587,7 @@ class _Run:
             report = report.model_copy(update={"status": status, "reason": reason, "graph_shape_hash": None,
                                                "bug": None, "artifacts": sorted(files),
                                                **culprit.report_fields(None, self.spec)})
-        self._emit(force=True, status=status, message=reason or status.value)
+        self._emit(force=True, status=status, milestone=Milestone.finished, message=reason or status.value)
         return MinifyResult(status, reason, report, files)
 
     def _status_when_stopped(self, reason: str) -> tuple[JobState, str]:
@@ -610,7 +614,8 @@ class _Run:
                                            nodes=self.program.count_ops(self.best), checks=checks))
 
     def _emit(self, force: bool = False, *, graph: Any | None = None, status: JobState | None = None,
-              message: str | None = None, culprit_state: CulpritState | None = None) -> None:
+              message: str | None = None, culprit_state: CulpritState | None = None,
+              milestone: Milestone | None = None) -> None:
         if self.on_event is None:
             return
         now = time.monotonic()
@@ -636,6 +641,7 @@ class _Run:
             graph_code=self.program.code(graph) if graph is not None else None,
             status=status,
             message=message,
+            milestone=milestone,
             culprit_state=culprit_state,
         )
         try:

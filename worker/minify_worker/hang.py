@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from minify_client.models import JobSpec
+from minify_client.models import JobSpec, Milestone
 from minify_worker import oracle
 from minify_worker.outcomes import Outcome, Passes, Signature, TimedOut
 
@@ -76,7 +76,7 @@ class HangWatch:
 
     def __init__(self, calibration: HangCalibration, spec: JobSpec, *,
                  hang_state: Callable[[], HangState | None], shorten: Callable[[float], None],
-                 say: Callable[[str], None], count_ops: Callable[[Any], int]) -> None:
+                 say: Callable[[Milestone, str], None], count_ops: Callable[[Any], int]) -> None:
         self.calibration = calibration
         self.failure = spec.failure
         self._hang_state = hang_state
@@ -141,7 +141,7 @@ class HangWatch:
             self.may_guess = False
             return
         self.calibrate(passes_needed=1)
-        self._say(f"the original still runs after {running_s:.0f} s, more than "
+        self._say(Milestone.hang_guessed, f"the original still runs after {running_s:.0f} s, more than "
                   f"{self.calibration.original_factor:g}x what passing runs predict for its size "
                   f"({expected_s:.1f} s): judged a hang for now, to be confirmed on the result")
 
@@ -157,8 +157,8 @@ class HangWatch:
         slowest_s = max((seconds for _, seconds in self.passes), default=0.0)
         confirm_s = round(min(max(self.calibration.confirm_min_s, self.calibration.confirm_factor * slowest_s),
                               remaining_s), 1)
-        self._say(f"confirming the hang: the result ({self._count_ops(result)} ops) runs with a {confirm_s:g} s "
-                  "timeout")
+        self._say(Milestone.hang_confirming, f"confirming the hang: the result ({self._count_ops(result)} ops) runs "
+                                             f"with a {confirm_s:g} s timeout")
         confirm = self._evaluator.submit(result, timeout_s=confirm_s)
         wait_for([confirm])
         outcome = confirm.result()
@@ -168,8 +168,8 @@ class HangWatch:
             running_s = time.monotonic() - self._original_submitted
             self._evaluator.cancel(self._original_run)
             self.confirm_timeout_s = confirm_s
-            self._say(f"hang confirmed: the result still ran after {confirm_s:g} s; the original was stopped "
-                      f"after {running_s:.0f} s")
+            self._say(Milestone.hang_confirmed, f"hang confirmed: the result still ran after {confirm_s:g} s; the "
+                                                f"original was stopped after {running_s:.0f} s")
             return TimedOut(round(running_s, 1))
         self.may_guess = False
         return Refuted(f"the result did not hang with a {confirm_s:g} s timeout ({outcome.kind}): reducing again "

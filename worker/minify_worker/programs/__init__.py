@@ -84,7 +84,8 @@ class Shrinks(Protocol):
     phase; one that cannot says so in the job's progress)."""
 
     def shrink(self, scheduler: Any, program: Any, *, dynamic: str, say: Any, on_accept: Any) -> Any:
-        """Shrink `program`'s inputs while the failure holds; returns the program the phase started from."""
+        """Shrink `program`'s inputs while the failure holds, accepting each smaller program
+        (`on_accept(program, description)`) and telling each step (`say(Milestone, message)`)."""
 
 
 class HasCulprit(Protocol):

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch.fx as fx
 
+from minify_client.models import Milestone
 from minify_worker import graph, shrink, strategies
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY
@@ -52,19 +53,19 @@ class FxRepresentation:
     def input_shapes(self, program: fx.Graph) -> dict[str, dict[str, Any]]:
         return shrink.input_shapes(program)
 
-    def shrink(self, scheduler: Any, program: fx.Graph, *, dynamic: str, say: Callable[[str], None],
+    def shrink(self, scheduler: Any, program: fx.Graph, *, dynamic: str, say: Callable[[Milestone, str], None],
                on_accept: Callable[[fx.Graph, str], None]) -> None:
         """The shrink phase (shrink.py): halve the minimal graph's tensor inputs while the failure
         holds; a graph it cannot shrink says why."""
         skipped = shrink.not_shrinkable(program, dynamic)
         if skipped:
-            say(f"shrink skipped: {skipped}")
+            say(Milestone.shrink_skipped, f"shrink skipped: {skipped}")
             return
         kept = shrink.kept_inputs(program)
-        say(f"shrinking {shrink.shapes_text(program)}" + (f"; kept as they are (not tensors): {', '.join(kept)}"
-                                                           if kept else ""))
+        say(Milestone.shrink_started, f"shrinking {shrink.shapes_text(program)}"
+            + (f"; kept as they are (not tensors): {', '.join(kept)}" if kept else ""))
         done = shrink.shrink(scheduler, program, on_accept=on_accept)
-        say(f"shrunk to {shrink.shapes_text(done.graph)} in {done.checks} checks" if done.accepted
+        say(Milestone.shrunk, f"shrunk to {shrink.shapes_text(done.graph)} in {done.checks} checks" if done.accepted
             else f"no input could shrink ({done.checks} checks)")
 
     def to_wire(self, program: fx.Graph) -> dict[str, Any]:
