@@ -58,7 +58,7 @@ def load(path: Path) -> Any:
     raises `LoadFailed` with torch's causes when it cannot load."""
     import torch
 
-    documents = list(_model_documents(path))
+    documents = list(model_documents(path))
     for name in unknown_pytree_types(documents):
         register_stand_in(name)
     records = _Records()
@@ -134,9 +134,10 @@ def unregistered_ops(path: Path) -> list[str]:
 # The archive's documents
 
 
-def _model_documents(path: Path) -> Iterator[dict[str, Any]]:
-    """The serialized programs (`<archive>/models/<name>.json`) in the archive. One that cannot be
-    read is skipped: torch's own load then says what is wrong with it."""
+def model_documents(path: Path) -> Iterator[dict[str, Any]]:
+    """The serialized programs (`<archive>/models/<name>.json`) in the .pt2 at `path`, parsed (JSON:
+    nothing is loaded or run). One that cannot be read is skipped, and nothing comes of a file that
+    is not a zip: torch's own load then says what is wrong with it. Torch-free."""
     try:
         with zipfile.ZipFile(path) as archive:
             for name in archive.namelist():
@@ -147,7 +148,7 @@ def _model_documents(path: Path) -> Iterator[dict[str, Any]]:
                         continue
                     if isinstance(document, dict):
                         yield document
-    except (zipfile.BadZipFile, OSError):
+    except (zipfile.BadZipFile, OSError, ValueError):
         return
 
 

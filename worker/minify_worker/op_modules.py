@@ -19,8 +19,6 @@ when imported is refused: every child is forked after it (docs/isolation.md).
 from __future__ import annotations
 
 import importlib
-import json
-import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from minify_client.capture.custom_ops import TORCH_NAMESPACES
 
 from .allowlist import allowed_prefixes
+from .export_load import model_documents
 
 ALLOWED_OP_MODULES_ENV = "MINIFY_ALLOWED_OP_MODULES"
 
@@ -73,19 +72,15 @@ def import_op_modules(modules: Sequence[str], ops: Sequence[str] = ()) -> None:
 
 
 def custom_ops_of_program(path: Path) -> list[str]:
-    """The custom ops ("ns::op") the .pt2 at `path` calls, read from its serialized graphs (JSON:
-    nothing is loaded or run); [] when it is not a .pt2 that can be read so."""
+    """The custom ops ("ns::op") the .pt2 at `path` calls, read from its serialized graphs
+    (`export_load.model_documents`: nothing is loaded or run); [] when it is not a .pt2 that can be
+    read so."""
     found: dict[str, None] = {}
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for name in archive.namelist():
-                if "/models/" in f"/{name}" and name.endswith(".json"):
-                    for target in _targets(json.loads(archive.read(name))):
-                        namespace, _, rest = target.removeprefix("torch.ops.").partition(".")
-                        if namespace not in TORCH_NAMESPACES:
-                            found[f"{namespace}::{rest.split('.')[0]}"] = None
-    except (OSError, ValueError, zipfile.BadZipFile):
-        return []
+    for document in model_documents(path):
+        for target in _targets(document):
+            namespace, _, rest = target.removeprefix("torch.ops.").partition(".")
+            if namespace not in TORCH_NAMESPACES:
+                found[f"{namespace}::{rest.split('.')[0]}"] = None
     return list(found)
 
 
