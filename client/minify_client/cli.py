@@ -23,7 +23,7 @@ from minify_client.client import (
     retry_for_from_environment,
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
-from minify_client.models import CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import Bug, CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
 from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary, versions_summary
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Succeeded jobs grouped by root-cause signature and minimal graph shape.")
     bugs.add_argument("bug_id", nargs="?", metavar="ID", help="one bug, with its jobs")
     bugs.add_argument("--limit", type=int, default=20)
+    bugs.add_argument("--status", choices=["open", "fixed"], help="open, or fixed (a newer torch passes its repro)")
     bugs.set_defaults(run=_bugs)
 
     captures = commands.add_parser(
@@ -194,6 +195,25 @@ def _submit(args: argparse.Namespace) -> int:
             return _interrupted(created.id, args, out_dir)
 
 
+def _bug_status(bug: Bug) -> str:
+    """`open`, or `fixed in 2.15.0 (re-test of job J passed on it)`."""
+    if bug.status != "fixed":
+        return "open"
+    evidence = bug.fixed_evidence
+    how = f" ({evidence.how}: job {evidence.job}'s repro passed on it)" if evidence else ""
+    return f"fixed in {bug.fixed_in}{how}"
+
+
+def _known_fixed(client: Client, signature: str | None, fixed: list[Bug]) -> str | None:
+    """`known bug B, fixed in torch X` for a capture whose signature a fixed bug has."""
+    if signature is None:
+        return None
+    for bug in fixed:
+        if bug.signature == signature:
+            return f"known bug {bug.id}, fixed in torch {bug.fixed_in} ({client.server}{bug.dashboard or ''})"
+    return None
+
+
 def _submit_captures(args: argparse.Namespace) -> int:
     from minify_client.capture.session import read_manifest  # imports no torch
 
@@ -206,10 +226,16 @@ def _submit_captures(args: argparse.Namespace) -> int:
         return EXIT_OK
     codes = []
     with _client(args) as client:
+        try:  # an older server lists every bug (each open) or none: the note is only a courtesy
+            fixed = [bug for bug in client.bugs(limit=500, status="fixed").bugs if bug.status == "fixed"]
+        except MinifyError:
+            fixed = []
         for entry in entries:
             spec = JobSpec.model_validate_json((args.directory / entry["spec"]).read_text())
             created = client.submit(args.directory / entry["program"], spec, inputs=args.directory / entry["inputs"])
             print(f"{entry['name']}: job {created.id} ({len(entry['tests'])} tests) {client.dashboard_url(created)}")
+            if known := _known_fixed(client, spec.failure.signature, fixed):
+                print(f"{entry['name']}: {known}")
             if args.wait:
                 codes.append(_follow(client, created.id, args, (args.out or Path("minify-repros")) / entry["name"]))
     return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
@@ -333,6 +359,8 @@ def _bugs(args: argparse.Namespace) -> int:
                 return EXIT_OK
             rows = [("bug", bug.id), ("signature", bug.signature), ("kind", bug.failure_kind),
                     ("backend", f"{bug.backend} on {bug.device}"), ("jobs", str(bug.count)),
+                    ("status", _bug_status(bug)), ("affected", ", ".join(bug.affected)),
+                    ("tried", ", ".join(f"{version} {outcome}" for version, outcome in bug.versions_tried.items())),
                     ("first seen", f"{bug.first_seen:%Y-%m-%d %H:%M:%S}"),
                     ("last seen", f"{bug.last_seen:%Y-%m-%d %H:%M:%S}"),
                     ("repro", f"{client.server}{bug.repro}" if bug.repro else None),
@@ -341,13 +369,13 @@ def _bugs(args: argparse.Namespace) -> int:
                 if value:
                     print(f"{label + ':':<12}{value}")
             return EXIT_OK
-        bugs = client.bugs(limit=args.limit)
+        bugs = client.bugs(limit=args.limit, status=args.status)
     if args.json:
         _print_json(bugs.model_dump(mode="json"))
         return EXIT_OK
-    rows = [(bug.id, str(bug.count), f"{bug.last_seen:%Y-%m-%d %H:%M:%S}", bug.representative, bug.signature)
-            for bug in bugs.bugs]
-    header = ("BUG", "JOBS", "LAST SEEN", "REPRESENTATIVE", "SIGNATURE")
+    rows = [(bug.id, str(bug.count), f"{bug.last_seen:%Y-%m-%d %H:%M:%S}", bug.representative,
+             f"fixed in {bug.fixed_in}" if bug.status == "fixed" else "open", bug.signature) for bug in bugs.bugs]
+    header = ("BUG", "JOBS", "LAST SEEN", "REPRESENTATIVE", "STATUS", "SIGNATURE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]

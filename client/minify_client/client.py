@@ -151,9 +151,13 @@ class Client:
         except ValidationError:
             return self.status(job_id)
 
-    def bugs(self, *, offset: int = 0, limit: int = 50) -> BugList:
-        """Bugs (succeeded jobs grouped by signature and minimal graph shape), most recently seen first."""
-        return _parse(BugList, self._request("GET", "/v1/bugs", params={"offset": offset, "limit": limit}))
+    def bugs(self, *, offset: int = 0, limit: int = 50, status: str | None = None) -> BugList:
+        """Bugs (succeeded jobs grouped by signature and minimal graph shape), most recently seen first;
+        `status` open or fixed (a newer torch passes its repro) keeps only those."""
+        params: dict[str, str | int] = {"offset": offset, "limit": limit}
+        if status:
+            params["status"] = status
+        return _parse(BugList, self._request("GET", "/v1/bugs", params=params))
 
     def bug(self, bug_id: str) -> Bug:
         return _parse(Bug, self._request("GET", f"/v1/bugs/{bug_id}"))

@@ -12,7 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minify_server import connections, retention
-from minify_server.bugs import BugIndex
+from minify_server.bugs import BugIndex, retest_periodically
 from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
@@ -57,12 +57,16 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         app.state.bugs = BugIndex(app.state.redis)
         sweeper = asyncio.create_task(retention.sweep_periodically(
             app.state.redis, app.state.store, settings.retention_days, settings.retention_sweep_interval_s))
+        retester = asyncio.create_task(retest_periodically(
+            app.state.bugs, app.state.sync_redis, app.state.store, settings.retest_per_sweep,
+            settings.retest_interval_s))
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in (sweeper, retester):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await app.state.redis.aclose()
             await app.state.stream_redis.aclose()
             app.state.sync_redis.close()

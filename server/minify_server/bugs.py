@@ -5,18 +5,49 @@ The worker files a succeeded job under its bug in the transaction that ends the 
 graph shape hash, failure kind, backend, device, first and last seen, the representative job, the
 first one filed), `minify:bug:<id>:jobs` (its job ids by finish time) and `minify:bugs` (bug ids by
 last seen). This module reads it, and forgets bugs for retention.
+
+Bugs know their torch versions (minify_worker/versions/bugs.py writes `status`, `affected`,
+`fixed_in`, `fixed_evidence` and `versions_tried` on the record, from `minify:bug:<id>:versions`).
+When a worker offers a torch version an open bug has not been tried on, `retest_periodically`
+enqueues a re-test of its representative repro there, a few per sweep
+(`Settings.retest_per_sweep` every `retest_interval_s`): ClusterFuzz's re-test of open bugs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
 
 from minify_client.bugs import add_to_bug_index
-from minify_client.models import Bug, Report
+from minify_client.models import Bug, BugFix, Report
+from minify_server import queue
+from minify_server.connections import UNAVAILABLE
 from minify_server.records import BUGS_KEY, bug_jobs_key, bug_record_key, record_key, ticket_keys
+from minify_server.store import ArtifactStore
+
+log = logging.getLogger(__name__)
 
 # A bug lists its most recent jobs; `count` counts them all.
 JOB_IDS_SHOWN = 100
+# A re-test no worker answered in this long is asked again (its worker went away).
+RETEST_PATIENCE_S = 3600.0
+
+
+def bug_versions_key(bug_id: str) -> str:
+    """Each torch version's latest run of the bug's repro (minify_worker/versions/bugs.py)."""
+    return f"{bug_record_key(bug_id)}:versions"
+
+
+def bug_retests_key(bug_id: str) -> str:
+    """Torch version -> when its re-test was enqueued."""
+    return f"{bug_record_key(bug_id)}:retests"
 
 
 def _bug(fields: dict[str, str], job_ids: list[str], count: int) -> Bug:
@@ -27,6 +58,10 @@ def _bug(fields: dict[str, str], job_ids: list[str], count: int) -> Bug:
         device=fields.get("device", ""), count=count, job_ids=job_ids, first_seen=fields["first_seen"],
         last_seen=fields["last_seen"], representative=representative,
         repro=f"/v1/jobs/{representative}/artifacts/repro.py", dashboard=f"/#/bugs/{fields['id']}",
+        status=fields.get("status") or "open", fixed_in=fields.get("fixed_in") or None,
+        fixed_evidence=BugFix.model_validate_json(fields["fixed_evidence"]) if fields.get("fixed_evidence") else None,
+        affected=json.loads(fields.get("affected") or "[]"),
+        versions_tried=json.loads(fields.get("versions_tried") or "{}"),
     )
 
 
@@ -52,11 +87,14 @@ class BugIndex:
         found = await self._read([bug_id])
         return found[0] if found else None
 
-    async def page(self, offset: int, limit: int) -> tuple[list[Bug], int]:
-        """Bugs, most recently seen first."""
-        total = await self.redis.zcard(BUGS_KEY)
-        bug_ids = await self.redis.zrevrange(BUGS_KEY, offset, offset + limit - 1)
-        return await self._read(bug_ids), total
+    async def page(self, offset: int, limit: int, status: str | None = None) -> tuple[list[Bug], int]:
+        """Bugs, most recently seen first; only those `status` (open, fixed) says, when given."""
+        if status is None:
+            total = await self.redis.zcard(BUGS_KEY)
+            bug_ids = await self.redis.zrevrange(BUGS_KEY, offset, offset + limit - 1)
+            return await self._read(bug_ids), total
+        chosen = [bug for bug in await self._read(await self.redis.zrevrange(BUGS_KEY, 0, -1)) if bug.status == status]
+        return chosen[offset:offset + limit], len(chosen)
 
     async def count(self) -> int:
         return await self.redis.zcard(BUGS_KEY)
@@ -93,6 +131,61 @@ class BugIndex:
             async with self.redis.pipeline(transaction=True) as pipe:
                 for bug_id in bug_ids:
                     pipe.zrem(BUGS_KEY, bug_id)
-                    pipe.delete(bug_record_key(bug_id), bug_jobs_key(bug_id))
+                    pipe.delete(bug_record_key(bug_id), bug_jobs_key(bug_id), bug_versions_key(bug_id),
+                                bug_retests_key(bug_id))
                 await pipe.execute()
         return bug_ids
+
+    async def retests_due(self, versions: list[str], limit: int) -> list[tuple[str, dict[str, str], str]]:
+        """Up to `limit` (bug id, its record, torch version): open bugs and the versions among
+        `versions` their repro has not run on, nor been asked to lately."""
+        due: list[tuple[str, dict[str, str], str]] = []
+        now = time.time()
+        for bug_id in await self.redis.zrevrange(BUGS_KEY, 0, -1):
+            fields = await self.redis.hgetall(bug_record_key(bug_id))
+            if not fields.get("representative") or fields.get("status") == "fixed":
+                continue
+            tried = set(await self.redis.hkeys(bug_versions_key(bug_id)))
+            asked = {version for version, at in (await self.redis.hgetall(bug_retests_key(bug_id))).items()
+                     if now - float(at) < RETEST_PATIENCE_S}
+            for version in versions:
+                if version not in tried | asked:
+                    due.append((bug_id, fields, version))
+                    if len(due) >= limit:
+                        return due
+        return due
+
+
+def _retest_ticket(bug_id: str, fields: dict[str, str], version: str, store: ArtifactStore) -> dict[str, Any]:
+    out_dir = store.out_dir(fields["representative"])
+    return {"bug_record": bug_record_key(bug_id), "job": fields["representative"], "version": version,
+            "repro": str(out_dir / "repro.py"), "inputs": str(out_dir / "inputs.pt"),
+            "signature": fields.get("signature") or None}
+
+
+async def retest(bugs: BugIndex, sync_redis: SyncRedis, store: ArtifactStore, limit: int) -> int:
+    """Enqueue up to `limit` re-tests of open bugs on the torch versions live workers offer that
+    their repro has not run on. Returns how many."""
+    versions = list(queue.torch_versions_held(await queue.worker_infos(bugs.redis)))
+    due = await bugs.retests_due(versions, limit)
+    for bug_id, fields, version in due:
+        ticket = _retest_ticket(bug_id, fields, version, store)
+        await run_in_threadpool(queue.enqueue_retest, sync_redis, version, ticket)
+        await bugs.redis.hset(bug_retests_key(bug_id), version, str(time.time()))
+    return len(due)
+
+
+async def retest_periodically(bugs: BugIndex, sync_redis: SyncRedis, store: ArtifactStore, limit: int,
+                              interval_s: float) -> None:
+    """The server's background task: re-tests of open bugs on newly offered torch versions, a
+    bounded number every `interval_s`, until cancelled."""
+    while True:
+        try:
+            enqueued = await retest(bugs, sync_redis, store, limit)
+            if enqueued:
+                log.info("re-testing %d open bug(s) on newly offered torch versions", enqueued)
+        except UNAVAILABLE as error:
+            log.warning("bug re-tests skipped: Redis unavailable (%s)", error)
+        except Exception:
+            log.exception("bug re-tests failed")
+        await asyncio.sleep(interval_s)

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
         default=30, gt=0, description="jobs that ended longer ago are deleted (records, events, uploads, results), "
                                       "except the representative job of a listed bug")
     retention_sweep_interval_s: float = Field(default=3600, gt=0, description="how often the retention sweep runs")
+    retest_interval_s: float = Field(
+        default=60, gt=0, description="how often open bugs are re-tested on torch versions workers newly offer")
+    retest_per_sweep: int = Field(default=4, ge=0, description="re-tests enqueued per sweep at most (the rate bound)")
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -20,6 +20,10 @@ JOB_ENTRY = "minify_worker.job.run_job"
 JOB_FAILED = "minify_worker.job.on_rq_failure"
 # Worker name -> the torch installations it announced, as JSON (minify_worker/versions/phase.py writes it).
 WORKERS_TORCH_KEY = "minify:workers:torch"
+# The version phase's queues, one per torch version (minify_worker/versions/phase.py), and the re-test's entry.
+VERSION_QUEUE_PREFIX = "minify-torch-"
+RETEST_ENTRY = "minify_worker.versions.bugs.retest_job"
+RETEST_TIMEOUT_S = 600
 # RQ's hard timeout is a backstop: the job entry ends the engine itself at the spec's job_timeout_s.
 TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
@@ -41,6 +45,13 @@ def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], re
         description=f"minify {job_id} on {spec.device}",
         pipeline=pipeline,
     )
+
+
+def enqueue_retest(redis: Redis, version: str, ticket: dict[str, Any]) -> Job:
+    """A re-test of a bug's repro on the queue of torch `version` (any worker holding it answers)."""
+    return Queue(VERSION_QUEUE_PREFIX + version, connection=redis).enqueue(
+        RETEST_ENTRY, ticket, job_timeout=RETEST_TIMEOUT_S, result_ttl=3600, failure_ttl=RESULT_TTL_S,
+        description=f"re-test of bug {ticket['bug_record']} on torch {version}")
 
 
 def dequeue(redis: Redis, job_id: str) -> None:

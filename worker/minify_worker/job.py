@@ -28,6 +28,7 @@ from rq.job import Job
 from minify_client.bugs import add_to_bug_index
 from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
 from minify_client.progress import culprit_summary
+from minify_worker.versions import bugs as versions_bugs
 from minify_worker.versions import phase as versions_phase
 
 log = logging.getLogger(__name__)
@@ -320,6 +321,9 @@ def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Repo
         found = versions_phase.with_versions(report, [versions_phase.own_run(report, own), *runs],
                                              CulpritState.cancelled if stopped else CulpritState.done)
         versions_phase.write_findings(out_dir, found)
+        if found.bug and "bug" in channel.keys:  # the bug learns which versions it has, and whether one fixed it
+            versions_bugs.record_runs(channel.redis, channel.keys["bug"].format(bug=found.bug), job_id, found.versions,
+                                      "version phase")
         return found
     except Exception:  # Redis gone, a full disk: the succeeded job stands, the phase is lost
         log.exception("the version phase failed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -21,9 +22,10 @@ def _bugs(request: Request) -> BugIndex:
 
 
 @router.get("", response_model=BugList, summary="Bugs, most recently seen first")
-async def list_bugs(request: Request, offset: int = Query(0, ge=0),
-                    limit: int = Query(50, ge=1, le=500)) -> BugList:
-    bugs, total = await _bugs(request).page(offset, limit)
+async def list_bugs(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
+                    status: Literal["open", "fixed"] | None = Query(
+                        None, description="open, or fixed (a newer torch passes its repro)")) -> BugList:
+    bugs, total = await _bugs(request).page(offset, limit, status)
     return BugList(bugs=bugs, total=total, offset=offset, limit=limit)
 
 

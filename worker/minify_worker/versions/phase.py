@@ -134,12 +134,12 @@ def fan_out(redis: Redis, job_id: str, out_dir: Path, report: Report, own: Torch
     return versions
 
 
-def _env_for(version: str) -> TorchEnv | None:
+def env_for(version: str) -> TorchEnv | None:
     return next((env for env in offered_envs() if env.torch == version), None)
 
 
 def _probe(ticket: dict[str, Any]) -> VersionRun:
-    env = _env_for(ticket["version"])
+    env = env_for(ticket["version"])
     if env is None:
         return VersionRun(torch=ticket["version"], outcome=VersionOutcome.cannot_run,
                           reason="the worker that took the probe no longer holds this version")
@@ -185,7 +185,7 @@ def collect(redis: Redis, job_id: str, out_dir: Path, report: Report, versions: 
             if time.monotonic() > deadline:
                 break
             for version in sorted(pending - answered - claimed):
-                if _env_for(version) is None:
+                if env_for(version) is None:
                     continue
                 rq_id = probe_job_id(job_id, version)
                 if Queue(queue_name(version), connection=redis).remove(rq_id):
