@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from minify_client.bugs import bug_key
 from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
@@ -30,6 +29,7 @@ from minify_worker.evaluator import SandboxEvaluator
 from minify_worker.hang import HangCalibration, HangWatch, Refuted
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
+from minify_worker.report import RunFacts, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
@@ -111,23 +111,11 @@ class _Run:
         self.started = time.monotonic()
         self.deadline = self.started + spec.limits.job_timeout_s
         self.scheduler: Scheduler | None = None
-        self.nodes_original: int | None = None
-        self.best: Any | None = None
-        self.signature: Signature | None = None
-        self.timeline: list[TimelinePoint] = []
+        self.facts = RunFacts(spec, self.program, torch.__version__)  # what report.json says (report.py)
         self.phase = "prepare"
-        self.phase_s: dict[str, float] = {}
         self._phase_started = time.monotonic()
-        self.sandbox_start: str | None = None
-        self.flaky = False
-        self.original_failures = 0
-        self.original_runs = 0
-        self.candidate_timeout_s: float | None = None
-        self.artifact_errors: dict[str, str] = {}
-        self._unshrunk: Any | None = None  # the minimal graph the shrink phase started from
         self._culprit_pending = False  # the delivered result says the culprit phase follows
         self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
-        self.environment: dict[str, str] = {}
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self._original_run: Future[Outcome] | None = None  # compiled once, run ORIGINAL_RUNS times
         self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
@@ -176,7 +164,7 @@ class _Run:
 
     def _execute_in(self, pool: SandboxPool, program: Path, inputs: Path | None, workdir: Path,
                     parallelism: int) -> MinifyResult:
-        self.sandbox_start = pool.start_method
+        self.facts.sandbox_start = pool.start_method
         try:
             # The untrusted program is loaded in a child; this process reads back JSON and tensors only.
             prepared = prepare_program(program, inputs, workdir, self.spec, timeout_s=self._remaining(), pool=pool,
@@ -189,8 +177,8 @@ class _Run:
         self._environment_call = pool.submit_call(environment.CALL_TARGET, timeout_s=environment.CALL_TIMEOUT_S,
                                                   purpose="environment")
         graph = self.program.from_wire(prepared.wire_graph)
-        self.nodes_original = self.program.count_ops(graph)
-        self.best = graph
+        self.facts.nodes_original = self.program.count_ops(graph)
+        self.facts.best = graph
         self._record_point()
         if self.cancel.is_set():
             return self._finish(JobState.cancelled, "cancelled before it started")
@@ -233,12 +221,12 @@ class _Run:
                     return self._finish(ending.status, ending.reason, seen=ending.seen)
                 if ending is None:
                     break
-                self.best = graph
+                self.facts.best = graph
                 self._record_point()
                 self._emit(force=True, graph=graph, milestone=Milestone.restarted, message=ending.reason)
             self._shrink_inputs()
         except Stopped as stopped:
-            if self.signature is None:  # stopped before the original's outcome was known
+            if self.facts.signature is None:  # stopped before the original's outcome was known
                 self._cancel_original_runs()
                 return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
             status, reason = self._status_when_stopped(stopped.reason)
@@ -272,7 +260,7 @@ class _Run:
         """The culprit phase (culprit.py), after the result was delivered: its finding rewrites
         report.json, repro.py's header and the bundle; a stop (a cancel, the job's timeout) or a
         sandbox failure ends the phase, never the succeeded job."""
-        assert self.best is not None and self.signature is not None
+        assert self.facts.best is not None and self.facts.signature is not None
         started = time.monotonic()
         self.phase = "culprit"
         self._emit(force=True, milestone=Milestone.culprit_started,
@@ -280,8 +268,8 @@ class _Run:
         state = CulpritState.done
         try:
             self.culprit_found = culprit.find(
-                evaluator.live_pool(), original=self._original, minimal=self.best, target=self.signature,
-                spec=self.spec, timeout_s=self.candidate_timeout_s or self._first_timeout(),
+                evaluator.live_pool(), original=self._original, minimal=self.facts.best, target=self.facts.signature,
+                spec=self.spec, timeout_s=self.facts.candidate_timeout_s or self._first_timeout(),
                 budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
                 say=lambda message: self._emit(force=True, milestone=Milestone.culprit_step, message=message))
             fields = culprit.report_fields(self.culprit_found, self.spec)
@@ -291,9 +279,9 @@ class _Run:
         except SandboxError as error:
             state = CulpritState.lost
             fields = culprit.stopped_fields(state, f"lost: the sandbox failed during the culprit phase: {error}")
-        self.phase_s["culprit"] = round(time.monotonic() - started, 3)
+        self.facts.phase_s["culprit"] = round(time.monotonic() - started, 3)
         self.phase = "done"
-        report = delivered.report.model_copy(update={**fields, "phase_s": dict(self.phase_s)})
+        report = delivered.report.model_copy(update={**fields, "phase_s": dict(self.facts.phase_s)})
         files = dict(delivered.artifacts)
         try:
             artifacts.rewrite_for_culprit(self.out_dir, report, culprit.pending_header_lines(),
@@ -329,7 +317,7 @@ class _Run:
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
         submitted = time.monotonic()
         self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
-        self.hang_watch.watch(evaluator, self._original_run, submitted, self.nodes_original)
+        self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)
         # The failure must depend on the program: the program with no ops runs beside it.
@@ -370,7 +358,7 @@ class _Run:
             return self._empty.result()
 
         settled = self.target.settle(outcome, empty)
-        self.original_runs = settled.runs
+        self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced):
             self._ending = settled
             return settled
@@ -384,34 +372,34 @@ class _Run:
         calibrated from its run, and candidates cut short by a guessed hang's timeout run again
         if the reduction restarts."""
         target = settled.signature
-        self.signature = target
-        self.original_failures = settled.failures
-        self.flaky = settled.flaky
-        if self.flaky:
-            self._emit(force=True, milestone=Milestone.flaky,
-                       message=f"flaky: the original failed {self.original_failures} of {self.original_runs} runs")
+        self.facts.signature = target
+        self.facts.original_failures = settled.failures
+        self.facts.flaky = settled.flaky
+        if self.facts.flaky:
+            self._emit(force=True, milestone=Milestone.flaky, message=f"flaky: the original failed "
+                       f"{self.facts.original_failures} of {self.facts.original_runs} runs")
         assert self.scheduler is not None
         self.scheduler.remember(self._original, Fails(target))
         if target.kind == "timeout":
-            if self.candidate_timeout_s is None:  # else calibrated while the hang was a guess
-                self.candidate_timeout_s = self._first_timeout()
+            if self.facts.candidate_timeout_s is None:  # else calibrated while the hang was a guess
+                self.facts.candidate_timeout_s = self._first_timeout()
             self.hang_watch.calibrate()
         else:
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
             bound = self.spec.limits.candidate_timeout_s
-            self.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
-            self._evaluator.set_timeout(self.candidate_timeout_s)
+            self.facts.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
+            self._evaluator.set_timeout(self.facts.candidate_timeout_s)
         self._enter_phase("reduce")
         self._emit(force=True, milestone=Milestone.reproduced, message=f"reproduced: {target}")
         if settled.restart is not None:
             # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
-            cut_short = self.candidate_timeout_s
+            cut_short = self.facts.candidate_timeout_s
             self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < cut_short)
 
     def _shorten_timeout(self, timeout_s: float) -> None:
         """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
-        if self.candidate_timeout_s is None or timeout_s < self.candidate_timeout_s:
-            self.candidate_timeout_s = timeout_s
+        if self.facts.candidate_timeout_s is None or timeout_s < self.facts.candidate_timeout_s:
+            self.facts.candidate_timeout_s = timeout_s
             self._evaluator.set_timeout(timeout_s)
 
     def _poll(self) -> str | None:
@@ -426,14 +414,14 @@ class _Run:
         """The reduction ended on a guessed hang while the original still runs: confirm it on the
         result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
         the reduction from the original, waiting for its outcome (None; `_ending` says why)."""
-        assert self.best is not None and self.target.guess is not None and self.scheduler is not None
-        outcome = self.hang_watch.confirm(self.best, self.target.guess, remaining_s=self._remaining(),
+        assert self.facts.best is not None and self.target.guess is not None and self.scheduler is not None
+        outcome = self.hang_watch.confirm(self.facts.best, self.target.guess, remaining_s=self._remaining(),
                                           wait_for=self._wait_for)
         if not isinstance(outcome, Refuted):
             return outcome
         self._emit(force=True, milestone=Milestone.hang_refuted, message=outcome.reason)
         self.target.refute_hang()
-        self.candidate_timeout_s = None
+        self.facts.candidate_timeout_s = None
         self._evaluator.set_timeout(self._first_timeout())
         self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
         self._ending = Restart(outcome.reason)
@@ -442,14 +430,14 @@ class _Run:
     def _verify_in_a_fresh_child(self) -> str | None:
         """Where children are reused, run the result once more in a child that ran nothing else: it
         must fail the same way there. Returns why the result is in doubt, if it is."""
-        pool = self._evaluator.live_pool()
-        if not pool.reuse or self.best is None or self.best is self._original or self.signature is None:
+        pool, best = self._evaluator.live_pool(), self.facts.best
+        if not pool.reuse or best is None or best is self._original or self.facts.signature is None:
             return None
-        future = pool.submit(self.program.to_wire(self.best), timeout_s=self.candidate_timeout_s, fresh=True)
+        future = pool.submit(self.program.to_wire(best), timeout_s=self.facts.candidate_timeout_s, fresh=True)
         if wait_unless_stopped(pool, [future], self._stop_reason):
             return None
         outcome = future.result()
-        if oracle.still_fails(outcome, self.signature, self.spec.failure):
+        if oracle.still_fails(outcome, self.facts.signature, self.spec.failure):
             return None
         return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
                 "depend on what an earlier candidate left in a reused child")
@@ -468,44 +456,44 @@ class _Run:
     def _shrink_inputs(self) -> None:
         """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
         program's inputs while the failure holds (`programs.Shrinks`)."""
-        if not self.spec.shrink or self.best is None:
+        if not self.spec.shrink or self.facts.best is None:
             return
         assert self.scheduler is not None
         self._enter_phase("shrink")
-        self._unshrunk = self.best
+        self.facts.unshrunk = self.facts.best
         shrinks = getattr(self.program, "shrink", None)
         if shrinks is None:
             self._emit(force=True, milestone=Milestone.shrink_skipped,
                        message=f"shrink skipped: {self.program.name} programs cannot shrink their inputs")
             return
-        shrinks(self.scheduler, self.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
+        shrinks(self.scheduler, self.facts.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
                 say=lambda milestone, message: self._emit(force=True, milestone=milestone, message=message))
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
 
     def _accepted(self, graph: Any, description: str) -> None:
-        self.best = graph
+        self.facts.best = graph
         self._record_point()
         self._emit(force=True, graph=graph, milestone=Milestone.accepted, message=description)
 
     def _write_program_artifacts(self, pool: SandboxPool) -> dict[str, Path]:
-        assert self.best is not None
+        assert self.facts.best is not None
         result = pool.call(
             self.program.artifacts_target,
             {
-                "wire_graph": self.program.to_wire(self.best),
+                "wire_graph": self.program.to_wire(self.facts.best),
                 "out_dir": str(self.out_dir),
                 "spec_json": self.spec.model_dump_json(),
-                "signature": asdict(self.signature) if self.signature else None,
+                "signature": asdict(self.facts.signature) if self.facts.signature else None,
                 "environment": self._environment(),
                 "culprit_lines": culprit.pending_header_lines() if self._culprit_pending else [],
             },
-            timeout_s=max(60.0, 4 * (self.candidate_timeout_s or 0)),
+            timeout_s=max(60.0, 4 * (self.facts.candidate_timeout_s or 0)),
         )
-        self.artifact_errors = dict(result.get("errors") or {})
+        self.facts.artifact_errors = dict(result.get("errors") or {})
         artifacts.raise_storage_error(result)
-        for name, error in self.artifact_errors.items():
+        for name, error in self.facts.artifact_errors.items():
             log.warning("could not write %s: %s", name, error)
         return {name: self.out_dir / name for name in result.get("files", [])}
 
@@ -514,15 +502,15 @@ class _Run:
     def _environment(self) -> dict[str, str]:
         """The worker's environment (report.json, repro.py): the sandbox call's result, once; a
         cancelled job ends at once instead of waiting for it."""
-        if not self.environment:
+        if not self.facts.environment:
             stopped = "the job was cancelled" if self.cancel.is_set() else None
-            self.environment = environment.collected(self._environment_call, stopped=stopped)
-        return self.environment
+            self.facts.environment = environment.collected(self._environment_call, stopped=stopped)
+        return self.facts.environment
 
     def _enter_phase(self, phase: str) -> None:
         """Close the current phase's clock (`Report.phase_s`) and start `phase`'s."""
         now = time.monotonic()
-        self.phase_s[self.phase] = round(self.phase_s.get(self.phase, 0.0) + now - self._phase_started, 3)
+        self.facts.phase_s[self.phase] = round(self.facts.phase_s.get(self.phase, 0.0) + now - self._phase_started, 3)
         self.phase, self._phase_started = phase, now
 
     def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None, *,
@@ -532,48 +520,13 @@ class _Run:
         chain, which says where it came from (a compiler's wrapper) where the reason names only the
         root cause."""
         self._enter_phase("done")
-        if status is JobState.succeeded and self.flaky and reason is None:
-            reason = (f"flaky: the original failed in {self.original_failures} of {self.original_runs} runs, so a "
-                      "candidate that passed once may fail on another run; the result may not be minimal")
-        stats = self.scheduler.stats if self.scheduler else None
-        best = self.best
-        succeeded = best is not None and status is JobState.succeeded
-        chained = self.signature or seen
-        report = Report(
-            status=status,
-            reason=reason,
-            nodes_original=self.nodes_original,
-            nodes_final=self.program.count_ops(best) if best is not None and status is JobState.succeeded else None,
-            checks_total=stats.checks_total if stats else 0,
-            checks_cached=stats.checks_cached if stats else 0,
-            elapsed_s=round(time.monotonic() - self.started, 3),
-            signature=str(self.signature) if self.signature else None,
-            failure_kind=self.signature.kind if self.signature else None,
-            signature_chain=list(chained.chain) if chained else [],
-            flaky=self.flaky,
-            original_runs=self.original_runs,
-            original_failures=self.original_failures,
-            candidate_timeout_s=self.candidate_timeout_s,
-            hang_confirm_timeout_s=self.hang_watch.confirm_timeout_s,
-            backend=self.spec.backend,
-            device=self.spec.device,
-            config=self.spec.config,
-            torch_version=torch.__version__,
-            environment=self._environment(),
-            outcomes=dict(stats.outcomes) if stats else {},
-            timeline=self.timeline,
-            graph_code=self.program.code(best) if best is not None and status is JobState.succeeded else None,
-            artifact_errors=self.artifact_errors,
-            phase_s=self.phase_s,
-            sandbox_start=self.sandbox_start,
-            input_shapes_original=self.program.input_shapes(self._unshrunk or best) if succeeded else {},
-            input_shapes_final=self.program.input_shapes(best) if succeeded else {},
-            **(culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
-               else culprit.report_fields(None, self.spec)),
-        )
-        if succeeded:
-            report.graph_shape_hash = self.program.shape_hash(best)
-            report.bug = bug_key(report.signature, report.graph_shape_hash) if report.signature else None
+        self._environment()
+        self.facts.hang_confirm_timeout_s = self.hang_watch.confirm_timeout_s
+        culprit_fields = (culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
+                          else culprit.report_fields(None, self.spec))
+        report = build_report(status, reason, self.facts, stats=self.scheduler.stats if self.scheduler else None,
+                              elapsed_s=time.monotonic() - self.started, culprit_fields=culprit_fields, seen=seen)
+        status, reason = report.status, report.reason
         files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
         try:
@@ -608,10 +561,10 @@ class _Run:
     # -- progress --------------------------------------------------------------------------
 
     def _record_point(self) -> None:
-        assert self.best is not None
+        assert self.facts.best is not None
         checks = self.scheduler.stats.checks_total if self.scheduler else 0
-        self.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
-                                           nodes=self.program.count_ops(self.best), checks=checks))
+        self.facts.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
+                                           nodes=self.program.count_ops(self.facts.best), checks=checks))
 
     def _emit(self, force: bool = False, *, graph: Any | None = None, status: JobState | None = None,
               message: str | None = None, culprit_state: CulpritState | None = None,
@@ -630,14 +583,14 @@ class _Run:
             type="culprit" if culprit_state is not None and status is None else
             "status" if status is not None else "progress",
             phase=stats.phase if stats and self.phase == "reduce" else self.phase,
-            nodes_original=self.nodes_original,
-            nodes_current=self.program.count_ops(self.best) if self.best is not None else None,
+            nodes_original=self.facts.nodes_original,
+            nodes_current=self.program.count_ops(self.facts.best) if self.facts.best is not None else None,
             checks_total=stats.checks_total if stats else 0,
             checks_cached=stats.checks_cached if stats else 0,
             checks_in_flight=stats.checks_in_flight if stats else 0,
             outcomes=dict(stats.outcomes) if stats else {},
             elapsed_s=round(now - self.started, 3),
-            signature=str(self.signature) if self.signature else None,
+            signature=str(self.facts.signature) if self.facts.signature else None,
             graph_code=self.program.code(graph) if graph is not None else None,
             status=status,
             message=message,

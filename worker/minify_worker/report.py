@@ -1,0 +1,94 @@
+"""report.json from what a run knows when it ends: a pure function of values (`build_report`).
+
+The engine collects the facts (`RunFacts`) as the job goes; this module decides what the report
+says of them: the counts, the signature and its chain, the flaky warning, what was compiled and
+run of the original, the minimal program's code, input shapes and bug key (only for a result),
+and the culprit phase's fields. Writing the file is artifacts' business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from minify_client.bugs import bug_key
+from minify_client.models import JobSpec, JobState, Report, TimelinePoint
+from minify_worker.outcomes import Signature
+from minify_worker.programs import Representation
+from minify_worker.scheduler import Stats
+
+
+@dataclass
+class RunFacts:
+    """What one run knows about itself; the engine fills it in as the job goes."""
+
+    spec: JobSpec
+    program: Representation
+    torch_version: str
+    nodes_original: int | None = None
+    best: Any = None  # the smallest failing program so far (the representation's)
+    unshrunk: Any = None  # the minimal program the shrink phase started from
+    signature: Signature | None = None  # the original's, once known
+    flaky: bool = False
+    original_runs: int = 0
+    original_failures: int = 0
+    candidate_timeout_s: float | None = None
+    hang_confirm_timeout_s: float | None = None
+    sandbox_start: str | None = None
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    phase_s: dict[str, float] = field(default_factory=dict)
+    artifact_errors: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def flaky_reason(facts: RunFacts) -> str:
+    return (f"flaky: the original failed in {facts.original_failures} of {facts.original_runs} runs, so a "
+            "candidate that passed once may fail on another run; the result may not be minimal")
+
+
+def build_report(status: JobState, reason: str | None, facts: RunFacts, *, stats: Stats | None, elapsed_s: float,
+                 culprit_fields: dict[str, Any], seen: Signature | None = None) -> Report:
+    """The report of a run that ended with `status`. `seen`: a failure of the original the job did
+    not take (another signature than the spec's, another kind): `signature_chain` is its chain,
+    which says where it came from (a compiler's wrapper) where the reason names only the root cause.
+    A succeeded run's report describes its minimal program and files it under a bug."""
+    if status is JobState.succeeded and facts.flaky and reason is None:
+        reason = flaky_reason(facts)
+    best, program, spec = facts.best, facts.program, facts.spec
+    succeeded = best is not None and status is JobState.succeeded
+    chained = facts.signature or seen
+    report = Report(
+        status=status,
+        reason=reason,
+        nodes_original=facts.nodes_original,
+        nodes_final=program.count_ops(best) if succeeded else None,
+        checks_total=stats.checks_total if stats else 0,
+        checks_cached=stats.checks_cached if stats else 0,
+        elapsed_s=round(elapsed_s, 3),
+        signature=str(facts.signature) if facts.signature else None,
+        failure_kind=facts.signature.kind if facts.signature else None,
+        signature_chain=list(chained.chain) if chained else [],
+        flaky=facts.flaky,
+        original_runs=facts.original_runs,
+        original_failures=facts.original_failures,
+        candidate_timeout_s=facts.candidate_timeout_s,
+        hang_confirm_timeout_s=facts.hang_confirm_timeout_s,
+        backend=spec.backend,
+        device=spec.device,
+        config=spec.config,
+        torch_version=facts.torch_version,
+        environment=facts.environment,
+        outcomes=dict(stats.outcomes) if stats else {},
+        timeline=facts.timeline,
+        graph_code=program.code(best) if succeeded else None,
+        artifact_errors=facts.artifact_errors,
+        phase_s=facts.phase_s,
+        sandbox_start=facts.sandbox_start,
+        input_shapes_original=program.input_shapes(facts.unshrunk or best) if succeeded else {},
+        input_shapes_final=program.input_shapes(best) if succeeded else {},
+        **culprit_fields,
+    )
+    if succeeded:
+        report.graph_shape_hash = program.shape_hash(best)
+        report.bug = bug_key(report.signature, report.graph_shape_hash) if report.signature else None
+    return report
