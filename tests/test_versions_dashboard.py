@@ -1,7 +1,8 @@
-"""The version phase on the dashboard: the job page's row of version badges and the "Copy as bug
-report" text, in a real browser. The page's files are the real ones on a plain static server; the
-job it shows is answered by the browser (Playwright's routing) as the API returns it, so no service
-has to run a job on several torch versions first (tests/test_versions_fanout.py does that)."""
+"""The version phase on the dashboard: the job page's row of version badges, the "Copy as bug
+report" text and the Bugs view's status (open / fixed in), in a real browser. The page's files are
+the real ones on a plain static server; the job and the bug it shows are answered by the browser
+(Playwright's routing) as the API returns them, so no service has to run a job on several torch
+versions first (tests/test_versions_fanout.py does that)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ RESULT = {
     ],
     "regression_range": {"last_good": "2.12.0", "first_bad": "2.13.0+cpu"}, "fixed_in": None,
 }
+BUG = {"id": "b" * 24, "signature": "RuntimeError: injected failure on relu", "graph_shape_hash": "g",
+       "backend": "inductor", "device": "cpu", "count": 1, "job_ids": ["j1"], "first_seen": "2026-01-01T00:00:05Z",
+       "last_seen": "2026-01-01T00:00:05Z", "representative": "j1", "repro": "/v1/jobs/j1/artifacts/repro.py",
+       "status": "fixed", "affected": ["2.13.0+cpu"], "fixed_in": "2.14.1",
+       "fixed_evidence": {"job": "j1", "torch": "2.14.1", "how": "re-test"},
+       "versions_tried": {"2.12.0": "passes", "2.13.0+cpu": "same", "2.14.1": "passes"}}
 JOB = {"id": "j1", "status": "succeeded", "spec": {"backend": "inductor", "device": "cpu"},
        "created_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:05Z", "culprit_state": "done",
        "progress": {"phase": "done"}, "result": RESULT}
@@ -46,7 +53,14 @@ def page() -> Iterator[Any]:
 
         def answer(route: Any) -> None:
             path = route.request.url.split("?", 1)[0]
-            if path.endswith("/v1/jobs/j1"):
+            if path.endswith("/v1/bugs"):
+                fixed = "status=fixed" in route.request.url or "status=" not in route.request.url
+                bugs = [BUG] if fixed else []
+                route.fulfill(status=200, content_type="application/json",
+                              body=json.dumps({"bugs": bugs, "total": len(bugs), "offset": 0, "limit": 50}))
+            elif path.endswith(f"/v1/bugs/{BUG['id']}"):
+                route.fulfill(status=200, content_type="application/json", body=json.dumps(BUG))
+            elif path.endswith("/v1/jobs/j1"):
                 route.fulfill(status=200, content_type="application/json", body=json.dumps(JOB))
             elif path.endswith("/events"):
                 route.fulfill(status=200, content_type="text/event-stream", body="")
@@ -58,6 +72,7 @@ def page() -> Iterator[Any]:
         page.route("**/v1/**", answer)
         page.goto(f"{base}/#/jobs/j1")
         page.wait_for_selector("#versions .badge")
+        page.base = base
         page.errors = errors
         yield page
 
@@ -86,3 +101,19 @@ def test_the_bug_report_says_which_torch_versions_have_the_bug(page: Any) -> Non
     assert "- torch 2.12.0 (git 0123456789ab): passes\n" in text
     assert "- torch 2.14.1: fails otherwise (TypeError: x)\n" in text
     assert "- torch 2.11.0: cannot run (this torch lacks what the repro uses" in text
+
+
+def test_the_bugs_view_shows_which_are_fixed_and_filters_by_status(page: Any) -> None:
+    page.goto(f"{page.base}/#/bugs?status=fixed")
+    page.wait_for_selector("tr.bug-row .bug-status")
+    listed = page.inner_text("tr.bug-row .bug-status")
+    active = page.inner_text("#bug-filters .chip.active")
+    page.goto(f"{page.base}/#/bugs?status=open")
+    page.wait_for_selector("p.empty:not([hidden])")
+    page.goto(f"{page.base}/#/bugs/{BUG['id']}")
+    page.wait_for_selector("#bug-status")
+    status = page.inner_text("#bug-status")
+
+    assert (listed, active) == ("fixed in 2.14.1", "Fixed")
+    assert status == "fixed in 2.14.1 re-test: job j1's repro passed on torch 2.14.1"
+    assert page.errors == []

@@ -21,6 +21,15 @@ function reproLink(bug) {
   }, "repro.py");
 }
 
+/** "open", or "fixed in 2.15.0": a bug's status as its torch versions say (re-tested on new ones). */
+function statusBadge(bug) {
+  const fixed = bug.status === "fixed";
+  return h("span", {
+    class: `badge bug-status ${fixed ? "status-succeeded" : "status-failed"}`,
+    title: bug.affected?.length ? `fails on torch ${bug.affected.join(", ")}` : "",
+  }, fixed ? `fixed in ${bug.fixed_in}` : "open");
+}
+
 function row(bug, now) {
   const lastSeen = parseTime(bug.last_seen);
   return h("tr", { class: "bug-row", "data-bug-id": bug.id },
@@ -28,6 +37,7 @@ function row(bug, now) {
       h("code", {}, bug.id.slice(0, 12)))),
     h("td", { "data-label": "Jobs", class: "num bug-count" }, String(bug.count)),
     h("td", { "data-label": "Last seen", title: formatClock(lastSeen), class: "bug-last-seen" }, formatAgo(lastSeen, now)),
+    h("td", { "data-label": "Status" }, statusBadge(bug)),
     h("td", { "data-label": "Signature" }, h("code", { class: "bug-signature" }, bug.signature),
       h("div", { class: "muted small" }, `${bug.failure_kind || "failure"} · ${bug.backend} on ${bug.device}`)),
     h("td", { "data-label": "Repro" }, reproLink(bug),
@@ -53,19 +63,22 @@ function poller(refresh) {
 /** Render the bugs page into `root`; returns a function that stops its polling. */
 export function renderBugs(root, query) {
   const offset = Math.max(0, Number.parseInt(query.get("offset") || "0", 10) || 0);
+  const status = ["open", "fixed"].includes(query.get("status")) ? query.get("status") : "";
+  const filters = h("div", { class: "filters", id: "bug-filters" }, [["", "All"], ["open", "Open"], ["fixed", "Fixed"]].map(
+    ([value, label]) => h("a", { class: `chip${value === status ? " active" : ""}`, href: value ? `#/bugs?status=${value}` : "#/bugs" }, label)));
   const tbody = h("tbody");
   const table = h("table", { class: "jobs bugs" },
-    h("thead", {}, h("tr", {}, ["Bug", "Jobs", "Last seen", "Signature", "Repro"].map((name) =>
+    h("thead", {}, h("tr", {}, ["Bug", "Jobs", "Last seen", "Status", "Signature", "Repro"].map((name) =>
       h("th", { class: name === "Jobs" ? "num" : null }, name)))),
     tbody);
   const empty = h("p", { class: "empty", hidden: true }, "No bugs yet: a job that succeeds files its minimal program under one.");
   const pager = h("div", { class: "pager" });
   const error = h("p", { class: "error", hidden: true });
   root.replaceChildren(h("section", { class: "page-head" }, h("h1", {}, "Bugs")),
-    error, h("div", { class: "table-wrap" }, table), empty, pager);
+    filters, error, h("div", { class: "table-wrap" }, table), empty, pager);
   return poller(async (stopped) => {
     try {
-      const list = await api(`v1/bugs?offset=${offset}&limit=${PAGE_SIZE}`);
+      const list = await api(`v1/bugs?offset=${offset}&limit=${PAGE_SIZE}${status ? `&status=${status}` : ""}`);
       if (stopped()) return;
       const now = new Date();
       tbody.replaceChildren(...list.bugs.map((bug) => row(bug, now)));
@@ -74,8 +87,8 @@ export function renderBugs(root, query) {
       const last = Math.min(offset + list.bugs.length, list.total);
       pager.replaceChildren(h("span", {},
         h("span", { class: "muted" }, list.total ? `${offset + 1}–${last} of ${list.total}` : ""), " ",
-        offset > 0 ? h("a", { class: "button", href: `#/bugs?offset=${Math.max(0, offset - PAGE_SIZE)}` }, "← Newer") : null, " ",
-        last < list.total ? h("a", { class: "button", href: `#/bugs?offset=${offset + PAGE_SIZE}` }, "Older →") : null));
+        offset > 0 ? h("a", { class: "button", href: `#/bugs?offset=${Math.max(0, offset - PAGE_SIZE)}${status ? `&status=${status}` : ""}` }, "← Newer") : null, " ",
+        last < list.total ? h("a", { class: "button", href: `#/bugs?offset=${offset + PAGE_SIZE}${status ? `&status=${status}` : ""}` }, "Older →") : null));
       error.hidden = true;
     } catch (failure) {
       if (stopped()) return;
@@ -104,6 +117,11 @@ export function renderBug(root, id) {
         ["Signature", h("code", { class: "bug-signature" }, bug.signature)],
         ["Failure", bug.failure_kind || "–"], ["Backend", `${bug.backend} on ${bug.device}`],
         ["Jobs", String(bug.count)],
+        ["Status", h("span", { id: "bug-status" }, statusBadge(bug), bug.fixed_evidence
+          ? ` ${bug.fixed_evidence.how}: job ${bug.fixed_evidence.job.slice(0, 12)}'s repro passed on torch ${bug.fixed_evidence.torch}`
+          : "")],
+        ["Fails on", bug.affected?.length ? bug.affected.join(", ") : "–"],
+        ["Tried on", Object.entries(bug.versions_tried || {}).map(([version, outcome]) => `${version}: ${outcome}`).join(", ") || "–"],
         ["First seen", formatClock(parseTime(bug.first_seen))], ["Last seen", formatClock(parseTime(bug.last_seen))],
         ["Repro", h("span", {}, reproLink(bug), " of ",
           h("a", { href: `#/jobs/${encodeURIComponent(bug.representative)}` }, `job ${bug.representative.slice(0, 12)}`))],
