@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: serve test demo lint setup browser gpu-wheels
+.PHONY: serve test demo lint setup browser gpu-wheels test-versions
 
 setup: $(STAMP)
 
@@ -72,13 +72,15 @@ gpu-wheels: $(STAMP)
 
 # The tests that reach into torch (real inductor and AOTInductor compiles, dynamo's hooks for
 # capture, the compiler bisector for the culprit) on another supported torch, each in a venv of its
-# own: `make test-torch-2.11` (our GPU machines' version), `make test-torch-2.14` (the newest).
-# Both are CUDA builds (2.14.1 about 5.5 GB, which these machines have on disk; 2.11.0 is
-# downloaded from PyPI, with its CUDA libraries), run on the CPU. torch goes in with --no-deps and
+# own: `make test-torch-2.11` (our GPU machines' version), `make test-torch-2.14`, `make test-torch-2.15`
+# (the newest).
+# All are CUDA builds (2.14.1 about 5.5 GB, which these machines have on disk; 2.11.0 and 2.15.0
+# are downloaded from PyPI, with their CUDA libraries), run on the CPU. torch goes in with --no-deps and
 # everything else from a list without cuda-bindings (used only by CUDA green contexts and the CUPTI
 # profiler). CI stays on .venv's 2.13 CPU; see docs/deploy.md, "Supported torch versions".
 TORCH_PIN_2.11 := 2.11.0
 TORCH_PIN_2.14 := 2.14.1
+TORCH_PIN_2.15 := 2.15.0
 TORCH_OTHER_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
 	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py \
 	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py \
@@ -107,6 +109,14 @@ export TORCH_OTHER_REQUIREMENTS
 	.venv-torch-$*/bin/python -m pip install -q -r .venv-torch-$*/requirements.txt
 	.venv-torch-$*/bin/python -m pip install -q --no-deps -e .
 	touch $@
+
+# The version phase on real releases, not part of `make test` (three more multi-GB venvs): a job
+# minimized on .venv's 2.13 probes repro.py on 2.11, 2.14 and 2.15 (MINIFY_TORCH_ENVS), offline and
+# through a service's RQ workers (tests/test_versions_releases.py).
+VERSION_RELEASES := 2.11 2.14 2.15
+test-versions: $(VERSION_RELEASES:%=.venv-torch-%/.installed)
+	MINIFY_TEST_TORCH_RELEASES="$(VERSION_RELEASES:%=.venv-torch-%)" .venv/bin/python -m pytest -q -ra \
+		-p no:cacheprovider tests/test_versions_releases.py
 
 test-torch-%: .venv-torch-%/.installed
 	.venv-torch-$*/bin/python -c "import torch; assert torch.__version__.startswith('$*.'), torch.__version__"
