@@ -90,6 +90,13 @@ class Limits(_Strict):
     parallelism: int | None = Field(default=None, ge=1, le=256)
 
 
+class BisectRequest(_Strict):
+    """Narrow a regression between two torch versions by installing the releases in between."""
+
+    good: str = Field(description="a torch version the repro passes on, e.g. 2.11.0")
+    bad: str = Field(description="a newer one it fails on the same way, e.g. 2.15.0")
+
+
 class JobSpec(_Strict):
     """The job spec every side shares (ARCHITECTURE.md, "Job spec")."""
 
@@ -121,6 +128,11 @@ class JobSpec(_Strict):
         description="what the program is: a torch.export archive (pt2), a StableHLO module (stablehlo: MLIR text "
                     "or bytecode, or a VHLO artifact) or HLO text as XLA dumps it (hlo); the last two run with "
                     "backend xla or command (docs/hlo.md)",
+    )
+    bisect: BisectRequest | None = Field(
+        default=None,
+        description="after the version phase, install the torch releases between good and bad from the worker's "
+                    "index (MINIFY_TORCH_INDEX) and narrow to the first bad one (report.json's bisect)",
     )
     op_modules: list[str] = Field(
         default_factory=list,
@@ -321,6 +333,22 @@ class RegressionRange(BaseModel):
     first_bad: str
 
 
+class Bisection(BaseModel):
+    """A bisection of torch releases: the first one whose repro fails the job's way."""
+
+    good: str
+    bad: str
+    state: Literal["running", "done", "failed"] = "running"
+    last_good: str | None = Field(None, description="the newest release that passes, right before first_bad")
+    first_bad: str | None = Field(None, description="the oldest release that fails the same way")
+    commits: str | None = Field(
+        None, description="last_good's and first_bad's git versions, 'A..B': the commits that brought the bug")
+    releases: list[str] = Field(default_factory=list, description="the releases from good to bad on the index")
+    steps: list[VersionRun] = Field(default_factory=list, description="every run, in the order it ran")
+    installs: int = Field(0, description="torch versions installed for it (the cached ones not counted)")
+    reason: str | None = Field(None, description="why it stopped short of a first bad release")
+
+
 class Report(BaseModel):
     """report.json: what a compiler engineer reads first."""
 
@@ -402,6 +430,8 @@ class Report(BaseModel):
         None, description="the oldest version after the newest failing one that passes: the bug is fixed there")
     versions_summary: str | None = Field(
         None, description="one line: 'fails on 2.14.1, 2.15.0; passes on 2.13.0: regression in (2.13.0, 2.14.1]'")
+    bisect: Bisection | None = Field(
+        None, description="the bisection of torch releases asked for (spec bisect, or minify-client bisect)")
 
 
 class JobLinks(BaseModel):
