@@ -25,7 +25,7 @@ import torch
 from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
-from minify_worker.evaluator import SandboxEvaluator
+from minify_worker.evaluator import SandboxEvaluator, in_sandbox
 from minify_worker.hang import HangCalibration, HangWatch, Refuted
 from minify_worker.loader import ProgramError
 from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
@@ -33,7 +33,6 @@ from minify_worker.report import RunFacts, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
-    SandboxFault,
     SandboxPool,
     prepare_program,
     wait_unless_stopped,
@@ -145,22 +144,13 @@ class _Run:
     def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
         self._emit(force=True, milestone=Milestone.preparing, message=f"preparing {program.name}")
         parallelism = default_parallelism(self.spec)
-        start: str | None = None
-        while True:
-            try:
-                pool = SandboxPool(workdir, None, self.spec, parallelism=parallelism, start=start)
-            except SandboxError as error:
+        try:
+            return in_sandbox(workdir, self.spec, parallelism,
+                              lambda pool: self._execute_in(pool, program, inputs, workdir, parallelism))
+        except SandboxError as error:
+            if self.facts.sandbox_start is None:
                 return self._finish(JobState.failed, f"cannot start the sandbox: {error}")
-            try:
-                return self._execute_in(pool, program, inputs, workdir, parallelism)
-            except SandboxFault as fault:
-                if pool.start_method != "fork" or not fault.fork_related:
-                    raise
-                # The process this sandbox was forked from poisoned it (CUDA): spawn a fresh one.
-                log.warning("the forked sandbox cannot run here (%s); spawning a fresh one", fault)
-                start = "spawn"
-            finally:
-                pool.close()
+            raise
 
     def _execute_in(self, pool: SandboxPool, program: Path, inputs: Path | None, workdir: Path,
                     parallelism: int) -> MinifyResult:

@@ -13,7 +13,8 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from minify_worker.outcomes import Invalid, Outcome
 from minify_worker.programs import Representation, representation
@@ -22,6 +23,26 @@ from minify_worker.sandbox import SandboxError, SandboxFault, SandboxPool
 log = logging.getLogger(__name__)
 
 MAX_SANDBOX_RESTARTS = 3
+
+T = TypeVar("T")
+
+
+def in_sandbox(workdir: Path, spec: Any, parallelism: int, run: Callable[[SandboxPool], T]) -> T:
+    """`run(pool)` with a sandbox pool forked from the warm fork server, or, when the process it
+    was forked from poisoned it (a fork-related `SandboxFault`: CUDA initialized there), with one
+    spawned afresh. Raises `SandboxError` when no sandbox can start."""
+    start: str | None = None
+    while True:
+        pool = SandboxPool(workdir, None, spec, parallelism=parallelism, start=start)
+        try:
+            return run(pool)
+        except SandboxFault as fault:
+            if pool.start_method != "fork" or not fault.fork_related:
+                raise
+            log.warning("the forked sandbox cannot run here (%s); spawning a fresh one", fault)
+            start = "spawn"
+        finally:
+            pool.close()
 
 
 class SandboxEvaluator:
