@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +179,30 @@ class IndexInstaller:
 
     def _venv(self, version: str) -> Path:
         return self.cache_dir / f"torch-{version}"
+
+    def has(self, version: str) -> bool:
+        """Whether `version` is installed already (using it costs no install)."""
+        return (self._venv(version) / _STAMP).is_file()
+
+    def available(self, timeout_s: float = 60.0) -> list[str]:
+        """The torch versions the index has a wheel of for this Python (or any Python), oldest first:
+        a local folder's wheels, or the links of a PEP 503 index's torch page."""
+        if Path(self.index).is_dir():
+            names = [path.name for path in Path(self.index).glob("torch-*.whl")]
+        else:
+            with urllib.request.urlopen(self.index.rstrip("/") + "/torch/", timeout=timeout_s) as page:
+                text = page.read().decode(errors="replace")
+            names = [urllib.parse.unquote(name) for name in re.findall(r"(torch-[^\s\"'<>/#]+?\.whl)", text)]
+        python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        versions = set()
+        for name in names:
+            parts = name.removesuffix(".whl").split("-")
+            if len(parts) >= 5 and (parts[-3] == python or parts[-3].startswith("py3")):
+                try:
+                    versions.add(str(parse_version(parts[1])))
+                except ValueError:
+                    continue
+        return sorted(versions, key=parse_version)
 
     def installed(self) -> list[TorchEnv]:
         """The cached venvs that finished installing, oldest version first."""
