@@ -273,6 +273,7 @@ def test_the_original_is_compiled_once_and_run_three_times(tmp_path: Path) -> No
     assert (compile_error.report.original_runs, compile_error.report.original_failures) == (1, 1)
     assert (runtime_error.report.original_runs, runtime_error.report.original_failures) == (3, 3)
     assert not compile_error.report.flaky and not runtime_error.report.flaky
+    assert compile_error.report.original_compiles == runtime_error.report.original_compiles == 1
 
 
 def test_an_original_that_kills_the_fork_server_fails_the_job_with_the_reason(tmp_path: Path) -> None:

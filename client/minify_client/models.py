@@ -364,7 +364,11 @@ class Report(BaseModel):
     signature_chain: list[str] = Field(
         default_factory=list, description="the failure's exception chain, outermost wrapper first, root cause last")
     flaky: bool = False
-    original_runs: int = 0
+    original_compiles: int = Field(
+        0, description="how many times the original was compiled: once, in one sandbox child, whose compiled "
+                       "program then ran original_runs times")
+    original_runs: int = Field(
+        0, description="runs of the original's compiled program: 3, or 1 when it failed to compile")
     original_failures: int = 0
     candidate_timeout_s: float | None = None
     hang_confirm_timeout_s: float | None = Field(

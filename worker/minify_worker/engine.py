@@ -348,6 +348,7 @@ class _Run:
             return self._empty.result()
 
         settled = self.target.settle(outcome, empty)
+        self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced):
             self._ending = settled

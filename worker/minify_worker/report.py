@@ -30,6 +30,7 @@ class RunFacts:
     unshrunk: Any = None  # the minimal program the shrink phase started from
     signature: Signature | None = None  # the original's, once known
     flaky: bool = False
+    original_compiles: int = 0
     original_runs: int = 0
     original_failures: int = 0
     candidate_timeout_s: float | None = None
@@ -69,6 +70,7 @@ def build_report(status: JobState, reason: str | None, facts: RunFacts, *, stats
         failure_kind=facts.signature.kind if facts.signature else None,
         signature_chain=list(chained.chain) if chained else [],
         flaky=facts.flaky,
+        original_compiles=facts.original_compiles,
         original_runs=facts.original_runs,
         original_failures=facts.original_failures,
         candidate_timeout_s=facts.candidate_timeout_s,
