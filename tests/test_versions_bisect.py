@@ -6,17 +6,23 @@ script run under each release is a stand-in too: it speaks repro.py's protocol (
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from minify_client.models import BisectRequest, VersionOutcome, VersionRun
-from minify_worker.versions.bisect import bisect_releases, max_installs, narrow, releases_between, summary
+from minify_client.models import Bisection, BisectRequest, JobState, VersionOutcome, VersionRun
+from minify_client.progress import bisect_summary
+from minify_worker.versions.bisect import bisect_releases, max_installs, narrow, releases_between
 from minify_worker.versions.envs import IndexInstaller
+from tests.support.scripted_server import Exchange, job_status
+from tests.test_client_cli import run_cli
 from tests.test_versions_envs import stand_in_torch_wheel
 
 SIGNATURE = "RuntimeError: injected failure on relu"
+RELEASES = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 
 
 def table(outcomes: dict[str, str]) -> tuple[list[str], Callable[[str], VersionRun]]:
@@ -110,7 +116,7 @@ def test_a_bisection_installs_the_releases_it_needs_and_names_the_first_bad_one(
     assert found.installs == len(found.steps) - 1 <= max_installs(5) - 1  # 9.4.0 was known
     assert [run.torch for run in found.steps][:2] == ["9.0.0", "9.4.0"]
     assert seen[-1] == len(found.steps)
-    assert summary(found).startswith("first bad 9.2.0 (last good 9.1.0; git standin9.1.0..standin9.2.0)")
+    assert bisect_summary(found).startswith("first bad 9.2.0 (last good 9.1.0; git standin9.1.0..standin9.2.0)")
 
 
 def test_a_bisection_without_an_index_or_with_ends_it_lacks_says_why(tmp_path: Path, index: Path) -> None:
@@ -123,3 +129,31 @@ def test_a_bisection_without_an_index_or_with_ends_it_lacks_says_why(tmp_path: P
     assert (no_index.state, no_index.reason) == (
         "failed", "this worker has no package index to install torch from (MINIFY_TORCH_INDEX)")
     assert lacking.state == "failed" and lacking.reason.endswith("has no torch 8.0.0")
+
+
+def test_minify_client_bisect_starts_it_prints_each_run_and_the_first_bad_release(server: Any) -> None:
+    """The client's side, against a scripted server: POST, then the job's result followed until done."""
+    steps = [VersionRun(torch=version, outcome=VersionOutcome(outcome), git_version=f"g{version}")
+             for version, outcome in (("2.11.0", "passes"), ("2.15.0", "same"), ("2.13.0", "passes"),
+                                      ("2.14.1", "same"))]
+    polls = iter([Bisection(good="2.11.0", bad="2.15.0", steps=steps[:2], releases=RELEASES),
+                  Bisection(good="2.11.0", bad="2.15.0", steps=steps, releases=RELEASES, state="done",
+                            last_good="2.13.0", first_bad="2.14.1", commits="g2.13.0..g2.14.1", installs=3)])
+    status = job_status("j1", JobState.succeeded)
+
+    def polled(exchange: Exchange) -> None:
+        bisection = next(polls)
+        result = status.result.model_copy(update={"bisect": bisection})
+        exchange.send_json(200, status.model_copy(update={"result": result}).model_dump(mode="json"))
+
+    server.route("POST", "/v1/jobs/j1/bisect", lambda exchange: exchange.send_json(
+        202, Bisection(good="2.11.0", bad="2.15.0").model_dump(mode="json")))
+    server.route("GET", "/v1/jobs/j1", polled)
+
+    done = run_cli("bisect", "j1", "--good", "2.11.0", "--bad", "2.15.0", "--server", server.url)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(server.requests_to("POST", "/v1/jobs/j1/bisect")[0].body) == {"good": "2.11.0", "bad": "2.15.0"}
+    assert done.stdout.splitlines() == [
+        "  torch 2.11.0: passes", "  torch 2.15.0: same", "  torch 2.13.0: passes", "  torch 2.14.1: same",
+        "first bad 2.14.1 (last good 2.13.0; git g2.13.0..g2.14.1), 3 installs, 4 runs"]

@@ -33,6 +33,10 @@ RESULT = {
          "reason": None, "seconds": 2.5},
     ],
     "regression_range": {"last_good": "2.12.0", "first_bad": "2.13.0+cpu"}, "fixed_in": None,
+    "bisect": {"good": "2.11.0", "bad": "2.13.0", "state": "done", "last_good": "2.12.0", "first_bad": "2.13.0",
+               "commits": "aaa..bbb", "releases": ["2.11.0", "2.12.0", "2.13.0"], "installs": 2, "reason": None,
+               "steps": [{"torch": "2.11.0", "outcome": "passes"}, {"torch": "2.13.0", "outcome": "same"},
+                         {"torch": "2.12.0", "outcome": "passes"}]},
 }
 BUG = {"id": "b" * 24, "signature": "RuntimeError: injected failure on relu", "graph_shape_hash": "g",
        "backend": "inductor", "device": "cpu", "count": 1, "job_ids": ["j1"], "first_seen": "2026-01-01T00:00:05Z",
@@ -87,6 +91,8 @@ def test_the_job_page_shows_a_badge_per_torch_version_and_the_summary(page: Any)
         ["2.14.1 fails otherwise", "badge version version-different"],
     ]
     assert page.text_content("#versions-summary") == SUMMARY
+    assert page.text_content("#bisect") == ("Bisect 2.11.0..2.13.0: first bad 2.13.0 (last good 2.12.0; git aaa..bbb), "
+                                            "2 installs: 2.11.0 passes, 2.13.0 fails, 2.12.0 passes")
     assert "TypeError: x" in page.get_attribute("#versions .version-different", "title")
     assert page.errors == []
 
@@ -101,6 +107,7 @@ def test_the_bug_report_says_which_torch_versions_have_the_bug(page: Any) -> Non
     assert "- torch 2.12.0 (git 0123456789ab): passes\n" in text
     assert "- torch 2.14.1: fails otherwise (TypeError: x)\n" in text
     assert "- torch 2.11.0: cannot run (this torch lacks what the repro uses" in text
+    assert "Bisected torch releases 2.11.0..2.13.0: first bad 2.13.0 (last good 2.12.0; git aaa..bbb)" in text
 
 
 def test_the_bugs_view_shows_which_are_fixed_and_filters_by_status(page: Any) -> None:

@@ -34,7 +34,9 @@ from minify_worker.versions.envs import own_env
 from minify_worker.versions.phase import probe_job_id
 from tests.support.service import Service, read_events, start_service, wait_for_culprit
 from tests.support.torch_versions import MODULE, stand_in_env
+from tests.test_client_cli import run_cli
 from tests.test_service import submit
+from tests.test_versions_envs import stand_in_torch_wheel
 
 pytestmark = pytest.mark.xdist_group("test_versions_fanout")
 
@@ -68,7 +70,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     every second. The tests below start a second worker, with 2.14.1, part way."""
     folder = tmp_path_factory.mktemp("versions")
     older = stand_in_env(folder / "torch-2.12.0", "2.12.0")
-    env = {"MINIFY_ALLOWED_BACKENDS": ALLOWED, "MINIFY_TORCH_ENVS": str(older), "MINIFY_RETEST_INTERVAL_S": "1"}
+    wheels = folder / "wheels"  # an index of stand-in torch wheels (a version and nothing else): it bisects
+    wheels.mkdir()
+    for version in ("9.0.0", "9.1.0"):
+        stand_in_torch_wheel(wheels, version)
+    env = {"MINIFY_ALLOWED_BACKENDS": ALLOWED, "MINIFY_TORCH_ENVS": str(older), "MINIFY_RETEST_INTERVAL_S": "1",
+           "MINIFY_TORCH_INDEX": str(wheels), "MINIFY_TORCH_CACHE": str(folder / "torch-cache")}
     with start_service(folder / "data", workers=1, env=env) as service:
         running = Fleet(service, folder, env)
         try:
@@ -187,3 +194,23 @@ def test_no_versions_skips_the_phase(fleet: Fleet, programs: dict[str, Path]) ->
     assert report["versions"] == [] and report["versions_state"] is None and report["versions_summary"] is None
     with pytest.raises(NoSuchJobError):
         Job.fetch(probe_job_id(job_id, "2.14.1"), connection=redis)
+
+
+def test_a_bisection_on_demand_runs_on_a_worker_with_an_index_and_the_client_follows_it(fleet: Fleet) -> None:
+    """The index's stand-in torch cannot run a real repro.py: the bisection stops at its good end, said
+    so, after the route, the bisect queue, the worker, the job record and the client all took part."""
+    with fleet.service.client() as client:
+        job_id = client.get("/v1/jobs", params={"status": "succeeded"}).json()["jobs"][0]["id"]
+        refused = client.post(f"/v1/jobs/{job_id}/bisect", json={"good": "9.0.0"})
+
+    done = run_cli("bisect", job_id, "--good", "9.0.0", "--bad", "9.1.0", "--server", fleet.service.url, timeout=120)
+    with fleet.service.client() as client:
+        bisection = client.get(f"/v1/jobs/{job_id}").json()["result"]["bisect"]
+        report = client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
+
+    assert refused.status_code == 422
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert bisection["state"] == "failed" and bisection["installs"] == 1
+    assert bisection["reason"].startswith("the good end 9.0.0 does not pass: it cannot run the repro")
+    assert bisection["releases"] == ["9.0.0", "9.1.0"] and report["bisect"] == bisection
+    assert done.stdout.splitlines()[-1] == f"bisection 9.0.0..9.1.0 stopped: {bisection['reason']}"

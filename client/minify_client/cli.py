@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +25,14 @@ from minify_client.client import (
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import Bug, CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
-from minify_client.progress import culprit_summary, progress_view, shrunk_inputs, summary, versions_summary
+from minify_client.progress import (
+    bisect_summary,
+    culprit_summary,
+    progress_view,
+    shrunk_inputs,
+    summary,
+    versions_summary,
+)
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_OK = 0
@@ -119,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", parents=[connection], help="cancel a job")
     cancel.add_argument("job_id", metavar="ID")
     cancel.set_defaults(run=_cancel)
+
+    bisect = commands.add_parser(
+        "bisect", parents=[connection], help="narrow a job's regression to the first bad torch release",
+        description="Install the torch releases between GOOD and BAD from a worker's index (MINIFY_TORCH_INDEX) "
+                    "and run the job's repro.py under each, halving the range: at most log2(N)+2 installs.")
+    bisect.add_argument("job_id", metavar="ID")
+    bisect.add_argument("--good", required=True, metavar="VERSION", help="a torch version the repro passes on")
+    bisect.add_argument("--bad", required=True, metavar="VERSION", help="a newer one it fails on the same way")
+    bisect.add_argument("--no-wait", dest="wait", action="store_false", help="start it and return")
+    bisect.set_defaults(run=_bisect)
 
     listing = commands.add_parser("list", parents=[connection], help="list jobs, newest first")
     listing.add_argument("--status", choices=[state.value for state in JobState])
@@ -312,6 +330,30 @@ def _download(args: argparse.Namespace) -> int:
         for path in paths.values():
             print(path)
     return EXIT_OK
+
+
+BISECT_POLL_S = 1.0
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        bisection = client.bisect(args.job_id, args.good, args.bad)
+        shown = 0
+        while args.wait and bisection.state == "running":
+            time.sleep(BISECT_POLL_S)
+            result = client.status(args.job_id).result
+            bisection = result.bisect if result is not None and result.bisect is not None else bisection
+            if not args.json:
+                for run in bisection.steps[shown:]:
+                    detail = run.signature if run.outcome.value == "different" else run.reason or ""
+                    print(f"  torch {run.torch}: {run.outcome.value}" + (f" ({detail})" if detail else ""),
+                          flush=True)
+            shown = len(bisection.steps)
+    if args.json:
+        _print_json(bisection.model_dump(mode="json"))
+        return EXIT_OK
+    print(bisect_summary(bisection))
+    return EXIT_FAILED if bisection.state == "failed" else EXIT_OK
 
 
 def _cancel(args: argparse.Namespace) -> int:

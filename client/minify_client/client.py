@@ -31,6 +31,8 @@ from minify_client.errors import (
 )
 from minify_client.models import (
     ARTIFACT_NAMES,
+    Bisection,
+    BisectRequest,
     Bug,
     BugList,
     CulpritState,
@@ -142,6 +144,13 @@ class Client:
         if status is not None:
             params["status"] = JobState(status).value
         return _parse(JobList, self._request("GET", "/v1/jobs", params=params))
+
+    def bisect(self, job_id: str, good: str, bad: str) -> Bisection:
+        """Start narrowing a succeeded job's regression to the first bad torch release between `good`
+        and `bad` (a worker with a torch index installs the releases in between); follow it in
+        `status(job_id).result.bisect`."""
+        body = BisectRequest(good=good, bad=bad).model_dump()
+        return _parse(Bisection, self._request("POST", f"/v1/jobs/{job_id}/bisect", json=body, resend=False))
 
     def cancel(self, job_id: str) -> JobStatus:
         """Cancel a job (its running candidates die); returns its status after the request."""

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from minify_client.models import Culprit, CulpritState, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import Bisection, Culprit, CulpritState, JobState, JobStatus, ProgressEvent, Report
 
 
 class ProgressView(Protocol):
@@ -201,6 +201,18 @@ def culprit_summary(report: Report) -> str | None:
         found += f" ({report.culprit_reason})"
     flips = ", ".join(f"{w.setting}={w.value!r}" for w in report.workarounds) or "none verified"
     return f"culprit: {found}; workarounds: {flips}"
+
+
+def bisect_summary(bisection: Bisection) -> str:
+    """`first bad 2.14.1 (last good 2.14.0; git a..b), 3 installs` or why it stopped."""
+    if bisection.state == "running":
+        return f"bisecting {bisection.good}..{bisection.bad}: {len(bisection.steps)} runs so far"
+    if bisection.first_bad is None:
+        return f"bisection {bisection.good}..{bisection.bad} stopped: {bisection.reason}"
+    commits = f"; git {bisection.commits}" if bisection.commits else ""
+    note = f"; {bisection.reason}" if bisection.reason else ""
+    return (f"first bad {bisection.first_bad} (last good {bisection.last_good}{commits}), "
+            f"{bisection.installs} installs, {len(bisection.steps)} runs{note}")
 
 
 def versions_summary(report: Report) -> str | None:

@@ -17,7 +17,7 @@ from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
-from minify_server.routes import bugs, docs, jobs, system, workers
+from minify_server.routes import bisect, bugs, docs, jobs, system, workers
 from minify_server.store import ArtifactStore
 
 # Routes that answer only after talking to Redis: a success there means Redis is back.
@@ -80,6 +80,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)
+    app.include_router(bisect.router)
     app.include_router(bugs.router)
     app.include_router(workers.router)
     app.include_router(system.router)

@@ -24,6 +24,10 @@ WORKERS_TORCH_KEY = "minify:workers:torch"
 VERSION_QUEUE_PREFIX = "minify-torch-"
 RETEST_ENTRY = "minify_worker.versions.bugs.retest_job"
 RETEST_TIMEOUT_S = 600
+# Bisections on demand (minify_worker/versions/bisect.py): served by the workers that have a torch index.
+BISECT_QUEUE = "minify-bisect"
+BISECT_ENTRY = "minify_worker.versions.bisect.bisect_job"
+BISECT_TIMEOUT_S = 6 * 3600  # installs of multi-GB releases
 # RQ's hard timeout is a backstop: the job entry ends the engine itself at the spec's job_timeout_s.
 TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
@@ -52,6 +56,13 @@ def enqueue_retest(redis: Redis, version: str, ticket: dict[str, Any]) -> Job:
     return Queue(VERSION_QUEUE_PREFIX + version, connection=redis).enqueue(
         RETEST_ENTRY, ticket, job_timeout=RETEST_TIMEOUT_S, result_ttl=3600, failure_ttl=RESULT_TTL_S,
         description=f"re-test of bug {ticket['bug_record']} on torch {version}")
+
+
+def enqueue_bisect(redis: Redis, ticket: dict[str, Any]) -> Job:
+    """A bisection of a job's repro on the queue of the workers that can install torch releases."""
+    return Queue(BISECT_QUEUE, connection=redis).enqueue(
+        BISECT_ENTRY, ticket, job_timeout=BISECT_TIMEOUT_S, result_ttl=3600, failure_ttl=RESULT_TTL_S,
+        description=f"bisect {ticket['job_id']} {ticket['request']['good']}..{ticket['request']['bad']}")
 
 
 def dequeue(redis: Redis, job_id: str) -> None:

@@ -28,6 +28,7 @@ from rq.job import Job
 from minify_client.bugs import add_to_bug_index
 from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
 from minify_client.progress import culprit_summary
+from minify_worker.versions import bisect as versions_bisect
 from minify_worker.versions import bugs as versions_bugs
 from minify_worker.versions import phase as versions_phase
 
@@ -263,6 +264,8 @@ def run_job(ticket: dict[str, Any]) -> str:
         if probed_versions and not watcher.interrupted:
             report = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
             channel.publish(_versions_event(report))
+        if spec.bisect is not None and not watcher.interrupted and report.status is JobState.succeeded:
+            report = _bisect(channel, out_dir, report, spec)
         final = report
         _retry_redis(lambda: channel.culprit_ended(final), FINAL_WRITE_PATIENCE_S)
         return JobState.succeeded.value
@@ -276,6 +279,8 @@ def run_job(ticket: dict[str, Any]) -> str:
     if probed_versions:
         # No culprit phase followed (spec culprit false): the version phase runs after the final status.
         found = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
+        if spec.bisect is not None:
+            found = _bisect(channel, out_dir, found, spec)
         _retry_redis(lambda: channel.versions_ended(found), FINAL_WRITE_PATIENCE_S)
     return status.value
 
@@ -328,6 +333,20 @@ def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Repo
     except Exception:  # Redis gone, a full disk: the succeeded job stands, the phase is lost
         log.exception("the version phase failed")
         return report.model_copy(update={"versions_state": CulpritState.lost})
+
+
+def _bisect(channel: JobChannel, out_dir: Path, report: Report, spec: JobSpec) -> Report:
+    """The bisection the spec asks for (versions_bisect.for_job), after the version phase."""
+    assert spec.bisect is not None
+
+    def save(updated: Report) -> None:
+        channel.redis.hset(channel.keys["record"], "result", updated.model_dump_json())
+
+    try:
+        return versions_bisect.for_job(out_dir, report, spec.bisect, channel.log, save)
+    except Exception:  # Redis gone, a full disk: the succeeded job stands
+        log.exception("the bisection failed")
+        return report
 
 
 def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:

@@ -33,6 +33,8 @@ from rq.job import Job
 
 from minify_worker.job import record_worker_lost
 from minify_worker.versions import phase as versions_phase
+from minify_worker.versions.bisect import BISECT_QUEUE
+from minify_worker.versions.envs import IndexInstaller
 from minify_worker.workdirs import remove_stale_job_dirs
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,8 @@ def main(argv: list[str]) -> int:
     name = args.name or f"{socket.gethostname()}-{os.getpid()}"
     # The version phase's probes: a queue per torch installation this worker holds (minify_worker/versions).
     queues += [versions_phase.queue_name(env.torch) for env in versions_phase.offered_envs()]
+    if IndexInstaller.from_environ(os.environ) is not None:  # it can install releases: it bisects
+        queues.append(BISECT_QUEUE)
     served = [MinifyQueue(queue, connection=redis) for queue in queues]
     for queue in served:
         queue.holder = MinifyWorker.redis_worker_namespace_prefix + name

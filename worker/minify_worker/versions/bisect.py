@@ -8,16 +8,23 @@ skip` does, and said so. Runs the caller already knows (the version phase's) cos
 bisection of N releases (both ends included) installs at most ceil(log2(N - 1)) + 2 <= log2(N) + 2.
 Given a nightly index and nightly ends, it narrows to the first bad nightly; the git versions of the
 last good and the first bad give the range of commits that brought the bug.
+
+It runs for a job in two ways: asked in the spec (`JobSpec.bisect`), in the job's work horse after
+the version phase; or on demand (`POST /v1/jobs/{id}/bisect`, `minify-client bisect`), as an RQ job
+(`bisect_job`) on the `minify-bisect` queue, which the workers that have an index serve.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from minify_client.models import Bisection, BisectRequest, VersionOutcome, VersionRun
+from minify_client.models import Bisection, BisectRequest, Report, VersionOutcome, VersionRun
+from minify_client.progress import bisect_summary
 from minify_worker.versions.envs import EnvError, IndexInstaller
 from minify_worker.versions.probe import run_repro
 from minify_worker.versions.ranges import VersionError, parse_version
@@ -136,13 +143,47 @@ def bisect_releases(installer: IndexInstaller | None, request: BisectRequest, re
                   commits=f"{good_git}..{bad_git}" if good_git and bad_git else None)
 
 
-def summary(bisection: Bisection) -> str:
-    """`first bad 2.14.1 (last good 2.14.0; git a..b), 3 installs` or why it stopped."""
-    if bisection.state == "running":
-        return f"bisecting {bisection.good}..{bisection.bad}: {len(bisection.steps)} runs so far"
-    if bisection.first_bad is None:
-        return f"bisection {bisection.good}..{bisection.bad} stopped: {bisection.reason}"
-    commits = f"; git {bisection.commits}" if bisection.commits else ""
-    note = f"; {bisection.reason}" if bisection.reason else ""
-    return (f"first bad {bisection.first_bad} (last good {bisection.last_good}{commits}), "
-            f"{bisection.installs} installs, {len(bisection.steps)} runs{note}")
+BISECT_QUEUE = "minify-bisect"
+
+
+def for_job(out_dir: Path, report: Report, request: BisectRequest, say: Callable[[str], None],
+            save: Callable[[Report], None]) -> Report:
+    """Bisect for a job whose artifacts are in `out_dir`: its repro.py under the releases this
+    worker's index (MINIFY_TORCH_INDEX) has, the version phase's runs reused. `save` gets the report
+    after each run (the job record's result), `say` a line (a log event); report.json and repro.py's
+    header say the outcome."""
+    from minify_worker import artifacts  # torch: the work horse has it already
+
+    installer = IndexInstaller.from_environ(os.environ)
+    inputs = out_dir / "inputs.pt"
+
+    def on_step(state: Bisection) -> None:
+        save(report.model_copy(update={"bisect": state.model_copy(deep=True)}))
+        say(f"bisect: {bisect_summary(state)}")
+
+    found = bisect_releases(installer, request, out_dir / "repro.py", inputs if inputs.is_file() else None,
+                            report.signature, {run.torch: run for run in report.versions}, on_step)
+    final = report.model_copy(update={"bisect": found})
+    artifacts.rewrite_with_header_lines(out_dir, final, [f"Bisect:           {bisect_summary(found)}"])
+    return final
+
+
+def bisect_job(ticket: dict[str, Any]) -> str:
+    """The RQ entry of a bisection asked on demand, on a worker with an index: the job's record
+    (its result's `bisect`), its event stream (log lines) and report.json follow it."""
+    from rq import get_current_job
+
+    from minify_worker.job import JobChannel
+
+    rq_job = get_current_job()
+    assert rq_job is not None, "bisect_job runs inside an RQ work horse"
+    channel = JobChannel(rq_job.connection, ticket["keys"], ticket["job_id"])
+    report = Report.model_validate_json(channel.redis.hget(ticket["keys"]["record"], "result"))
+
+    def save(updated: Report) -> None:
+        channel.redis.hset(ticket["keys"]["record"], "result", updated.model_dump_json())
+
+    final = for_job(Path(ticket["out_dir"]), report, BisectRequest.model_validate(ticket["request"]), channel.log,
+                    save)
+    save(final)
+    return final.bisect.state if final.bisect else "failed"

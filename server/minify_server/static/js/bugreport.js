@@ -21,6 +21,15 @@ export function culpritText(culprit, reason) {
 /** How each version-phase outcome reads on a badge and in the bug report. */
 export const VERSION_OUTCOMES = { same: "fails", different: "fails otherwise", passes: "passes", cannot_run: "cannot run" };
 
+/** A bisection of torch releases in a line: the first bad one, or how far it got, or why it stopped. */
+export function bisectText(bisect) {
+  const runs = (bisect.steps || []).map((run) => `${run.torch} ${VERSION_OUTCOMES[run.outcome] || run.outcome}`).join(", ");
+  if (bisect.state === "running") return `bisecting… ${runs || "waiting for a worker with a torch index"}`;
+  if (!bisect.first_bad) return `stopped: ${bisect.reason}`;
+  const commits = bisect.commits ? `; git ${bisect.commits}` : "";
+  return `first bad ${bisect.first_bad} (last good ${bisect.last_good}${commits}), ${bisect.installs} installs: ${runs}`;
+}
+
 /** The Markdown for `job` (the API's job status, with its `result` report) and `repro` (repro.py's text, or null). */
 export function bugReportMarkdown(job, repro) {
   const result = job.result || {};
@@ -60,6 +69,9 @@ export function bugReportMarkdown(job, repro) {
         `${VERSION_OUTCOMES[run.outcome] || run.outcome}${detail ? ` (${detail})` : ""}`);
     }
     lines.push("");
+  }
+  if (result.bisect && result.bisect.state !== "running") {
+    lines.push(`Bisected torch releases ${result.bisect.good}..${result.bisect.bad}: ${bisectText(result.bisect)}`, "");
   }
   if (repro) {
     lines.push("Repro (`python repro.py`; it reads its inputs from `inputs.pt`, attached):", "", fenced(repro, "python"), "");

@@ -4,7 +4,7 @@
 // stream stays open and the culprit card says so, until the "culprit" event fills it in.
 
 import { ApiError, api, downloadWithToken, storedToken, withToken } from "./api.js";
-import { bugReportMarkdown, culpritText, VERSION_OUTCOMES } from "./bugreport.js";
+import { bisectText, bugReportMarkdown, culpritText, VERSION_OUTCOMES } from "./bugreport.js";
 import { NodeChart } from "./chart.js";
 import {
   FINISHED, copyButton, formatClock, formatCount, formatDuration, h, jobElapsed, nodesText, parseTime, statusBadge,
@@ -123,10 +123,11 @@ export function renderJob(root, id) {
     culpritList);
   const versionsSummary = h("p", { class: "versions-summary", id: "versions-summary" });
   const versionsRow = h("div", { class: "versions", id: "versions" });
+  const bisectLine = h("p", { class: "bisect", id: "bisect", hidden: true });
   const versionsCard = h("section", { class: "card", id: "versions-card", hidden: true },
     h("div", { class: "card-head" }, h("h2", {}, "Torch versions"),
       h("span", { class: "muted small" }, "repro.py under every torch version the workers offer")),
-    versionsRow, versionsSummary);
+    versionsRow, versionsSummary, bisectLine);
   const graphHeading = h("h2", {}, "Current best graph");
   const graphNote = h("span", { class: "muted small" });
   const graphSlot = h("div", { id: "graph-code" }, h("p", { class: "muted" }, "The graph appears here once the engine reports it."));
@@ -247,8 +248,10 @@ export function renderJob(root, id) {
   /** The version phase's runs as a row of badges (report.json's versions), and its summary line. */
   function renderVersions() {
     const result = job.result;
-    versionsCard.hidden = !result?.versions_state;
+    versionsCard.hidden = !result?.versions_state && !result?.bisect;
     if (versionsCard.hidden) return;
+    bisectLine.hidden = !result.bisect;
+    if (result.bisect) bisectLine.textContent = `Bisect ${result.bisect.good}..${result.bisect.bad}: ${bisectText(result.bisect)}`;
     const running = result.versions_state === "running";
     versionsCard.classList.toggle("pending", running);
     versionsRow.replaceChildren(...(result.versions || []).map((run) => h("span", {
@@ -262,7 +265,7 @@ export function renderJob(root, id) {
   }
 
   function phaseRunning() {
-    return culpritRunning() || job?.result?.versions_state === "running";
+    return culpritRunning() || job?.result?.versions_state === "running" || job?.result?.bisect?.state === "running";
   }
 
   function culpritRunning() {

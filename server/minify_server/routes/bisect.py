@@ -1,0 +1,37 @@
+"""/v1/jobs/{id}/bisect: bisect a succeeded job's repro across the torch releases of a worker's index."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from minify_client.models import Bisection, BisectRequest, JobState, Report
+from minify_server import queue
+from minify_server.auth import require_token
+from minify_server.errors import ApiError
+from minify_server.records import record_key, ticket_keys
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
+
+
+@router.post("/{job_id}/bisect", response_model=Bisection, status_code=202,
+             summary="Narrow the job's regression to the first bad torch release (installs the ones in between)")
+async def start_bisect(request: Request, job_id: str, body: BisectRequest) -> Bisection:
+    redis = request.app.state.redis
+    fields = await request.app.state.records.get(job_id)
+    if fields is None:
+        raise ApiError(404, f"no job {job_id!r}")
+    if fields.get("status") != JobState.succeeded.value or not fields.get("result"):
+        raise ApiError(409, f"job {job_id} is {fields.get('status')}: only a succeeded job has a repro to bisect")
+    if not await queue.live_workers(redis, queue.BISECT_QUEUE):
+        raise ApiError(409, "no live worker can install torch releases (a worker bisects when it has "
+                            "MINIFY_TORCH_INDEX)")
+    report = Report.model_validate_json(fields["result"])
+    if report.bisect is not None and report.bisect.state == "running":
+        raise ApiError(409, f"job {job_id} is already bisecting {report.bisect.good}..{report.bisect.bad}")
+    bisection = Bisection(good=body.good, bad=body.bad)
+    await redis.hset(record_key(job_id), "result", report.model_copy(update={"bisect": bisection}).model_dump_json())
+    ticket = {"job_id": job_id, "keys": ticket_keys(job_id), "out_dir": str(request.app.state.store.out_dir(job_id)),
+              "request": body.model_dump()}
+    await run_in_threadpool(queue.enqueue_bisect, request.app.state.sync_redis, ticket)
+    return bisection
