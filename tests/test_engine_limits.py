@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
-from minify_worker.engine import DEFAULT_ORIGINAL_TIMEOUT_S, HangCalibration, minify
+from minify_worker.engine import HangCalibration, minify
+from minify_worker.original import DEFAULT_ORIGINAL_TIMEOUT_S
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 

@@ -24,37 +24,25 @@ import torch
 
 from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report, TimelinePoint
 from minify_client.progress import culprit_summary
-from minify_worker import artifacts, culprit, environment, oracle, programs, strategies
+from minify_worker import artifacts, culprit, environment, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator, in_sandbox
-from minify_worker.hang import HangCalibration, HangWatch, Refuted
+from minify_worker.hang import HangCalibration
 from minify_worker.loader import ProgramError
-from minify_worker.outcomes import Fails, Outcome, Signature, TimedOut
+from minify_worker.original import OriginalRun
+from minify_worker.outcomes import Signature
 from minify_worker.report import RunFacts, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
     SandboxPool,
     prepare_program,
-    wait_unless_stopped,
 )
 from minify_worker.scheduler import Scheduler, Stopped, reduce
-from minify_worker.target import Reproduced, Restart, Target, Unreproduced
+from minify_worker.target import Unreproduced
 from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
 
-# The original is compiled once and run this many times in one child, to find its signature and
-# tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
-# failure while compiling, a crash or a hang is one run).
-ORIGINAL_RUNS = 3
-# A candidate may take this many times the original's slowest run before it counts as a hang:
-# candidates are smaller, but their compiles can miss caches the original's warmed.
-TIMEOUT_FACTOR = 4.0
-MIN_CANDIDATE_TIMEOUT_S = 10.0
-DEFAULT_TIMEOUT_FAILURE_S = 60.0
-# A run of the original may take this long unless the spec says otherwise: minutes, not the job's
-# hour, so a hanging compile shows as a hang in minutes.
-DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
 EVENT_INTERVAL_S = 0.2
 
 
@@ -116,15 +104,8 @@ class _Run:
         self._culprit_pending = False  # the delivered result says the culprit phase follows
         self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
-        self._original_run: Future[Outcome] | None = None  # compiled once, run ORIGINAL_RUNS times
-        self._empty: Future[Outcome] | None = None  # the program with no ops (`empty_program`)
-        self.target = Target(spec)  # the original's verdict (target.py)
-        self._ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
-        self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
-                                    shorten=self._shorten_timeout,
-                                    say=lambda milestone, message: self._emit(force=True, milestone=milestone,
-                                                                              message=message),
-                                    count_ops=self.program.count_ops)
+        self.original = OriginalRun(spec, self.facts, hang, say=self._say, remaining=self._remaining,
+                                    stop_reason=self._stop_reason, reduce_phase=lambda: self._enter_phase("reduce"))
         self._last_event = 0.0
         self._event_lock = threading.Lock()
 
@@ -142,7 +123,7 @@ class _Run:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
-        self._emit(force=True, milestone=Milestone.preparing, message=f"preparing {program.name}")
+        self._say(Milestone.preparing, f"preparing {program.name}")
         parallelism = default_parallelism(self.spec)
         try:
             return in_sandbox(workdir, self.spec, parallelism,
@@ -173,16 +154,16 @@ class _Run:
         if self.cancel.is_set():
             return self._finish(JobState.cancelled, "cancelled before it started")
         evaluator = SandboxEvaluator(
-            pool, self._first_timeout(),
+            pool, self.original.first_timeout(),
             restart=lambda start: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism, start=start),
             program=self.program,
         )
         self.scheduler = Scheduler(
             evaluator,
-            self._still_fails,
+            self.original.still_fails,
             parallelism=parallelism,
             on_check=self._emit,
-            should_stop=self._poll,
+            should_stop=self.original.poll,
             program=self.program,
         )
         try:
@@ -194,7 +175,8 @@ class _Run:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known (`_still_fails`);
         if the original turns out to fail otherwise, the reduction starts over (`target.Restart`)."""
-        self._start_original(evaluator, graph)
+        self._enter_phase("reproduce")
+        self.original.start(evaluator, self.scheduler, graph)
         status, reason = JobState.succeeded, None
         stopped_early = False
         try:
@@ -202,11 +184,11 @@ class _Run:
                 try:
                     reduce(self.scheduler, graph, self._context(), self.program.passes(),
                            on_accept=self._accepted)
-                    self._settle_target()  # a graph that offered no candidate at all never asked for it
+                    self.original.settle()  # a graph that offered no candidate at all never asked for it
                 except Stopped:
-                    if self._ending is None:
+                    if self.original.ending is None:
                         raise
-                ending, self._ending = self._ending, None
+                ending, self.original.ending = self.original.ending, None
                 if isinstance(ending, Unreproduced):
                     return self._finish(ending.status, ending.reason, seen=ending.seen)
                 if ending is None:
@@ -217,16 +199,16 @@ class _Run:
             self._shrink_inputs()
         except Stopped as stopped:
             if self.facts.signature is None:  # stopped before the original's outcome was known
-                self._cancel_original_runs()
+                self.original.cancel()
                 return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
             status, reason = self._status_when_stopped(stopped.reason)
             stopped_early = True
         if status is JobState.cancelled:
-            self._cancel_original_runs()
+            self.original.cancel()
             return self._finish(status, reason)
-        reason = self._verify_in_a_fresh_child() or reason
+        reason = self.original.verify_in_a_fresh_child() or reason
         self._enter_phase("artifacts")
-        self._emit(force=True, milestone=Milestone.writing_artifacts, message="writing artifacts")
+        self._say(Milestone.writing_artifacts, "writing artifacts")
         # The culprit phase follows the delivered result, unless the job was cut short (a stop).
         follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
                    and status is JobState.succeeded and not stopped_early)
@@ -253,15 +235,15 @@ class _Run:
         assert self.facts.best is not None and self.facts.signature is not None
         started = time.monotonic()
         self.phase = "culprit"
-        self._emit(force=True, milestone=Milestone.culprit_started,
-                   message="the repro is delivered; finding the culprit")
+        self._say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
         state = CulpritState.done
         try:
             self.culprit_found = culprit.find(
-                evaluator.live_pool(), original=self._original, minimal=self.facts.best, target=self.facts.signature,
-                spec=self.spec, timeout_s=self.facts.candidate_timeout_s or self._first_timeout(),
+                evaluator.live_pool(), original=self.original.graph, minimal=self.facts.best,
+                target=self.facts.signature,
+                spec=self.spec, timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
                 budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
-                say=lambda message: self._emit(force=True, milestone=Milestone.culprit_step, message=message))
+                say=lambda message: self._say(Milestone.culprit_step, message))
             fields = culprit.report_fields(self.culprit_found, self.spec)
         except Stopped as stopped:
             state = CulpritState.cancelled
@@ -283,167 +265,6 @@ class _Run:
                    message=culprit_summary(report) or fields["culprit_reason"] or state.value)
         return MinifyResult(delivered.status, delivered.reason, report, files)
 
-    # -- the original ----------------------------------------------------------------------
-
-    def _original_timeout(self) -> float:
-        """How long one run of the original may take: the spec's bound, else minutes (a hang is
-        judged by `DEFAULT_TIMEOUT_FAILURE_S` when the failure asked for is a timeout)."""
-        limits = self.spec.limits
-        if limits.original_timeout_s:
-            bound = limits.original_timeout_s
-        elif self.spec.failure.kind == "timeout":
-            bound = limits.candidate_timeout_s or DEFAULT_TIMEOUT_FAILURE_S
-        else:
-            bound = DEFAULT_ORIGINAL_TIMEOUT_S
-        return min(bound, self._remaining())
-
-    def _first_timeout(self) -> float:
-        """A candidate may take this long before the original has calibrated the timeout."""
-        return self.spec.limits.candidate_timeout_s or self._original_timeout()
-
-    def _start_original(self, evaluator: SandboxEvaluator, graph: Any) -> None:
-        self._enter_phase("reproduce")
-        self._evaluator, self._original = evaluator, graph
-        evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
-        submitted = time.monotonic()
-        self._original_run = evaluator.submit(graph, timeout_s=self._original_timeout(), runs=ORIGINAL_RUNS)
-        self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
-        # A hang guessed from candidates must not cut the original short: the guess is checked later.
-        evaluator.spared.add(self._original_run)
-        # The failure must depend on the program: the program with no ops runs beside it.
-        self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self._original_timeout())
-        given = self.spec.failure.signature
-        self._emit(force=True, milestone=Milestone.original_started, message="running the original" + (
-            f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
-
-    def _still_fails(self, outcome: Outcome) -> bool:
-        """The scheduler's predicate: judged against the guess while the original runs (where the
-        guess can judge it), else against the original's failure, waited for. Once the original's
-        verdict ends or restarts the reduction, no candidate counts, and the scheduler's next poll
-        stops it (`_poll`)."""
-        if not self.target.known and self._original_run is not None and not self._original_run.done():
-            verdict = self.target.provisional(outcome)
-            if verdict is not None:
-                return verdict
-        if self._settle_target() is not None:
-            return False
-        return self.target.judge(outcome)
-
-    def _settle_target(self) -> Restart | Unreproduced | None:
-        """Wait for the original's verdict (once), act on it, and return what ends or restarts the
-        reduction (`_ending`), if anything does. Raises `Stopped` on a cancel."""
-        if self.target.known or self._ending is not None:
-            return self._ending
-        assert self._original_run is not None
-        if self.target.hang_guessed and not self._original_run.done():
-            outcome = self._confirm_hang()
-            if outcome is None:
-                return self._ending
-        else:
-            self._wait_for([self._original_run])
-            outcome = self._original_run.result()
-
-        def empty() -> Outcome:
-            self._wait_for([self._empty])
-            return self._empty.result()
-
-        settled = self.target.settle(outcome, empty)
-        self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
-        self.facts.original_runs = settled.runs
-        if isinstance(settled, Unreproduced):
-            self._ending = settled
-            return settled
-        self._reproduced(settled, outcome)
-        if settled.restart is not None:
-            self._ending = Restart(settled.restart)
-        return self._ending
-
-    def _reproduced(self, settled: Reproduced, outcome: Outcome) -> None:
-        """The original failed the wanted way: the target is known, the candidates' timeout is
-        calibrated from its run, and candidates cut short by a guessed hang's timeout run again
-        if the reduction restarts."""
-        target = settled.signature
-        self.facts.signature = target
-        self.facts.original_failures = settled.failures
-        self.facts.flaky = settled.flaky
-        if self.facts.flaky:
-            self._emit(force=True, milestone=Milestone.flaky, message=f"flaky: the original failed "
-                       f"{self.facts.original_failures} of {self.facts.original_runs} runs")
-        assert self.scheduler is not None
-        self.scheduler.remember(self._original, Fails(target))
-        if target.kind == "timeout":
-            if self.facts.candidate_timeout_s is None:  # else calibrated while the hang was a guess
-                self.facts.candidate_timeout_s = self._first_timeout()
-            self.hang_watch.calibrate()
-        else:
-            calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
-            bound = self.spec.limits.candidate_timeout_s
-            self.facts.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
-            self._evaluator.set_timeout(self.facts.candidate_timeout_s)
-        self._enter_phase("reduce")
-        self._emit(force=True, milestone=Milestone.reproduced, message=f"reproduced: {target}")
-        if settled.restart is not None:
-            # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
-            cut_short = self.facts.candidate_timeout_s
-            self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < cut_short)
-
-    def _shorten_timeout(self, timeout_s: float) -> None:
-        """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
-        if self.facts.candidate_timeout_s is None or timeout_s < self.facts.candidate_timeout_s:
-            self.facts.candidate_timeout_s = timeout_s
-            self._evaluator.set_timeout(timeout_s)
-
-    def _poll(self) -> str | None:
-        """The scheduler asks this while it waits: is the original a hang by now, should the
-        reduction stop (the original's verdict ends or restarts it, a cancel, the deadline)."""
-        if self._ending is not None:
-            return f"the original's verdict came: {self._ending.reason}"
-        self.hang_watch.poll(self.target.known or self.target.guess is not None, self.target.adopt_hang)
-        return self._stop_reason()
-
-    def _confirm_hang(self) -> Outcome | None:
-        """The reduction ended on a guessed hang while the original still runs: confirm it on the
-        result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
-        the reduction from the original, waiting for its outcome (None; `_ending` says why)."""
-        assert self.facts.best is not None and self.target.guess is not None and self.scheduler is not None
-        outcome = self.hang_watch.confirm(self.facts.best, self.target.guess, remaining_s=self._remaining(),
-                                          wait_for=self._wait_for)
-        if not isinstance(outcome, Refuted):
-            return outcome
-        self._emit(force=True, milestone=Milestone.hang_refuted, message=outcome.reason)
-        self.target.refute_hang()
-        self.facts.candidate_timeout_s = None
-        self._evaluator.set_timeout(self._first_timeout())
-        self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
-        self._ending = Restart(outcome.reason)
-        return None
-
-    def _verify_in_a_fresh_child(self) -> str | None:
-        """Where children are reused, run the result once more in a child that ran nothing else: it
-        must fail the same way there. Returns why the result is in doubt, if it is."""
-        pool, best = self._evaluator.live_pool(), self.facts.best
-        if not pool.reuse or best is None or best is self._original or self.facts.signature is None:
-            return None
-        future = pool.submit(self.program.to_wire(best), timeout_s=self.facts.candidate_timeout_s, fresh=True)
-        if wait_unless_stopped(pool, [future], self._stop_reason):
-            return None
-        outcome = future.result()
-        if oracle.still_fails(outcome, self.facts.signature, self.spec.failure):
-            return None
-        return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
-                "depend on what an earlier candidate left in a reused child")
-
-    def _cancel_original_runs(self) -> None:
-        """Cancel the original's run and the empty program's, if they are still going."""
-        for future in (self._original_run, self._empty):
-            if future is not None and not future.done():
-                self._evaluator.cancel(future)
-
-    def _wait_for(self, futures: list[Future[Outcome]]) -> None:
-        reason = wait_unless_stopped(self._evaluator, futures, self._stop_reason)
-        if reason:
-            raise Stopped(reason)
-
     def _shrink_inputs(self) -> None:
         """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
         program's inputs while the failure holds (`programs.Shrinks`)."""
@@ -454,11 +275,10 @@ class _Run:
         self.facts.unshrunk = self.facts.best
         shrinks = getattr(self.program, "shrink", None)
         if shrinks is None:
-            self._emit(force=True, milestone=Milestone.shrink_skipped,
-                       message=f"shrink skipped: {self.program.name} programs cannot shrink their inputs")
+            self._say(Milestone.shrink_skipped, f"shrink skipped: {self.program.name} programs cannot shrink inputs")
             return
         shrinks(self.scheduler, self.facts.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
-                say=lambda milestone, message: self._emit(force=True, milestone=milestone, message=message))
+                say=self._say)
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
@@ -512,7 +332,7 @@ class _Run:
         root cause."""
         self._enter_phase("done")
         self._environment()
-        self.facts.hang_confirm_timeout_s = self.hang_watch.confirm_timeout_s
+        self.facts.hang_confirm_timeout_s = self.original.hang_watch.confirm_timeout_s
         culprit_fields = (culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
                           else culprit.report_fields(None, self.spec))
         report = build_report(status, reason, self.facts, stats=self.scheduler.stats if self.scheduler else None,
@@ -557,6 +377,10 @@ class _Run:
         self.facts.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
                                            nodes=self.program.count_ops(self.facts.best), checks=checks))
 
+    def _say(self, milestone: Milestone, message: str) -> None:
+        """A step of the job, typed and told."""
+        self._emit(force=True, milestone=milestone, message=message)
+
     def _emit(self, force: bool = False, *, graph: Any | None = None, status: JobState | None = None,
               message: str | None = None, culprit_state: CulpritState | None = None,
               milestone: Milestone | None = None) -> None:
@@ -592,9 +416,3 @@ class _Run:
             self.on_event(event)
         except Exception:  # a broken subscriber must not break the job
             log.exception("progress callback failed")
-
-
-def _duration(outcome: Outcome) -> float:
-    if isinstance(outcome, TimedOut):
-        return outcome.after_s
-    return getattr(outcome, "duration_s", 0.0)

@@ -1,0 +1,235 @@
+"""The original program's runs beside the reduction, and what candidates are judged against.
+
+`OriginalRun` submits the original (compiled once, run `ORIGINAL_RUNS` times in one child) and
+the program with no ops, answers the scheduler's predicate (`still_fails`: against the guess while
+the original runs, else against its failure, waited for) and poll (`poll`: the hang guess, and
+whether the original's verdict ends or restarts the reduction), calibrates the candidates'
+timeout, confirms a guessed hang on the result, and verifies the result in a fresh child where
+children are reused. What the original's outcome means is `target.Target`'s (values, no waiting);
+this module does the waiting and the acting: the facts it learns go into the run's `RunFacts`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from minify_client.models import JobSpec, Milestone
+from minify_worker import oracle
+from minify_worker.evaluator import SandboxEvaluator
+from minify_worker.hang import HangCalibration, HangWatch, Refuted
+from minify_worker.outcomes import Fails, Outcome, TimedOut
+from minify_worker.report import RunFacts
+from minify_worker.sandbox import wait_unless_stopped
+from minify_worker.scheduler import Scheduler, Stopped
+from minify_worker.target import Reproduced, Restart, Target, Unreproduced
+
+# The original is compiled once and run this many times in one child, to find its signature and
+# tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
+# failure while compiling, a crash or a hang is one run).
+ORIGINAL_RUNS = 3
+# A candidate may take this many times the original's slowest run before it counts as a hang:
+# candidates are smaller, but their compiles can miss caches the original's warmed.
+TIMEOUT_FACTOR = 4.0
+MIN_CANDIDATE_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_FAILURE_S = 60.0
+# A run of the original may take this long unless the spec says otherwise: minutes, not the job's
+# hour, so a hanging compile shows as a hang in minutes.
+DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
+
+Say = Callable[[Milestone, str], None]  # a step of the job, told as a progress event
+
+
+class OriginalRun:
+    """One job's original: its runs, its verdict, the candidates' timeout (see the module's doc).
+    `remaining` gives the job's seconds left, `stop_reason` why it must stop (a cancel, the
+    deadline), `reduce_phase` marks that the reduction proper begins (the target is known)."""
+
+    def __init__(self, spec: JobSpec, facts: RunFacts, hang: HangCalibration, *, say: Say,
+                 remaining: Callable[[], float], stop_reason: Callable[[], str | None],
+                 reduce_phase: Callable[[], None]) -> None:
+        self.spec = spec
+        self.facts = facts
+        self.program = facts.program
+        self.target = Target(spec)
+        self._say = say
+        self._remaining = remaining
+        self._stop_reason = stop_reason
+        self._reduce_phase = reduce_phase
+        self.evaluator: SandboxEvaluator | None = None
+        self.scheduler: Scheduler | None = None
+        self.graph: Any = None
+        self._original_run: Future[Outcome] | None = None
+        self._empty: Future[Outcome] | None = None
+        self.ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
+        self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
+                                    shorten=self._shorten_timeout,
+                                    say=say,
+                                    count_ops=self.program.count_ops)
+
+    def original_timeout(self) -> float:
+        """How long one run of the original may take: the spec's bound, else minutes (a hang is
+        judged by `DEFAULT_TIMEOUT_FAILURE_S` when the failure asked for is a timeout)."""
+        limits = self.spec.limits
+        if limits.original_timeout_s:
+            bound = limits.original_timeout_s
+        elif self.spec.failure.kind == "timeout":
+            bound = limits.candidate_timeout_s or DEFAULT_TIMEOUT_FAILURE_S
+        else:
+            bound = DEFAULT_ORIGINAL_TIMEOUT_S
+        return min(bound, self._remaining())
+
+    def first_timeout(self) -> float:
+        """A candidate may take this long before the original has calibrated the timeout."""
+        return self.spec.limits.candidate_timeout_s or self.original_timeout()
+
+    def start(self, evaluator: SandboxEvaluator, scheduler: Scheduler, graph: Any) -> None:
+        """Submit the original and the program with no ops; candidates may run from now on."""
+        self.evaluator, self.scheduler, self.graph = evaluator, scheduler, graph
+        evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
+        submitted = time.monotonic()
+        self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS)
+        self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
+        # A hang guessed from candidates must not cut the original short: the guess is checked later.
+        evaluator.spared.add(self._original_run)
+        # The failure must depend on the program: the program with no ops runs beside it.
+        self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self.original_timeout())
+        given = self.spec.failure.signature
+        self._say(Milestone.original_started, "running the original" + (
+            f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
+
+    def still_fails(self, outcome: Outcome) -> bool:
+        """The scheduler's predicate: judged against the guess while the original runs (where the
+        guess can judge it), else against the original's failure, waited for. Once the original's
+        verdict ends or restarts the reduction, no candidate counts, and the scheduler's next poll
+        stops it (`poll`)."""
+        if not self.target.known and self._original_run is not None and not self._original_run.done():
+            verdict = self.target.provisional(outcome)
+            if verdict is not None:
+                return verdict
+        if self.settle() is not None:
+            return False
+        return self.target.judge(outcome)
+
+    def settle(self) -> Restart | Unreproduced | None:
+        """Wait for the original's verdict (once), act on it, and return what ends or restarts the
+        reduction (`ending`), if anything does. Raises `Stopped` on a cancel."""
+        if self.target.known or self.ending is not None:
+            return self.ending
+        assert self._original_run is not None
+        if self.target.hang_guessed and not self._original_run.done():
+            outcome = self._confirm_hang()
+            if outcome is None:
+                return self.ending
+        else:
+            self._wait_for([self._original_run])
+            outcome = self._original_run.result()
+
+        def empty() -> Outcome:
+            self._wait_for([self._empty])
+            return self._empty.result()
+
+        settled = self.target.settle(outcome, empty)
+        self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
+        self.facts.original_runs = settled.runs
+        if isinstance(settled, Unreproduced):
+            self.ending = settled
+            return settled
+        self._reproduced(settled, outcome)
+        if settled.restart is not None:
+            self.ending = Restart(settled.restart)
+        return self.ending
+
+    def _reproduced(self, settled: Reproduced, outcome: Outcome) -> None:
+        """The original failed the wanted way: the target is known, the candidates' timeout is
+        calibrated from its run, and candidates cut short by a guessed hang's timeout run again
+        if the reduction restarts."""
+        target = settled.signature
+        self.facts.signature = target
+        self.facts.original_failures = settled.failures
+        self.facts.flaky = settled.flaky
+        if self.facts.flaky:
+            self._say(Milestone.flaky, f"flaky: the original failed "
+                       f"{self.facts.original_failures} of {self.facts.original_runs} runs")
+        assert self.scheduler is not None
+        self.scheduler.remember(self.graph, Fails(target))
+        if target.kind == "timeout":
+            if self.facts.candidate_timeout_s is None:  # else calibrated while the hang was a guess
+                self.facts.candidate_timeout_s = self.first_timeout()
+            self.hang_watch.calibrate()
+        else:
+            calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
+            bound = self.spec.limits.candidate_timeout_s
+            self.facts.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
+            self.evaluator.set_timeout(self.facts.candidate_timeout_s)
+        self._reduce_phase()
+        self._say(Milestone.reproduced, f"reproduced: {target}")
+        if settled.restart is not None:
+            # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
+            cut_short = self.facts.candidate_timeout_s
+            self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < cut_short)
+
+    def _shorten_timeout(self, timeout_s: float) -> None:
+        """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
+        if self.facts.candidate_timeout_s is None or timeout_s < self.facts.candidate_timeout_s:
+            self.facts.candidate_timeout_s = timeout_s
+            self.evaluator.set_timeout(timeout_s)
+
+    def poll(self) -> str | None:
+        """The scheduler asks this while it waits: is the original a hang by now, should the
+        reduction stop (the original's verdict ends or restarts it, a cancel, the deadline)."""
+        if self.ending is not None:
+            return f"the original's verdict came: {self.ending.reason}"
+        self.hang_watch.poll(self.target.known or self.target.guess is not None, self.target.adopt_hang)
+        return self._stop_reason()
+
+    def _confirm_hang(self) -> Outcome | None:
+        """The reduction ended on a guessed hang while the original still runs: confirm it on the
+        result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
+        the reduction from the original, waiting for its outcome (None; `ending` says why)."""
+        assert self.facts.best is not None and self.target.guess is not None and self.scheduler is not None
+        outcome = self.hang_watch.confirm(self.facts.best, self.target.guess, remaining_s=self._remaining(),
+                                          wait_for=self._wait_for)
+        if not isinstance(outcome, Refuted):
+            return outcome
+        self._say(Milestone.hang_refuted, outcome.reason)
+        self.target.refute_hang()
+        self.facts.candidate_timeout_s = None
+        self.evaluator.set_timeout(self.first_timeout())
+        self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
+        self.ending = Restart(outcome.reason)
+        return None
+
+    def verify_in_a_fresh_child(self) -> str | None:
+        """Where children are reused, run the result once more in a child that ran nothing else: it
+        must fail the same way there. Returns why the result is in doubt, if it is."""
+        pool, best = self.evaluator.live_pool(), self.facts.best
+        if not pool.reuse or best is None or best is self.graph or self.facts.signature is None:
+            return None
+        future = pool.submit(self.program.to_wire(best), timeout_s=self.facts.candidate_timeout_s, fresh=True)
+        if wait_unless_stopped(pool, [future], self._stop_reason):
+            return None
+        outcome = future.result()
+        if oracle.still_fails(outcome, self.facts.signature, self.spec.failure):
+            return None
+        return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
+                "depend on what an earlier candidate left in a reused child")
+
+    def cancel(self) -> None:
+        """Cancel the original's run and the empty program's, if they are still going."""
+        for future in (self._original_run, self._empty):
+            if future is not None and not future.done():
+                self.evaluator.cancel(future)
+
+    def _wait_for(self, futures: list[Future[Outcome]]) -> None:
+        reason = wait_unless_stopped(self.evaluator, futures, self._stop_reason)
+        if reason:
+            raise Stopped(reason)
+
+
+def _duration(outcome: Outcome) -> float:
+    if isinstance(outcome, TimedOut):
+        return outcome.after_s
+    return getattr(outcome, "duration_s", 0.0)
