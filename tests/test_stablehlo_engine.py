@@ -1,6 +1,7 @@
-"""A StableHLO job end to end (issue 32): the engine with real sandbox children minimizes a
-24-op program that XLA's `xla_cpu_enable_fast_min_max` makes drop a NaN down to the reduce-max,
-and its repro.py reproduces with jax alone (torch blocked) in a fresh process."""
+"""A StableHLO job end to end (issue 32): `minify-worker minify program.mlir` (the format told
+from the suffix) with real sandbox children minimizes a 24-op program that XLA's
+`xla_cpu_enable_fast_min_max` makes drop a NaN down to the reduce-max, and its repro.py
+reproduces with jax alone (torch blocked) in a fresh process."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minify_client.models import JobSpec, JobState
-from minify_worker import engine
+from minify_client.models import Report
+from minify_worker import cli
 from tests.support import hlo_programs
 
 # The repro runs with torch made unimportable: it must need jax and numpy only.
@@ -21,13 +22,15 @@ WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[engine.MinifyResult, Path]:
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, Path]:
     folder = tmp_path_factory.mktemp("nan_max_job")
     text, arrays = hlo_programs.nan_max_program()
     program, inputs = hlo_programs.write_program(folder, text, arrays)
-    spec = JobSpec(program_format="stablehlo", backend="xla", config=hlo_programs.FAST_MIN_MAX,
-                   failure={"kind": "accuracy", "strict_accuracy": True}, limits={"parallelism": 2})
-    return engine.minify(program, spec, folder / "out", inputs=inputs), folder
+    code = cli.main(["minify", str(program), "--inputs", str(inputs), "--backend", "xla",
+                     "--config", "xla.xla_cpu_enable_fast_min_max=true", "--failure", "accuracy",
+                     "--strict-accuracy", "--parallelism", "2", "--quiet", "--out", str(folder / "out")])
+    assert code == 0
+    return Report.model_validate_json((folder / "out" / "report.json").read_text()), folder
 
 
 def _repro(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
@@ -36,9 +39,8 @@ def _repro(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_job_minimizes_to_the_reduce_max(job) -> None:
-    result, _ = job
-    report = result.report
-    assert result.status is JobState.succeeded, report.reason
+    report, _ = job
+    assert report.status == "succeeded", report.reason
     assert (report.nodes_original, report.nodes_final) == (24, 1)
     assert "stablehlo.reduce" in report.graph_code and "applies stablehlo.maximum" in report.graph_code
     assert report.signature == "AccuracyError" and report.backend == "xla"
