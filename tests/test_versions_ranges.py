@@ -138,3 +138,14 @@ def test_the_summary_line_names_the_fix_and_the_inconclusive_versions() -> None:
     assert summary(runs) == ("fails on 2.13.0; passes on 2.14.1; fails otherwise on 2.12.0 (TypeError: x); "
                              "cannot run on 2.11.0: no regression range (no version older than 2.13.0 passes: "
                              "2.11.0 cannot run the repro, 2.12.0 fails otherwise (TypeError: x)); fixed in 2.14.1")
+
+
+def test_a_probe_nobody_answered_is_not_kept_on_the_bug_but_every_run_is() -> None:
+    from minify_worker.versions.bugs import ran
+
+    unanswered = VersionRun(torch="2.15.0", outcome=VersionOutcome.cannot_run,
+                            reason="no worker holding it answered in time")
+    lacking = VersionRun(torch="2.11.0", outcome=VersionOutcome.cannot_run, reason="no attribute", seconds=2.5)
+    own = VersionRun(torch="2.13.0", outcome=VersionOutcome.same, reason="the job's own run of the minimal program")
+
+    assert [ran(run) for run in (unanswered, lacking, own)] == [False, True, True]

@@ -30,9 +30,18 @@ def retests_key(bug_record: str) -> str:
     return f"{bug_record}:retests"
 
 
+def ran(run: VersionRun) -> bool:
+    """Whether `run` is an observation: not a probe no worker answered (or that had no torch to run
+    on), which is `cannot_run` without a second spent. The job's own run, answered without a probe,
+    fails the same way."""
+    return run.seconds > 0 or run.outcome is not VersionOutcome.cannot_run
+
+
 def record_runs(redis: Redis, bug_record: str, job_id: str, runs: Sequence[VersionRun], how: str) -> str | None:
-    """Keep `runs` (of `job_id`'s repro) on the bug whose record is `bug_record` and update its status.
-    Returns the status; None (nothing written) when the bug is no longer listed."""
+    """Keep `runs` (of `job_id`'s repro) on the bug whose record is `bug_record` and update its status;
+    runs that never ran (`ran`) are left out, so a re-test asks those versions again. Returns the
+    status; None (nothing written) when the bug is no longer listed."""
+    runs = [run for run in runs if ran(run)]
     if not runs or not redis.exists(bug_record):
         return None
     with redis.pipeline(transaction=True) as pipe:

@@ -139,13 +139,19 @@ def env_for(version: str) -> TorchEnv | None:
 
 
 def _probe(ticket: dict[str, Any]) -> VersionRun:
+    """One probe; whatever goes wrong is its answer (a question left unanswered would hold the
+    job's phase until its deadline)."""
     env = env_for(ticket["version"])
     if env is None:
         return VersionRun(torch=ticket["version"], outcome=VersionOutcome.cannot_run,
                           reason="the worker that took the probe no longer holds this version")
     inputs = Path(ticket["inputs"])
-    return run_repro(env, Path(ticket["repro"]), inputs if inputs.is_file() else None, ticket["signature"],
-                     timeout_s=ticket["timeout_s"])
+    try:
+        return run_repro(env, Path(ticket["repro"]), inputs if inputs.is_file() else None, ticket["signature"],
+                         timeout_s=ticket["timeout_s"])
+    except OSError as error:  # the interpreter or the repro went away
+        return VersionRun(torch=env.torch, git_version=env.git_version, outcome=VersionOutcome.cannot_run,
+                          reason=f"could not run the repro: {error}")
 
 
 def _record(redis: Redis, ticket: dict[str, Any], run: VersionRun) -> None:
