@@ -24,7 +24,16 @@ from minify_client.client import (
     retry_for_from_environment,
 )
 from minify_client.errors import ApiError, BadRequest, MinifyError
-from minify_client.models import Bug, CulpritState, JobSpec, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import (
+    Bug,
+    CulpritState,
+    JobSpec,
+    JobState,
+    JobStatus,
+    ProgressEvent,
+    Report,
+    detect_program_format,
+)
 from minify_client.progress import (
     bisect_summary,
     culprit_summary,
@@ -187,6 +196,9 @@ def _submit(args: argparse.Namespace) -> int:
     if args.inputs is not None and not args.inputs.is_file():
         raise UsageError(f"no such inputs file: {args.inputs}")
     spec = spec_from_args(args)
+    if "program_format" not in spec.model_fields_set:  # a StableHLO module or HLO text: told by suffix or content
+        with args.program.open("rb") as file:
+            spec = spec.model_copy(update={"program_format": detect_program_format(args.program.name, file.read(64))})
     _warn_if_it_runs_code(args.program)
     with _client(args) as client:
         created = client.submit(args.program, spec, inputs=args.inputs, force=args.force)

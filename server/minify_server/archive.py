@@ -71,3 +71,47 @@ def check_torch_save_file(path: Path) -> None:
         raise NotAnExportArchive("not a torch.save file (not a zip)") from error
     if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
         raise NotAnExportArchive("not a torch.save file (no data.pkl)")
+
+
+# -- StableHLO and HLO programs (JobSpec.program_format; docs/hlo.md) ---------------------------
+
+MLIR_BYTECODE_MAGIC = b"ML\xefR"
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+class NotAProgram(ValueError):
+    """The file is not a StableHLO module or HLO text (or its inputs not an .npz of plain arrays)."""
+
+
+def check_hlo_program(path: Path, program_format: str) -> None:
+    """`stablehlo`: MLIR bytecode (a portable VHLO artifact too) or UTF-8 MLIR text naming a
+    function; `hlo`: UTF-8 text starting `HloModule`. The container only: nothing is parsed or
+    run here (a sandbox child parses it)."""
+    data = path.read_bytes()
+    if program_format == "stablehlo" and data.startswith(MLIR_BYTECODE_MAGIC):
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise NotAProgram(f"not a {program_format} program: neither MLIR bytecode nor UTF-8 text ({error})") from error
+    if program_format == "hlo":
+        if not text.lstrip().startswith("HloModule"):
+            raise NotAProgram("not HLO text: it does not start with 'HloModule' (what XLA's --xla_dump_to writes)")
+        return
+    if "func.func" not in text and "func @" not in text:
+        raise NotAProgram("not a StableHLO module: MLIR text with no function (func.func), nor MLIR bytecode")
+
+
+def check_npz_file(path: Path) -> None:
+    """inputs.npz: a zip of .npy arrays, none of them pickled objects (never loaded here)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    head = member.read(256)
+                if not info.filename.endswith(".npy") or not head.startswith(_NPY_MAGIC):
+                    raise NotAProgram(f"not an .npz of arrays: {info.filename!r} is not a .npy array")
+                if b"'descr': '|O'" in head or b"'descr': 'O'" in head:
+                    raise NotAProgram(f"refused: {info.filename!r} holds pickled objects; save plain arrays")
+    except (zipfile.BadZipFile, OSError) as error:
+        raise NotAProgram(f"not an .npz of arrays (not a zip: {error})") from error

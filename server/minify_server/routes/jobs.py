@@ -18,7 +18,15 @@ from starlette.concurrency import run_in_threadpool
 from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
 from minify_client.specflags import describe_validation_error
 from minify_server import queue
-from minify_server.archive import CodeInArchive, NotAnExportArchive, check_export_archive, check_torch_save_file
+from minify_server.archive import (
+    CodeInArchive,
+    NotAnExportArchive,
+    NotAProgram,
+    check_export_archive,
+    check_hlo_program,
+    check_npz_file,
+    check_torch_save_file,
+)
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
@@ -144,10 +152,13 @@ def _storage_full(error: StorageFull) -> ApiError:
                          "kept, retry once space is freed", detail={"cause": str(error)})
 
 
-def _check_files(upload: JobUpload, allow_pickle: bool) -> None:
+def _check_files(upload: JobUpload, allow_pickle: bool, program_format: str) -> None:
     if "program" not in upload.files:
         raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
     name = upload.filenames.get("program") or ""
+    if program_format != "pt2":
+        _check_hlo_files(upload, name, program_format)
+        return
     try:
         check_export_archive(upload.files["program"].path, allow_pickle=allow_pickle)
     except CodeInArchive as error:
@@ -162,6 +173,19 @@ def _check_files(upload: JobUpload, allow_pickle: bool) -> None:
         try:
             check_torch_save_file(upload.files["inputs"].path)
         except NotAnExportArchive as error:
+            raise ApiError(415, f"inputs: {error}") from error
+
+
+def _check_hlo_files(upload: JobUpload, name: str, program_format: str) -> None:
+    """A StableHLO or HLO job: the program's container and an .npz of inputs, nothing parsed."""
+    try:
+        check_hlo_program(upload.files["program"].path, program_format)
+    except NotAProgram as error:
+        raise ApiError(415, f"program {name!r}: {error}") from error
+    if "inputs" in upload.files:
+        try:
+            check_npz_file(upload.files["inputs"].path)
+        except NotAProgram as error:
             raise ApiError(415, f"inputs: {error}") from error
 
 
@@ -217,7 +241,7 @@ async def create_job(request: Request, response: Response,
         upload.discard()
         return await _deduplicated(request, response, spec, *existing)
     try:
-        _check_files(upload, settings.allow_pickle)
+        _check_files(upload, settings.allow_pickle, spec.program_format)
     except ApiError:
         upload.discard()
         raise
