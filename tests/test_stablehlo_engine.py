@@ -1,10 +1,12 @@
-"""A StableHLO job end to end (issue 32): `minify-worker minify program.mlir` (the format told
-from the suffix) with real sandbox children minimizes a 24-op program that XLA's
-`xla_cpu_enable_fast_min_max` makes drop a NaN down to the reduce-max, and its repro.py
-reproduces with jax alone (torch blocked) in a fresh process."""
+"""StableHLO jobs end to end (issue 32), through `minify-worker minify program.mlir` (the format
+told from the suffix) with real sandbox children: a 24-op program that XLA's
+`xla_cpu_enable_fast_min_max` makes drop a NaN minimizes to the reduce-max, and its repro.py
+reproduces with jax alone (torch blocked) in a fresh process; the same program through an
+external compiler (`backend: command`) that crashes on some candidates."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,10 @@ import pytest
 
 from minify_client.models import Report
 from minify_worker import cli
+from minify_worker.programs.stablehlo.command import ALLOWED_COMMANDS_ENV
 from tests.support import hlo_programs
+
+COMPILER = Path(__file__).resolve().parent / "support" / "hlo_compiler.py"
 
 # The repro runs with torch made unimportable: it must need jax and numpy only.
 WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; " \
@@ -59,3 +64,17 @@ def test_the_repro_fails_with_jax_alone_and_passes_once_the_nan_is_gone(job, tmp
     passing = _repro(folder, "--inputs", str(tmp_path / "clean.npz"))
     assert passing.returncode == 0, passing.stderr
     assert "repro passed" in passing.stdout
+
+
+def test_a_command_that_crashes_on_some_candidates_still_leads_to_the_op_it_refuses(tmp_path: Path) -> None:
+    program, _ = hlo_programs.write_program(tmp_path, hlo_programs.nan_max_program()[0])
+    argv = json.dumps([sys.executable, str(COMPILER), "{module}"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ALLOWED_COMMANDS_ENV, str(Path(sys.executable).resolve().parent))
+        code = cli.main(["minify", str(program), "--backend", "command", "--config", f"command.argv={argv}",
+                         "--failure", "compile_error", "--parallelism", "2", "--quiet", "--out", str(tmp_path / "out")])
+    report = Report.model_validate_json((tmp_path / "out" / "report.json").read_text())
+    assert code == 0, report.reason
+    assert report.signature == "CommandFailed: reduce-max is not supported on this target"
+    assert report.nodes_final == 1 and "stablehlo.reduce" in report.graph_code
+    assert report.outcomes.get("crashed", 0) >= 1
