@@ -22,7 +22,7 @@ import torch
 
 from minify_client.models import JobSpec
 from minify_worker.graph import graph_to_wire
-from minify_worker.outcomes import Crashed, Fails, OutOfMemory, Passes, TimedOut
+from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
 from minify_worker.sandbox.processes import process_stats
 from tests.support import backends, calls
@@ -158,6 +158,31 @@ def test_a_crashing_call_raises_sandbox_call_error(pool: SandboxPool) -> None:
     with pytest.raises(SandboxCallError) as raised:
         pool.call("tests.support.calls:crash_in_call", timeout_s=60)
     assert raised.value.error_type == "crashed" and "SIGSEGV" in str(raised.value)
+
+
+def test_an_outcome_call_resolves_with_the_outcome_its_target_returned(pool: SandboxPool) -> None:
+    spec_json = JobSpec(backend=BACKEND).model_dump_json()
+    outcome = pool.submit_outcome_call("tests.support.calls:run_with_spec",
+                                       {"wire_graph": chain("relu"), "spec_json": spec_json}, timeout_s=60).result()
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "compile_error"
+
+
+def test_an_outcome_call_whose_child_crashes_is_the_crash_as_a_candidates_would_be(pool: SandboxPool) -> None:
+    outcome = pool.submit_outcome_call("tests.support.calls:crash_in_call", timeout_s=60).result()
+    assert isinstance(outcome, Crashed) and outcome.signal == signal.SIGSEGV
+    assert outcome.signature == pool.submit(chain("sin"), timeout_s=60).result().signature
+
+
+def test_an_outcome_call_whose_child_hangs_times_out(pool: SandboxPool) -> None:
+    spec_json = JobSpec(backend=BACKEND).model_dump_json()
+    outcome = pool.submit_outcome_call("tests.support.calls:run_with_spec",
+                                       {"wire_graph": chain("tanh"), "spec_json": spec_json}, timeout_s=3).result()
+    assert isinstance(outcome, TimedOut)
+
+
+def test_an_outcome_call_whose_target_raises_is_invalid(pool: SandboxPool) -> None:
+    outcome = pool.submit_outcome_call("tests.support.calls:value_names", {"unexpected": 1}, timeout_s=60).result()
+    assert isinstance(outcome, Invalid) and outcome.message.startswith("TypeError: ")
 
 
 def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> None:

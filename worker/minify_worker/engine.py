@@ -239,7 +239,7 @@ class _Run:
         state = CulpritState.done
         try:
             self.culprit_found = culprit.find(
-                evaluator.live_pool(), original=self.original.graph, minimal=self.facts.best,
+                evaluator, original=self.original.graph, minimal=self.facts.best,
                 target=self.facts.signature,
                 spec=self.spec, timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
                 budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,

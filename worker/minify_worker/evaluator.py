@@ -88,12 +88,30 @@ class SandboxEvaluator:
 
     def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]:
         outer: Future[Outcome] = Future()
-        self._submit(outer, graph, timeout_s, runs)
+
+        def request(pool: SandboxPool) -> Future[Outcome]:
+            return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
+
+        self._submit(outer, request, graph)
         return outer
 
-    def _submit(self, outer: Future[Outcome], graph: Any, timeout_s: float | None, runs: int = 1) -> None:
+    def submit_call(self, target: str, kwargs: dict[str, Any], timeout_s: float,
+                    purpose: str = "call") -> Future[Outcome]:
+        """Run a call target that returns an outcome (`SandboxPool.submit_outcome_call`: a culprit
+        probe), restarted as a candidate is; it keeps `timeout_s` (`set_timeout` leaves it) and its
+        outcome is not a candidate's (`on_outcome` does not see it)."""
+        outer: Future[Outcome] = Future()
+        self.spared.add(outer)
+        outer.add_done_callback(self.spared.discard)
+        self._submit(outer, lambda pool: pool.submit_outcome_call(target, kwargs, timeout_s, purpose), None)
+        return outer
+
+    def _submit(self, outer: Future[Outcome], request: Callable[[SandboxPool], Future[Outcome]],
+                graph: Any | None) -> None:
+        """`request` on the live pool, its outcome settling `outer`; `graph`: the candidate's, for
+        `on_outcome` (None: not a candidate)."""
         pool = self.live_pool()
-        inner = pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
+        inner = request(pool)
         self._inner[outer] = inner
 
         def settle(done: Future[Outcome]) -> None:
@@ -104,7 +122,7 @@ class SandboxEvaluator:
             elif isinstance(error, SandboxFault):
                 self._faulted(pool, error)
                 try:
-                    self._submit(outer, graph, timeout_s, runs)
+                    self._submit(outer, request, graph)
                 except SandboxError as final:
                     _settle(outer, error=final)
             elif isinstance(error, SandboxError):
@@ -114,7 +132,7 @@ class SandboxEvaluator:
             elif error is not None:
                 _settle(outer, error=error)
             else:
-                if self.on_outcome is not None:
+                if self.on_outcome is not None and graph is not None:
                     self.on_outcome(graph, done.result())
                 _settle(outer, result=done.result())
 

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch.fx as fx
 
@@ -17,11 +17,14 @@ from minify_client.models import Culprit, JobSpec, Workaround
 from minify_worker import bisector, oracle
 from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
-from minify_worker.sandbox import SandboxError, SandboxPool
+from minify_worker.sandbox import SandboxError
 
 from .prober import Key, OutOfBudget, Prober, probe_key, screen_key, verify_key
 from .report import Found
 from .settings import current_value, no_stages, settings
+
+if TYPE_CHECKING:
+    from minify_worker.evaluator import SandboxEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +44,16 @@ def budget_s(elapsed_s: float) -> float:
     return max(floor, BUDGET_FRACTION * elapsed_s)
 
 
-def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Signature, spec: JobSpec,
+def find(evaluator: SandboxEvaluator, *, original: fx.Graph, minimal: fx.Graph, target: Signature, spec: JobSpec,
          timeout_s: float, budget: float, should_stop: Callable[[], str | None],
          say: Callable[[str], None]) -> Found:
-    """The culprit phase; raises `scheduler.Stopped` when `should_stop` answers (a cancel)."""
-    prober = Prober(pool, spec, target, timeout_s, time.monotonic() + budget, should_stop)
+    """The culprit phase, its probes run through the job's `evaluator`; raises `scheduler.Stopped`
+    when `should_stop` answers (a cancel)."""
+    prober = Prober(evaluator, spec, target, timeout_s, time.monotonic() + budget, should_stop)
     for key, why in known_failing(minimal, spec).items():
         prober.remember(key, Fails(target), why)
     minimal_wire = graph_to_wire(minimal)
-    state_dir = Path(pool.workdir) / "bisect"
+    state_dir = Path(evaluator.pool.workdir) / "bisect"
     reason = no_stages(spec)
     screens = {setting: screen_key(setting, spec) for setting in settings(spec)}
     original_wire = graph_to_wire(original)
@@ -71,7 +75,7 @@ def find(pool: SandboxPool, *, original: fx.Graph, minimal: fx.Graph, target: Si
         if passing:
             say(f"workarounds: trying {', '.join(_name(setting) for setting in passing)} on the original")
         found.workarounds = _verify(prober, original_wire, passing, spec, found.tried)
-    except SandboxError as error:  # the fork server died under a probe: the phase ends, the job does not
+    except SandboxError as error:  # the sandbox failed past the evaluator's restarts: the phase ends, the job does not
         log.warning("the culprit phase lost its sandbox: %s", error)
         found.culprit, found.reason = None, f"the sandbox's fork server died during the culprit phase: {error}"
     finally:

@@ -82,6 +82,7 @@ class _Pending:
     kind: str  # "candidate" | "call" | "load_values"
     purpose: str
     timeout_s: float | None
+    returns_outcome: bool = False  # a call whose target returns an outcome (`submit_outcome_call`)
 
 
 class SandboxPool:
@@ -162,10 +163,14 @@ class SandboxPool:
                     purpose: str = "call") -> Future[dict[str, Any]]:
         """Run `target(context, **kwargs)` in a child; the future resolves with its dict or raises
         `SandboxCallError`."""
-        if not call_allowed(target, self._environment):
-            raise ValueError(f"call target {target!r} must be 'minify_worker.module:function' "
-                             f"(or in a module the pool's {ALLOWED_CALLS_ENV} allows)")
-        return self._request("call", {"target": target, "kwargs": kwargs or {}}, timeout_s, purpose)
+        return self._call(target, kwargs, timeout_s, purpose, returns_outcome=False)
+
+    def submit_outcome_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = None,
+                            purpose: str = "call") -> Future[Outcome]:
+        """Run `target(context, **kwargs)`, which returns an outcome (`outcome_to_dict`), in a child of
+        its own; the future resolves with that `Outcome`, as `submit`'s with a candidate's: a child that
+        crashed, hung or ran out of memory is that outcome, a target that raised is `Invalid`."""
+        return self._call(target, kwargs, timeout_s, purpose, returns_outcome=True)
 
     def call(self, target: str, kwargs: dict[str, Any] | None = None,
              timeout_s: float | None = 600.0) -> dict[str, Any]:
@@ -234,7 +239,16 @@ class SandboxPool:
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _request(self, kind: str, payload: dict[str, Any], timeout_s: float | None, purpose: str) -> Future:
+    def _call(self, target: str, kwargs: dict[str, Any] | None, timeout_s: float | None, purpose: str, *,
+              returns_outcome: bool) -> Future:
+        if not call_allowed(target, self._environment):
+            raise ValueError(f"call target {target!r} must be 'minify_worker.module:function' "
+                             f"(or in a module the pool's {ALLOWED_CALLS_ENV} allows)")
+        return self._request("call", {"target": target, "kwargs": kwargs or {}}, timeout_s, purpose,
+                             returns_outcome=returns_outcome)
+
+    def _request(self, kind: str, payload: dict[str, Any], timeout_s: float | None, purpose: str, *,
+                 returns_outcome: bool = False) -> Future:
         request_id = next(self._ids)
         future: Future = Future()
         with self._lock:
@@ -242,7 +256,7 @@ class SandboxPool:
                 raise SandboxError("the sandbox pool is closed")
             if self._dead_reason:
                 raise SandboxError(self._dead_reason)
-            self._pending[request_id] = _Pending(future, kind, purpose, timeout_s)
+            self._pending[request_id] = _Pending(future, kind, purpose, timeout_s, returns_outcome)
         future.add_done_callback(lambda done: self._on_done(request_id, done))
         self._send({"op": "run", "id": request_id, "kind": kind, "purpose": purpose,
                     "timeout_s": timeout_s, **payload})
@@ -365,6 +379,9 @@ def _finish(pending: _Pending, event: dict[str, Any]) -> None:
     if pending.kind == "candidate":
         _resolve(pending.future, result=outcome_of_child(event, pending.timeout_s))
         return
+    if pending.returns_outcome:
+        _resolve(pending.future, result=_call_outcome(event, pending.timeout_s))
+        return
     if isinstance(result, dict) and result.get("ok"):
         _resolve(pending.future, result=result.get("value"))
         return
@@ -376,6 +393,17 @@ def _finish(pending: _Pending, event: dict[str, Any]) -> None:
         error_type, message, detail = outcome.kind, _describe(outcome), event.get("log_tail", "")
     _resolve(pending.future, error=SandboxCallError(f"{pending.purpose} failed in its child: {message}",
                                                     error_type, detail))
+
+
+def _call_outcome(event: dict[str, Any], timeout_s: float | None) -> Outcome:
+    """The outcome of a call whose target returns one: what it returned, `Invalid` when it raised,
+    else how its child ended (`outcome_of_child`)."""
+    result = event.get("result")
+    if isinstance(result, dict) and result.get("ok"):
+        return outcome_from_dict(result["value"])
+    if isinstance(result, dict) and "error" in result:
+        return Invalid(message=str(result["error"]))
+    return outcome_of_child(event, timeout_s)
 
 
 def _describe(outcome: Outcome) -> str:
