@@ -2,7 +2,7 @@
 over `module.Module`), driven by `scheduler.reduce` in the tiers of `PASSES`.
 
 The same plan as the FX strategies (strategies.py): an opening tier that aims at a bug one op
-triggers (bisection over op kinds, each kind alone, bisection over op ranges), torch's minifier
+triggers (bisection over op kinds, one op of a few kinds alone, bisection over op ranges), torch's minifier
 (truncation and delta debugging interleaved per granularity, coarse to fine; dead code and
 unused arguments; one output less), then 1-minimality (each op promoted to an argument alone,
 which for a constant is folding it into an argument; one output kept). An op with regions
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from minify_worker.strategies import Candidate, StrategyContext, Tier
 
 from . import surgery
-from .module import Module, is_float_type, key, size
+from .module import Module, Op, is_float_type, key, size
 
 
 class _Proposals:
@@ -56,19 +56,48 @@ def granularities(count: int, context: StrategyContext) -> list[int]:
 # Opening: aim at one op
 
 
+def _kinds(module: Module) -> dict[str, list[Op]]:
+    """The ops of each kind, kinds in order of first appearance."""
+    kinds: dict[str, list[Op]] = {}
+    for op in module.ops:
+        kinds.setdefault(op.kind, []).append(op)
+    return kinds
+
+
+def _balanced_halves(kinds: dict[str, list[Op]]) -> list[list[str]]:
+    """The kinds in two groups of about as many ops each (the most frequent placed first)."""
+    halves: list[list[str]] = [[], []]
+    weights = [0, 0]
+    for kind in sorted(kinds, key=lambda name: -len(kinds[name])):
+        lighter = 0 if weights[0] <= weights[1] else 1
+        halves[lighter].append(kind)
+        weights[lighter] += len(kinds[kind])
+    return [half for half in halves if half]
+
+
 def bisect_kinds(module: Module, context: StrategyContext) -> Iterator[Candidate]:
-    """Keep the ops of half the kinds (their inputs promoted), each half; then each kind alone."""
+    """Keep the ops of half the kinds, halved again by position: about a quarter of the ops each
+    (what they read from the others promoted), as the FX opening does. A bug one op triggers is in
+    one quarter, found in about log2(ops) checks."""
     proposals = _Proposals(module, context)
-    kinds = sorted({op.kind for op in module.ops})
+    kinds = _kinds(module)
     if len(kinds) < 2:
         return
-    middle = len(kinds) // 2
-    for half in (kinds[:middle], kinds[middle:]):
-        ops = [op for op in module.ops if op.kind in half]
-        yield from proposals.offer(surgery.keep_ops(module, ops), f"keep only {', '.join(half)}")
-    for kind in kinds:
-        ops = [op for op in module.ops if op.kind == kind]
-        yield from proposals.offer(surgery.keep_ops(module, ops), f"keep only {kind}")
+    for half in _balanced_halves(kinds):
+        members = {op.index for kind in half for op in kinds[kind]}
+        ops = [op for op in module.ops if op.index in members]
+        middle = len(ops) // 2
+        parts = [ops[:middle], ops[middle:]] if middle else [ops]
+        for position, part in enumerate(parts):
+            where = "" if len(parts) == 1 else (" (first half by position)", " (second half by position)")[position]
+            yield from proposals.offer(surgery.keep_ops(module, part), f"keep only {', '.join(half)}{where}")
+
+
+def probe_kinds(module: Module, context: StrategyContext) -> Iterator[Candidate]:
+    """The first op of each of the first `context.parallelism` kinds alone (one batch)."""
+    proposals = _Proposals(module, context)
+    for kind, ops in list(_kinds(module).items())[: max(1, context.parallelism)]:
+        yield from proposals.offer(surgery.keep_ops(module, ops[:1]), f"probe {kind} #{module.ops.index(ops[0])} alone")
 
 
 def bisect_ranges(module: Module, context: StrategyContext) -> Iterator[Candidate]:
@@ -139,7 +168,7 @@ def one_minimal(module: Module, context: StrategyContext) -> Iterator[Candidate]
 
 
 PASSES: list[Tier] = [
-    Tier.of([bisect_kinds, bisect_ranges], opening=True),
+    Tier.of([bisect_kinds, probe_kinds, bisect_ranges], opening=True),
     Tier.of([eliminate_dead_code, truncate_and_delta_debug, remove_outputs]),
     Tier.of([keep_single_output, one_minimal]),
 ]
