@@ -19,7 +19,8 @@ BYTECODE_MAGIC = b"ML\xefR"
 
 # A printed name of a top-level value (`%0`, `%arg1`, `%cst_2`, `%4#1`), outside string literals.
 _PRINTED = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<name>%[\w$.\-]+(?:#\d+)?)')
-_RESULTS = re.compile(r"^\s*%[\w$.\-]+(?::\d+)?\s*=\s*", re.DOTALL)
+# What an op's printed form starts with when it has results: `%0 = `, `%4:2 = `, `%a, %b = `.
+_RESULTS = re.compile(r"^\s*%[\w$.\-]+(?::\d+)?(?:\s*,\s*%[\w$.\-]+(?::\d+)?)*\s*=\s*")
 
 
 class ParseError(Exception):
