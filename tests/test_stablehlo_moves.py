@@ -166,3 +166,10 @@ def test_the_same_bug_at_other_sizes_and_places_has_the_same_shape_hash() -> Non
     assert REPRESENTATION.shape_hash(here) == REPRESENTATION.shape_hash(smaller)
     assert REPRESENTATION.shape_hash(here) != REPRESENTATION.shape_hash(chain())
     assert REPRESENTATION.input_shapes(smaller) == {"v7": {"shape": [2, 2], "dtype": "f32"}}
+
+
+def test_a_reader_sees_values_named_after_the_original_without_the_engines_prefix() -> None:
+    code = REPRESENTATION.code(surgery.promote(chain(), {0}))
+    assert "%m." not in code
+    assert "func.func public @main(%a1: tensor<4x8xf32>, %v0: tensor<4x8xf32>)" in code
+    assert "%v1 = stablehlo.multiply %v0, %a1" in code

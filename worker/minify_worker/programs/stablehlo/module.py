@@ -148,6 +148,13 @@ def render(module: Module) -> str:
     return "\n".join(lines) + "\n"
 
 
+def display(module: Module) -> str:
+    """The module's text for a reader (progress events, report.json, the dashboard): its values
+    named `%a0` (arguments) and `%v6` (the original's op 6), which no printed name inside a region
+    can be; minimized.mlir is MLIR's own printing."""
+    return _TOKEN.sub(lambda match: "%" + match["key"] if match["key"] else match[0], render(module))
+
+
 def needed_globals(module: Module) -> list[Global]:
     """The globals the ops name, and those they name in turn; a global without a symbol (none
     can name it) always."""

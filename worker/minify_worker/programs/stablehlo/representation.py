@@ -37,7 +37,7 @@ class StablehloRepresentation:
         return len(program.ops)
 
     def code(self, program: hlo.Module) -> str:
-        return hlo.render(program)
+        return hlo.display(program)
 
     def passes(self) -> Sequence[Tier]:
         return PASSES
