@@ -78,3 +78,6 @@ def test_a_command_that_crashes_on_some_candidates_still_leads_to_the_op_it_refu
     assert report.signature == "CommandFailed: reduce-max is not supported on this target"
     assert report.nodes_final == 1 and "stablehlo.reduce" in report.graph_code
     assert report.outcomes.get("crashed", 0) >= 1
+    repro = _repro(tmp_path)
+    assert repro.returncode != 0
+    assert "repro failed with: CommandFailed: reduce-max is not supported on this target" in repro.stderr
