@@ -68,6 +68,8 @@ def test_a_venv_folder_or_an_interpreter_names_an_interpreter(tmp_path: Path) ->
         interpreter_of(str(tmp_path))
     own = own_env()
     assert interpreter_of(str(own.python)) == own.python
+    # Relative to where the worker started, absolute for a probe in its own folder, the venv's link kept.
+    assert interpreter_of(os.path.relpath(own.python)) == own.python.absolute()
 
 
 def test_the_workers_own_torch_is_read_without_importing_it() -> None:

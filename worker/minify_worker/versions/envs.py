@@ -66,8 +66,10 @@ class TorchEnv:
 
 
 def interpreter_of(entry: str) -> Path:
-    """The interpreter an entry of MINIFY_TORCH_ENVS names: itself, or a venv folder's bin/python."""
-    path = Path(entry).expanduser()
+    """The interpreter an entry of MINIFY_TORCH_ENVS names: itself, or a venv folder's bin/python,
+    as an absolute path (probes run in a folder of their own) whose symlinks are kept (a venv's
+    python is a link to its base interpreter, which would not see the venv's packages)."""
+    path = Path(entry).expanduser().absolute()
     if path.is_dir():
         path = path / "bin" / "python"
     if not (path.is_file() and os.access(path, os.X_OK)):

@@ -34,6 +34,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from minify_client.models import CulpritState, Report, VersionOutcome, VersionRun
+from minify_server.ledger import WORKERS_TORCH_KEY, job_versions_key
 from minify_worker.versions import ranges
 from minify_worker.versions.envs import TorchEnv, configured_envs
 from minify_worker.versions.probe import probe_timeout_s, run_repro
@@ -41,7 +42,6 @@ from minify_worker.versions.probe import probe_timeout_s, run_repro
 log = logging.getLogger(__name__)
 
 QUEUE_PREFIX = "minify-torch-"
-WORKERS_TORCH_KEY = "minify:workers:torch"
 PROBE_ENTRY = "minify_worker.versions.phase.probe_job"
 RESULTS_TTL_S = 7 * 24 * 3600
 # How long a probe may wait for a worker on top of its own timeout before the phase gives up on it.
@@ -65,10 +65,6 @@ def offered_envs() -> list[TorchEnv]:
 
 def queue_name(version: str) -> str:
     return QUEUE_PREFIX + version
-
-
-def results_key(job_id: str) -> str:
-    return f"minify:job:{job_id}:versions"
 
 
 def probe_job_id(job_id: str, version: str) -> str:
@@ -118,13 +114,13 @@ def own_run(report: Report, own: TorchEnv) -> VersionRun:
 
 def _ticket(job_id: str, version: str, out_dir: Path, signature: str | None) -> dict[str, Any]:
     return {"job_id": job_id, "version": version, "repro": str(out_dir / REPRO), "inputs": str(out_dir / INPUTS),
-            "signature": signature, "results": results_key(job_id), "timeout_s": probe_timeout_s()}
+            "signature": signature, "results": job_versions_key(job_id), "timeout_s": probe_timeout_s()}
 
 
 def fan_out(redis: Redis, job_id: str, out_dir: Path, report: Report, own: TorchEnv) -> list[str]:
     """Enqueue a probe per version the live fleet offers besides `own`; returns those versions."""
     versions = [version for version in ranges.sort_versions(list(fleet_versions(redis))) if version != own.torch]
-    redis.delete(results_key(job_id))  # a retried attempt starts clean
+    redis.delete(job_versions_key(job_id))  # a retried attempt starts clean
     for version in versions:
         ticket = _ticket(job_id, version, out_dir, report.signature)
         Queue(queue_name(version), connection=redis).enqueue(
@@ -139,16 +135,21 @@ def env_for(version: str) -> TorchEnv | None:
 
 
 def _probe(ticket: dict[str, Any]) -> VersionRun:
-    """One probe; whatever goes wrong is its answer (a question left unanswered would hold the
-    job's phase until its deadline)."""
     env = env_for(ticket["version"])
     if env is None:
         return VersionRun(torch=ticket["version"], outcome=VersionOutcome.cannot_run,
                           reason="the worker that took the probe no longer holds this version")
     inputs = Path(ticket["inputs"])
+    return _run_or_say_why(env, Path(ticket["repro"]), inputs if inputs.is_file() else None, ticket["signature"],
+                           ticket["timeout_s"])
+
+
+def _run_or_say_why(env: TorchEnv, repro: Path, inputs: Path | None, signature: str | None,
+                    timeout_s: float | None = None) -> VersionRun:
+    """One probe; whatever goes wrong is its answer (a question left unanswered would hold the
+    job's phase until its deadline)."""
     try:
-        return run_repro(env, Path(ticket["repro"]), inputs if inputs.is_file() else None, ticket["signature"],
-                         timeout_s=ticket["timeout_s"])
+        return run_repro(env, repro, inputs, signature, timeout_s=timeout_s)
     except OSError as error:  # the interpreter or the repro went away
         return VersionRun(torch=env.torch, git_version=env.git_version, outcome=VersionOutcome.cannot_run,
                           reason=f"could not run the repro: {error}")
@@ -182,7 +183,8 @@ def collect(redis: Redis, job_id: str, out_dir: Path, report: Report, versions: 
     stopped = None
     with ThreadPoolExecutor(max_workers=LOCAL_PARALLELISM, thread_name_prefix="minify-version-probe") as pool:
         while True:
-            answered = {key.decode() if isinstance(key, bytes) else key for key in redis.hkeys(results_key(job_id))}
+            answered = {key.decode() if isinstance(key, bytes) else key
+                        for key in redis.hkeys(job_versions_key(job_id))}
             if pending <= answered:
                 break
             if cancelled():
@@ -202,7 +204,7 @@ def collect(redis: Redis, job_id: str, out_dir: Path, report: Report, versions: 
             time.sleep(POLL_S)
         if stopped is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-    raw = redis.hgetall(results_key(job_id))
+    raw = redis.hgetall(job_versions_key(job_id))
     runs = {}
     for value in raw.values():
         run = VersionRun.model_validate_json(value)
@@ -256,7 +258,7 @@ def run_locally(out_dir: Path, report: Report, envs: Sequence[TorchEnv],
     inputs = out_dir / INPUTS
 
     def probe(env: TorchEnv) -> VersionRun:
-        run = run_repro(env, out_dir / REPRO, inputs if inputs.is_file() else None, report.signature)
+        run = _run_or_say_why(env, out_dir / REPRO, inputs if inputs.is_file() else None, report.signature)
         if on_run is not None:
             on_run(run)
         return run
