@@ -47,6 +47,7 @@ def test_the_job_minimizes_to_the_reduce_max(job) -> None:
     report, _ = job
     assert report.status == "succeeded", report.reason
     assert (report.nodes_original, report.nodes_final) == (24, 1)
+    assert report.input_shapes_final["v6"].shape == [4, 4]  # 8 halved; 4 keeps the NaN at [1, 2]
     assert "stablehlo.reduce" in report.graph_code and "applies stablehlo.maximum" in report.graph_code
     assert report.signature == "AccuracyError" and report.backend == "xla"
     assert {"minimized.mlir", "minimized.hlo", "inputs.npz", "repro.py", "report.json"} <= set(report.artifacts)

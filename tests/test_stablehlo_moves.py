@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from minify_worker.outcomes import Fails
-from minify_worker.programs.stablehlo import REPRESENTATION, moves, surgery
+from minify_worker.programs.stablehlo import REPRESENTATION, moves, shrink, surgery
 from minify_worker.programs.stablehlo.module import Module, Op, Value, catalog, empty, key, render, size
 from minify_worker.scheduler import Scheduler, reduce
 from minify_worker.strategies import StrategyContext
@@ -173,3 +173,14 @@ def test_a_reader_sees_values_named_after_the_original_without_the_engines_prefi
     assert "%m." not in code
     assert "func.func public @main(%a1: tensor<4x8xf32>, %v0: tensor<4x8xf32>)" in code
     assert "%v1 = stablehlo.multiply %v0, %a1" in code
+
+
+def test_halving_a_size_changes_it_everywhere_it_is_a_dimension_and_nowhere_else() -> None:
+    module = program(_op(0, "stablehlo.reduce", ["a0"], "tensor<8x4xf32>"), outputs=("v0",), args=1)
+    module = dataclasses.replace(module, args=(Value("a0", "tensor<4x8x4xf32>"),))
+    assert shrink.sizes(module) == [8, 4]
+    halved = shrink.resize(module, 4, 2)
+    assert halved.args[0].type == "tensor<2x8x2xf32>"
+    assert "tensor<8x2xf32>" in halved.ops[0].body and halved.types["v0"] == "tensor<8x2xf32>"
+    assert shrink.elements(halved) < shrink.elements(module)
+    assert [c.description for c in shrink.candidates(module)] == ["halve size 8 to 4", "halve size 4 to 2"]

@@ -15,7 +15,7 @@ import pytest
 
 from minify_client.models import JobSpec
 from minify_worker.outcomes import Crashed, Fails, Invalid, Outcome, Passes, outcome_from_dict
-from minify_worker.programs.stablehlo import REPRESENTATION, parse, surgery
+from minify_worker.programs.stablehlo import REPRESENTATION, parse, shrink, surgery
 from minify_worker.programs.stablehlo.command import ALLOWED_COMMANDS_ENV
 from minify_worker.programs.stablehlo.module import from_wire, render
 from minify_worker.sandbox import SandboxCallError, SandboxPool
@@ -88,6 +88,7 @@ def test_prepare_writes_what_the_fx_loader_writes_with_real_intermediate_values(
     reduce_op = next(op for op in module.ops if op.kind == "stablehlo.reduce")
     row_max = values[reduce_op.result_keys[0]]
     assert torch.isnan(row_max[1]) and not torch.isnan(row_max[0])
+    assert values[reduce_op.operands[1]].shape == ()  # the init value: a scalar stays one
     np.testing.assert_array_equal(values["a0"].numpy(), np.load(folder / "inputs.npz")["arr_0"])
 
 
@@ -121,6 +122,17 @@ def test_the_reduce_alone_on_its_recorded_input_still_fails(pool: Any, prepared)
     assert alone is not None and len(alone.ops) == 1
     spec = JobSpec(backend="xla", config=hlo_programs.FAST_MIN_MAX, failure=STRICT)
     assert isinstance(_run(pool, REPRESENTATION.to_wire(alone), folder, spec), Fails)
+
+
+def test_a_shrunk_candidate_gets_the_leading_part_of_its_recorded_values(pool: Any, prepared) -> None:
+    document, folder = prepared
+    module = REPRESENTATION.from_wire(document["graph"])
+    alone = surgery.keep_ops(module, [op for op in module.ops if op.kind == "stablehlo.reduce"][:1])
+    spec = JobSpec(backend="xla", config=hlo_programs.FAST_MIN_MAX, failure=STRICT)
+    keeps_the_nan = shrink.resize(alone, 8, 4)  # the NaN is at [1, 2]
+    assert keeps_the_nan.args[0].type == "tensor<4x4xf32>"
+    assert isinstance(_run(pool, REPRESENTATION.to_wire(keeps_the_nan), folder, spec), Fails)
+    assert isinstance(_run(pool, REPRESENTATION.to_wire(shrink.resize(keeps_the_nan, 4, 2)), folder, spec), Passes)
 
 
 def test_an_unknown_xla_option_is_the_jobs_problem_not_a_failure(pool: Any, prepared) -> None:

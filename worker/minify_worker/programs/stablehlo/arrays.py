@@ -73,7 +73,7 @@ def generated(type_text: str, rng: np.random.Generator) -> np.ndarray:
 def to_torch(array: np.ndarray) -> Any:
     import torch
 
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array).copy(order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
     if array.dtype.name.startswith(("bfloat", "float8")):
         bits = torch.from_numpy(array.view(_BITS[array.dtype.itemsize]).copy())
         return bits.view(getattr(torch, array.dtype.name))

@@ -217,7 +217,7 @@ def interpret(text, arrays):
 
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
-        attributes = [ir.DenseElementsAttr.get(np.ascontiguousarray(array)) for array in arrays]
+        attributes = [ir.DenseElementsAttr.get(np.asarray(array).copy(order="C")) for array in arrays]
         return [np.array(result) for result in _stablehlo.eval_module(module, attributes)]
 
 

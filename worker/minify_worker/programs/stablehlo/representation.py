@@ -51,6 +51,12 @@ class StablehloRepresentation:
     def input_shapes(self, program: hlo.Module) -> dict[str, dict[str, Any]]:
         return hlo.input_shapes(program)
 
+    def shrink(self, scheduler: Any, program: hlo.Module, *, dynamic: str, say: Any, on_accept: Any) -> None:
+        """The shrink phase (`shrink.py`): halve the minimal module's tensor sizes while it fails."""
+        from .shrink import shrink
+
+        shrink(scheduler, program, say=say, on_accept=on_accept)
+
     def to_wire(self, program: hlo.Module) -> dict[str, Any]:
         return {WIRE_KEY: self.name, WIRE_MODULE: hlo.to_wire(program)}
 

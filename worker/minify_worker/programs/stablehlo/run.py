@@ -37,11 +37,22 @@ WIRE_MODULE = "module"
 
 
 def candidate_inputs(module: Module, values: Mapping[str, Any]) -> list[np.ndarray]:
-    """The candidate's arguments from the value store, in order."""
+    """The candidate's arguments from the value store, in order; a value larger than its
+    argument's type (the shrink phase halved a size) is sliced to its leading part."""
     missing = [value.key for value in module.args if value.key not in values]
     if missing:
         raise KeyError(f"no recorded value for {', '.join(missing)}")
-    return [array_io.to_numpy(values[value.key]) for value in module.args]
+    return [_fitted(array_io.to_numpy(values[value.key]), value.type) for value in module.args]
+
+
+def _fitted(array: np.ndarray, type_text: str) -> np.ndarray:
+    shape = array_io.shape_of(type_text)
+    if shape is None or list(array.shape) == shape[0]:
+        return array
+    dims = shape[0]
+    if len(dims) != array.ndim or any(want > have for want, have in zip(dims, array.shape, strict=True)):
+        raise ValueError(f"a value of shape {list(array.shape)} cannot be an argument of type {type_text}")
+    return array[tuple(slice(0, want) for want in dims)].copy(order="C")
 
 
 def run_wire_candidate(wire: dict[str, Any], values: Mapping[str, Any], spec: JobSpec, workdir: Path,

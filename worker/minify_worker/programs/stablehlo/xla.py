@@ -71,5 +71,5 @@ def interpret(text: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     ctx = context()
     with ctx:
         parsed = ir.Module.parse(text)
-        attributes = [ir.DenseElementsAttr.get(np.ascontiguousarray(array)) for array in arrays]
+        attributes = [ir.DenseElementsAttr.get(np.asarray(array).copy(order="C")) for array in arrays]
         return [np.array(result) for result in _stablehlo.eval_module(parsed, attributes)]
