@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.browser import launched_browser, needs_chromium, static_server, watch_for_errors
 
-pytestmark = [pytest.mark.browser, needs_chromium]
+pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.xdist_group("test_versions_dashboard")]
 
 SUMMARY = "fails on 2.13.0+cpu; passes on 2.12.0, 2.14.1: regression in (2.12.0, 2.13.0+cpu]; fixed in 2.14.1"
 RESULT = {
