@@ -4,6 +4,7 @@ one sandbox pool (tests/support/hlo_calls.py), as a job's candidates run."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import sys
@@ -179,3 +180,15 @@ def test_a_command_the_operator_did_not_allow_never_runs(pool: Any, prepared, tm
                    environment={ALLOWED_COMMANDS_ENV: "/nowhere/"})
     assert isinstance(outcome, Invalid) and ALLOWED_COMMANDS_ENV in outcome.message
     assert not marker.exists()
+
+
+def test_artifacts_a_full_disk_refuses_are_a_storage_error_as_for_fx_jobs(pool: Any, prepared, tmp_path: Path) -> None:
+    document, folder = prepared
+    arguments = {"values": str(folder / "work" / "values.pt"), "wire_graph": document["graph"],
+                 "spec_json": JobSpec(backend="xla").model_dump_json()}
+    written = pool.call(f"{hlo_calls.PREFIX}:write_artifacts", {**arguments, "out_dir": str(tmp_path / "all")})
+    assert written == {"files": ["minimized.mlir", "minimized.hlo", "inputs.npz", "repro.py"], "errors": {}}
+    full = pool.call(f"{hlo_calls.PREFIX}:write_artifacts",
+                     {**arguments, "out_dir": str(tmp_path / "full"), "file_size_limit": 1000})
+    assert full["storage_error"][0] == "minimized.mlir" and full["storage_error"][1][0] == errno.EFBIG
+    assert not (tmp_path / "full" / "minimized.mlir").exists()

@@ -50,3 +50,22 @@ def same_outputs(context: ChildContext, *, original: str, inputs: str) -> dict[s
     want = xla.compile_module(text, {})(arrays)
     return {"same": all(np.array_equal(a, b, equal_nan=True) for a, b in zip(again, want, strict=True)),
             "outputs": len(want)}
+
+
+def write_artifacts(context: ChildContext, *, values: str, file_size_limit: int | None = None,
+                    **kwargs: Any) -> dict[str, Any]:
+    """The artifact writer with the value store at `values`, under a file size limit if given
+    (a disk that refuses files larger than that: EFBIG)."""
+    import resource
+    import signal
+
+    import torch
+
+    from minify_worker.programs.stablehlo.artifacts import write_program_artifacts
+    from minify_worker.sandbox import ChildContext as Context
+
+    if file_size_limit is not None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    store = torch.load(values, weights_only=True)
+    return write_program_artifacts(Context(context.workdir, context.spec, store), **kwargs)

@@ -23,6 +23,7 @@ import numpy as np
 
 from minify_client import signatures
 from minify_client.models import JobSpec
+from minify_worker.artifacts.files import STORAGE_ERRNOS, ArtifactWriteError
 from minify_worker.outcomes import Signature, signature_from_dict
 
 from . import arrays as array_io
@@ -66,6 +67,14 @@ def write_program_artifacts(context: Any, *, wire_graph: dict[str, Any], out_dir
         try:
             write(folder / name)
             files.append(name)
+        except OSError as error:
+            if error.errno not in STORAGE_ERRNOS:
+                errors[name] = f"{type(error).__name__}: {error}"[:2000]
+                continue
+            # The storage refused it (a full disk): the FX writer's answer, which the engine raises again.
+            (folder / name).unlink(missing_ok=True)
+            return {"files": files, "errors": {name: str(ArtifactWriteError(name, error))},
+                    "storage_error": [name, [error.errno, error.strerror]]}
         except Exception as error:
             errors[name] = f"{type(error).__name__}: {error}"[:2000]
     return {"files": files, "errors": errors}
