@@ -184,3 +184,16 @@ def test_halving_a_size_changes_it_everywhere_it_is_a_dimension_and_nowhere_else
     assert "tensor<8x2xf32>" in halved.ops[0].body and halved.types["v0"] == "tensor<8x2xf32>"
     assert shrink.elements(halved) < shrink.elements(module)
     assert [c.description for c in shrink.candidates(module)] == ["halve size 8 to 4", "halve size 4 to 2"]
+
+
+def test_inputs_are_read_in_argument_order_by_number_else_in_the_files_order(tmp_path) -> None:
+    import numpy as np
+
+    from minify_worker.programs.stablehlo.arrays import read_npz
+
+    np.savez(tmp_path / "savez.npz", *[np.full(1, i) for i in range(12)])  # arr_10 sorts before arr_2 by name
+    assert [int(array[0]) for array in read_npz(tmp_path / "savez.npz")] == list(range(12))
+    np.savez(tmp_path / "named.npz", arg1=np.ones(1), arg0=np.zeros(1))
+    assert [float(array[0]) for array in read_npz(tmp_path / "named.npz")] == [0.0, 1.0]
+    np.savez(tmp_path / "free.npz", x=np.ones(1), w=np.zeros(1))
+    assert [float(array[0]) for array in read_npz(tmp_path / "free.npz")] == [1.0, 0.0]

@@ -7,7 +7,6 @@ the numpy side, and they cross to torch as raw bits of the same width.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +94,16 @@ def read_npz(path: Path) -> list[np.ndarray]:
     (`np.savez(*arrays)`) by number, else in the file's order. Never unpickles."""
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    def number(name: str) -> int | None:
-        digits = name.removeprefix("arg").removeprefix("arr_")
-        return int(digits) if digits.isdigit() and digits != name else None
-    numbers = {name: number(name) for name in arrays}
-    if all(value is not None for value in numbers.values()) and \
-            sorted(numbers.values()) == list(range(len(arrays))):  # type: ignore[type-var]
-        return [arrays[name] for name in sorted(arrays, key=lambda name: numbers[name])]  # type: ignore[arg-type,return-value]
+    numbers = {name: _argument_number(name) for name in arrays}
+    if sorted(number for number in numbers.values() if number is not None) == list(range(len(arrays))):
+        return [arrays[name] for name in sorted(arrays, key=lambda name: numbers[name] or 0)]
     return list(arrays.values())
 
 
-def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    np.savez(path, **arrays)
+def _argument_number(name: str) -> int | None:
+    """3 for `arg3` or `arr_3`, else None."""
+    for prefix in ("arg", "arr_"):
+        digits = name.removeprefix(prefix)
+        if digits != name and digits.isdigit():
+            return int(digits)
+    return None
