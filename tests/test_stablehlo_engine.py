@@ -7,6 +7,7 @@ external compiler (`backend: command`) that crashes on some candidates."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +27,23 @@ WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.
                 "runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
+def _minify(arguments: list[str]) -> int:
+    """`minify-worker minify ARGUMENTS` in this process, which keeps its own SIGTERM handler after."""
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return cli.main(["minify", *arguments])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, Path]:
     folder = tmp_path_factory.mktemp("nan_max_job")
     text, arrays = hlo_programs.nan_max_program()
     program, inputs = hlo_programs.write_program(folder, text, arrays)
-    code = cli.main(["minify", str(program), "--inputs", str(inputs), "--backend", "xla",
-                     "--config", "xla.xla_cpu_enable_fast_min_max=true", "--failure", "accuracy",
-                     "--strict-accuracy", "--parallelism", "2", "--quiet", "--out", str(folder / "out")])
+    code = _minify([str(program), "--inputs", str(inputs), "--backend", "xla",
+                    "--config", "xla.xla_cpu_enable_fast_min_max=true", "--failure", "accuracy",
+                    "--strict-accuracy", "--parallelism", "2", "--quiet", "--out", str(folder / "out")])
     assert code == 0
     return Report.model_validate_json((folder / "out" / "report.json").read_text()), folder
 
@@ -72,8 +82,8 @@ def test_a_command_that_crashes_on_some_candidates_still_leads_to_the_op_it_refu
     argv = json.dumps([sys.executable, str(COMPILER), "{module}"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ALLOWED_COMMANDS_ENV, str(Path(sys.executable).resolve().parent))
-        code = cli.main(["minify", str(program), "--backend", "command", "--config", f"command.argv={argv}",
-                         "--failure", "compile_error", "--parallelism", "2", "--quiet", "--out", str(tmp_path / "out")])
+        code = _minify([str(program), "--backend", "command", "--config", f"command.argv={argv}",
+                        "--failure", "compile_error", "--parallelism", "2", "--quiet", "--out", str(tmp_path / "out")])
     report = Report.model_validate_json((tmp_path / "out" / "report.json").read_text())
     assert code == 0, report.reason
     assert report.signature == "CommandFailed: reduce-max is not supported on this target"
