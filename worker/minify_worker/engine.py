@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report, TimelinePoint
+from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator, in_sandbox
@@ -30,6 +30,7 @@ from minify_worker.hang import HangCalibration
 from minify_worker.loader import ProgramError
 from minify_worker.original import OriginalRun
 from minify_worker.outcomes import Signature
+from minify_worker.progress import Progress
 from minify_worker.report import RunFacts, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
@@ -43,7 +44,6 @@ from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
 
-EVENT_INTERVAL_S = 0.2
 
 
 @dataclass
@@ -93,21 +93,17 @@ class _Run:
         self.program = programs.of_format(getattr(spec, "program_format", "pt2"))
         self.on_result = on_result
         self.out_dir = out_dir
-        self.on_event = on_event
         self.cancel = cancel
         self.started = time.monotonic()
         self.deadline = self.started + spec.limits.job_timeout_s
         self.scheduler: Scheduler | None = None
         self.facts = RunFacts(spec, self.program, torch.__version__)  # what report.json says (report.py)
-        self.phase = "prepare"
-        self._phase_started = time.monotonic()
+        self.progress = Progress(self.facts, on_event)
         self._culprit_pending = False  # the delivered result says the culprit phase follows
         self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
-        self.original = OriginalRun(spec, self.facts, hang, say=self._say, remaining=self._remaining,
-                                    stop_reason=self._stop_reason, reduce_phase=lambda: self._enter_phase("reduce"))
-        self._last_event = 0.0
-        self._event_lock = threading.Lock()
+        self.original = OriginalRun(spec, self.facts, hang, say=self.progress.say, remaining=self._remaining,
+                                    stop_reason=self._stop_reason, reduce_phase=lambda: self.progress.enter("reduce"))
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -123,7 +119,7 @@ class _Run:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _execute(self, program: Path, inputs: Path | None, workdir: Path) -> MinifyResult:
-        self._say(Milestone.preparing, f"preparing {program.name}")
+        self.progress.say(Milestone.preparing, f"preparing {program.name}")
         parallelism = default_parallelism(self.spec)
         try:
             return in_sandbox(workdir, self.spec, parallelism,
@@ -150,7 +146,7 @@ class _Run:
         graph = self.program.from_wire(prepared.wire_graph)
         self.facts.nodes_original = self.program.count_ops(graph)
         self.facts.best = graph
-        self._record_point()
+        self.progress.record_point()
         if self.cancel.is_set():
             return self._finish(JobState.cancelled, "cancelled before it started")
         evaluator = SandboxEvaluator(
@@ -162,10 +158,11 @@ class _Run:
             evaluator,
             self.original.still_fails,
             parallelism=parallelism,
-            on_check=self._emit,
+            on_check=self.progress.emit,
             should_stop=self.original.poll,
             program=self.program,
         )
+        self.progress.stats = self.scheduler.stats
         try:
             return self._reproduce_and_reduce(evaluator, graph)
         finally:
@@ -175,7 +172,7 @@ class _Run:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known (`_still_fails`);
         if the original turns out to fail otherwise, the reduction starts over (`target.Restart`)."""
-        self._enter_phase("reproduce")
+        self.progress.enter("reproduce")
         self.original.start(evaluator, self.scheduler, graph)
         status, reason = JobState.succeeded, None
         stopped_early = False
@@ -194,8 +191,8 @@ class _Run:
                 if ending is None:
                     break
                 self.facts.best = graph
-                self._record_point()
-                self._emit(force=True, graph=graph, milestone=Milestone.restarted, message=ending.reason)
+                self.progress.record_point()
+                self.progress.emit(force=True, graph=graph, milestone=Milestone.restarted, message=ending.reason)
             self._shrink_inputs()
         except Stopped as stopped:
             if self.facts.signature is None:  # stopped before the original's outcome was known
@@ -207,8 +204,8 @@ class _Run:
             self.original.cancel()
             return self._finish(status, reason)
         reason = self.original.verify_in_a_fresh_child() or reason
-        self._enter_phase("artifacts")
-        self._say(Milestone.writing_artifacts, "writing artifacts")
+        self.progress.enter("artifacts")
+        self.progress.say(Milestone.writing_artifacts, "writing artifacts")
         # The culprit phase follows the delivered result, unless the job was cut short (a stop).
         follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
                    and status is JobState.succeeded and not stopped_early)
@@ -229,41 +226,24 @@ class _Run:
         return self._culprit_phase(evaluator, result)
 
     def _culprit_phase(self, evaluator: SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
-        """The culprit phase (culprit.py), after the result was delivered: its finding rewrites
-        report.json, repro.py's header and the bundle; a stop (a cancel, the job's timeout) or a
-        sandbox failure ends the phase, never the succeeded job."""
+        """The culprit phase (culprit/), after the result was delivered: its finding rewrites
+        report.json, repro.py's header and the bundle; it never fails the succeeded job."""
         assert self.facts.best is not None and self.facts.signature is not None
         started = time.monotonic()
-        self.phase = "culprit"
-        self._say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
-        state = CulpritState.done
-        try:
-            self.culprit_found = culprit.find(
-                evaluator, original=self.original.graph, minimal=self.facts.best,
-                target=self.facts.signature,
-                spec=self.spec, timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
-                budget=culprit.budget_s(time.monotonic() - self.started), should_stop=self._stop_reason,
-                say=lambda message: self._say(Milestone.culprit_step, message))
-            fields = culprit.report_fields(self.culprit_found, self.spec)
-        except Stopped as stopped:
-            state = CulpritState.cancelled
-            fields = culprit.stopped_fields(state, f"cancelled: {stopped.reason} (the repro was delivered before)")
-        except SandboxError as error:
-            state = CulpritState.lost
-            fields = culprit.stopped_fields(state, f"lost: the sandbox failed during the culprit phase: {error}")
+        self.progress.phase = "culprit"  # after "done": its own clock, not the phase clock's
+        self.progress.say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
+        report, state, self.culprit_found = culprit.after_result(
+            evaluator, delivered.report, self.out_dir, original=self.original.graph, minimal=self.facts.best,
+            target=self.facts.signature, spec=self.spec,
+            timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
+            budget=culprit.budget_s(self.progress.elapsed_s()), should_stop=self._stop_reason,
+            say=lambda message: self.progress.say(Milestone.culprit_step, message))
         self.facts.phase_s["culprit"] = round(time.monotonic() - started, 3)
-        self.phase = "done"
-        report = delivered.report.model_copy(update={**fields, "phase_s": dict(self.facts.phase_s)})
-        files = dict(delivered.artifacts)
-        try:
-            artifacts.rewrite_for_culprit(self.out_dir, report, culprit.pending_header_lines(),
-                                          culprit.header_lines(self.culprit_found) if state is CulpritState.done
-                                          else culprit.stopped_header_lines(fields["culprit_reason"]))
-        except (OSError, artifacts.ArtifactWriteError) as error:  # the delivered files stand as they are
-            log.warning("could not rewrite the artifacts with the culprit: %s", error)
-        self._emit(force=True, culprit_state=state, milestone=Milestone.culprit_ended,
-                   message=culprit_summary(report) or fields["culprit_reason"] or state.value)
-        return MinifyResult(delivered.status, delivered.reason, report, files)
+        self.progress.phase = "done"
+        report = report.model_copy(update={"phase_s": dict(self.facts.phase_s)})
+        self.progress.emit(force=True, culprit_state=state, milestone=Milestone.culprit_ended,
+                           message=culprit_summary(report) or report.culprit_reason or state.value)
+        return MinifyResult(delivered.status, delivered.reason, report, dict(delivered.artifacts))
 
     def _shrink_inputs(self) -> None:
         """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
@@ -271,22 +251,22 @@ class _Run:
         if not self.spec.shrink or self.facts.best is None:
             return
         assert self.scheduler is not None
-        self._enter_phase("shrink")
+        self.progress.enter("shrink")
         self.facts.unshrunk = self.facts.best
         shrinks = getattr(self.program, "shrink", None)
         if shrinks is None:
-            self._say(Milestone.shrink_skipped, f"shrink skipped: {self.program.name} programs cannot shrink inputs")
+            self.progress.say(Milestone.shrink_skipped, f"shrink skipped: {self.program.name} cannot shrink inputs")
             return
         shrinks(self.scheduler, self.facts.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
-                say=self._say)
+                say=self.progress.say)
 
     def _context(self) -> strategies.StrategyContext:
         return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
 
     def _accepted(self, graph: Any, description: str) -> None:
         self.facts.best = graph
-        self._record_point()
-        self._emit(force=True, graph=graph, milestone=Milestone.accepted, message=description)
+        self.progress.record_point()
+        self.progress.emit(force=True, graph=graph, milestone=Milestone.accepted, message=description)
 
     def _write_program_artifacts(self, pool: SandboxPool) -> dict[str, Path]:
         assert self.facts.best is not None
@@ -318,25 +298,19 @@ class _Run:
             self.facts.environment = environment.collected(self._environment_call, stopped=stopped)
         return self.facts.environment
 
-    def _enter_phase(self, phase: str) -> None:
-        """Close the current phase's clock (`Report.phase_s`) and start `phase`'s."""
-        now = time.monotonic()
-        self.facts.phase_s[self.phase] = round(self.facts.phase_s.get(self.phase, 0.0) + now - self._phase_started, 3)
-        self.phase, self._phase_started = phase, now
-
     def _finish(self, status: JobState, reason: str | None, written: dict[str, Path] | None = None, *,
                 seen: Signature | None = None) -> MinifyResult:
         """End the job with `status`. `seen`: a failure of the original that the job did not take
         (another signature than the spec's, another kind): report.json's `signature_chain` is its
         chain, which says where it came from (a compiler's wrapper) where the reason names only the
         root cause."""
-        self._enter_phase("done")
+        self.progress.enter("done")
         self._environment()
         self.facts.hang_confirm_timeout_s = self.original.hang_watch.confirm_timeout_s
         culprit_fields = (culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
                           else culprit.report_fields(None, self.spec))
         report = build_report(status, reason, self.facts, stats=self.scheduler.stats if self.scheduler else None,
-                              elapsed_s=time.monotonic() - self.started, culprit_fields=culprit_fields, seen=seen)
+                              elapsed_s=self.progress.elapsed_s(), culprit_fields=culprit_fields, seen=seen)
         status, reason = report.status, report.reason
         files = {name: path for name, path in (written or {}).items() if path.is_file()}
         report.artifacts = sorted([*files, "report.json"] + (["bundle.tar.gz"] if files else []))
@@ -351,7 +325,9 @@ class _Run:
             report = report.model_copy(update={"status": status, "reason": reason, "graph_shape_hash": None,
                                                "bug": None, "artifacts": sorted(files),
                                                **culprit.report_fields(None, self.spec)})
-        self._emit(force=True, status=status, milestone=Milestone.finished, message=reason or status.value)
+        self.progress.emit(force=True, status=status, milestone=Milestone.finished, message=reason or status.value,
+                           culprit_state=CulpritState.running if status is JobState.succeeded and self._culprit_pending
+                           else None)
         return MinifyResult(status, reason, report, files)
 
     def _status_when_stopped(self, reason: str) -> tuple[JobState, str]:
@@ -368,51 +344,3 @@ class _Run:
 
     def _remaining(self) -> float:
         return max(1.0, self.deadline - time.monotonic())
-
-    # -- progress --------------------------------------------------------------------------
-
-    def _record_point(self) -> None:
-        assert self.facts.best is not None
-        checks = self.scheduler.stats.checks_total if self.scheduler else 0
-        self.facts.timeline.append(TimelinePoint(elapsed_s=round(time.monotonic() - self.started, 3),
-                                           nodes=self.program.count_ops(self.facts.best), checks=checks))
-
-    def _say(self, milestone: Milestone, message: str) -> None:
-        """A step of the job, typed and told."""
-        self._emit(force=True, milestone=milestone, message=message)
-
-    def _emit(self, force: bool = False, *, graph: Any | None = None, status: JobState | None = None,
-              message: str | None = None, culprit_state: CulpritState | None = None,
-              milestone: Milestone | None = None) -> None:
-        if self.on_event is None:
-            return
-        now = time.monotonic()
-        with self._event_lock:
-            if not force and now - self._last_event < EVENT_INTERVAL_S:
-                return
-            self._last_event = now
-        stats = self.scheduler.stats if self.scheduler else None
-        if status is JobState.succeeded and self._culprit_pending:
-            culprit_state = CulpritState.running
-        event = ProgressEvent(
-            type="culprit" if culprit_state is not None and status is None else
-            "status" if status is not None else "progress",
-            phase=stats.phase if stats and self.phase == "reduce" else self.phase,
-            nodes_original=self.facts.nodes_original,
-            nodes_current=self.program.count_ops(self.facts.best) if self.facts.best is not None else None,
-            checks_total=stats.checks_total if stats else 0,
-            checks_cached=stats.checks_cached if stats else 0,
-            checks_in_flight=stats.checks_in_flight if stats else 0,
-            outcomes=dict(stats.outcomes) if stats else {},
-            elapsed_s=round(now - self.started, 3),
-            signature=str(self.facts.signature) if self.facts.signature else None,
-            graph_code=self.program.code(graph) if graph is not None else None,
-            status=status,
-            message=message,
-            milestone=milestone,
-            culprit_state=culprit_state,
-        )
-        try:
-            self.on_event(event)
-        except Exception:  # a broken subscriber must not break the job
-            log.exception("progress callback failed")

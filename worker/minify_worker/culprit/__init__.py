@@ -20,6 +20,7 @@ By concept: `settings` (what the phase tries), `phase` (the phase, in the engine
 re-exported here.
 """
 
+from .after_result import after_result
 from .phase import BUDGET_FRACTION, MIN_BUDGET_ENV, MIN_BUDGET_S, budget_s, find, known_failing
 from .probe import probe_in_child
 from .prober import CALL_TARGET
@@ -44,6 +45,7 @@ __all__ = [
     "MIN_BUDGET_S",
     "PENDING_REASON",
     "Found",
+    "after_result",
     "budget_s",
     "find",
     "header_lines",
