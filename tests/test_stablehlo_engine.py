@@ -26,6 +26,9 @@ COMPILER = Path(__file__).resolve().parent / "support" / "hlo_compiler.py"
 WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; " \
                 "runpy.run_path(sys.argv[0], run_name='__main__')"
 
+# Its module-scoped fixtures (a sandbox pool, a job) run once: every test of the module on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_stablehlo_engine")
+
 
 def _minify(arguments: list[str]) -> int:
     """`minify-worker minify ARGUMENTS` in this process, which keeps its own SIGTERM handler after."""

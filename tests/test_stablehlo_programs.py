@@ -24,6 +24,9 @@ from tests.support import hlo_calls, hlo_programs
 
 STRICT = {"kind": "accuracy", "strict_accuracy": True}
 
+# Its module-scoped fixtures (a sandbox pool, a job) run once: every test of the module on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_stablehlo_programs")
+
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Any:
