@@ -69,7 +69,7 @@ def interpreter_of(entry: str) -> Path:
     """The interpreter an entry of MINIFY_TORCH_ENVS names: itself, or a venv folder's bin/python,
     as an absolute path (probes run in a folder of their own) whose symlinks are kept (a venv's
     python is a link to its base interpreter, which would not see the venv's packages)."""
-    path = Path(entry).expanduser().absolute()
+    path = Path(os.path.abspath(Path(entry).expanduser()))  # normalized ('..' taken out), links not followed
     if path.is_dir():
         path = path / "bin" / "python"
     if not (path.is_file() and os.access(path, os.X_OK)):
