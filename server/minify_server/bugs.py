@@ -1,10 +1,10 @@
 """The bug index: succeeded jobs grouped by what they found (minify_client.bugs.bug_key).
 
 The worker files a succeeded job under its bug in the transaction that ends the job
-(minify_worker/job.py, with the key names of the ticket): `minify:bug:<id>` (a hash: signature,
-graph shape hash, failure kind, backend, device, first and last seen, the representative job, the
-first one filed), `minify:bug:<id>:jobs` (its job ids by finish time) and `minify:bugs` (bug ids by
-last seen). This module reads it, and forgets bugs for retention.
+(minify_worker/job.py, with the key names of the ticket; ledger.add_to_bug_index): `minify:bug:<id>`
+(a hash: signature, graph shape hash, failure kind, backend, device, first and last seen, the
+representative job, the first one filed), `minify:bug:<id>:jobs` (its job ids by finish time) and
+`minify:bugs` (bug ids by last seen). This module reads it, and forgets bugs for retention.
 
 Bugs know their torch versions (minify_worker/versions/bugs.py writes `status`, `affected`,
 `fixed_in`, `fixed_evidence` and `versions_tried` on the record, from `minify:bug:<id>:versions`).
@@ -19,17 +19,26 @@ import asyncio
 import json
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.bugs import add_to_bug_index
 from minify_client.models import Bug, BugFix, Report
 from minify_server import queue
 from minify_server.connections import UNAVAILABLE
-from minify_server.records import BUGS_KEY, bug_jobs_key, bug_record_key, record_key, ticket_keys
+from minify_server.ledger import (
+    BUGS_KEY,
+    TicketKeys,
+    add_to_bug_index,
+    bug_jobs_key,
+    bug_record_key,
+    bug_retests_key,
+    bug_versions_key,
+    record_key,
+)
 from minify_server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -38,16 +47,6 @@ log = logging.getLogger(__name__)
 JOB_IDS_SHOWN = 100
 # A re-test no worker answered in this long is asked again (its worker went away).
 RETEST_PATIENCE_S = 3600.0
-
-
-def bug_versions_key(bug_id: str) -> str:
-    """Each torch version's latest run of the bug's repro (minify_worker/versions/bugs.py)."""
-    return f"{bug_record_key(bug_id)}:versions"
-
-
-def bug_retests_key(bug_id: str) -> str:
-    """Torch version -> when its re-test was enqueued."""
-    return f"{bug_record_key(bug_id)}:retests"
 
 
 def _bug(fields: dict[str, str], job_ids: list[str], count: int) -> Bug:
@@ -107,7 +106,7 @@ class BugIndex:
                 pipe.hget(bug_record_key(bug_id), "representative")
             return {job_id for job_id in await pipe.execute() if job_id}
 
-    async def file_unfiled(self, jobs: list[tuple[str, str]]) -> int:
+    async def file_unfiled(self, jobs: list[tuple[str, datetime]]) -> int:
         """File succeeded jobs that no worker filed, `(job id, finished_at)`: a job queued before the
         server knew of bugs (its ticket names no bug keys) and run by a worker that does. The key is
         computed from its report (minify_client.bugs.bug_key), as the worker computes it. Returns the
@@ -119,7 +118,7 @@ class BugIndex:
             if report is None:
                 continue
             async with self.redis.pipeline(transaction=True) as pipe:
-                if add_to_bug_index(pipe, ticket_keys(job_id), job_id, report, finished_at):
+                if add_to_bug_index(pipe, TicketKeys.for_job(job_id), job_id, report, finished_at.isoformat()):
                     await pipe.execute()
                     filed += 1
         return filed
@@ -131,8 +130,8 @@ class BugIndex:
             async with self.redis.pipeline(transaction=True) as pipe:
                 for bug_id in bug_ids:
                     pipe.zrem(BUGS_KEY, bug_id)
-                    pipe.delete(bug_record_key(bug_id), bug_jobs_key(bug_id), bug_versions_key(bug_id),
-                                bug_retests_key(bug_id))
+                    record = bug_record_key(bug_id)
+                    pipe.delete(record, bug_jobs_key(bug_id), bug_versions_key(record), bug_retests_key(record))
                 await pipe.execute()
         return bug_ids
 
@@ -142,11 +141,12 @@ class BugIndex:
         due: list[tuple[str, dict[str, str], str]] = []
         now = time.time()
         for bug_id in await self.redis.zrevrange(BUGS_KEY, 0, -1):
-            fields = await self.redis.hgetall(bug_record_key(bug_id))
+            record = bug_record_key(bug_id)
+            fields = await self.redis.hgetall(record)
             if not fields.get("representative") or fields.get("status") == "fixed":
                 continue
-            tried = set(await self.redis.hkeys(bug_versions_key(bug_id)))
-            asked = {version for version, at in (await self.redis.hgetall(bug_retests_key(bug_id))).items()
+            tried = set(await self.redis.hkeys(bug_versions_key(record)))
+            asked = {version for version, at in (await self.redis.hgetall(bug_retests_key(record))).items()
                      if now - float(at) < RETEST_PATIENCE_S}
             for version in versions:
                 if version not in tried | asked:
@@ -171,7 +171,7 @@ async def retest(bugs: BugIndex, sync_redis: SyncRedis, store: ArtifactStore, li
     for bug_id, fields, version in due:
         ticket = _retest_ticket(bug_id, fields, version, store)
         await run_in_threadpool(queue.enqueue_retest, sync_redis, version, ticket)
-        await bugs.redis.hset(bug_retests_key(bug_id), version, str(time.time()))
+        await bugs.redis.hset(bug_retests_key(bug_record_key(bug_id)), version, str(time.time()))
     return len(due)
 
 

@@ -13,13 +13,12 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from minify_client.models import JobSpec, TorchInstall, WorkerInfo
+from minify_client.models import TorchInstall, WorkerInfo
+from minify_server.ledger import WORKERS_TORCH_KEY, JobTicket
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.job.run_job"
 JOB_FAILED = "minify_worker.job.on_rq_failure"
-# Worker name -> the torch installations it announced, as JSON (minify_worker/versions/phase.py writes it).
-WORKERS_TORCH_KEY = "minify:workers:torch"
 # The version phase's queues, one per torch version (minify_worker/versions/phase.py), and the re-test's entry.
 VERSION_QUEUE_PREFIX = "minify-torch-"
 RETEST_ENTRY = "minify_worker.versions.bugs.retest_job"
@@ -33,20 +32,21 @@ TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
 
 
-def enqueue(redis: Redis, job_id: str, spec: JobSpec, ticket: dict[str, Any], retries: int,
-            pipeline: Pipeline | None = None) -> Job:
-    """RQ's job for `ticket`; with `pipeline` (a transaction the caller executes), only queued on it."""
+def enqueue(redis: Redis, ticket: JobTicket, retries: int, pipeline: Pipeline | None = None) -> Job:
+    """RQ's job for `ticket` (on the wire as a plain dict, `JobTicket.to_wire`); with `pipeline` (a
+    transaction the caller executes), only queued on it."""
+    spec = ticket.spec
     queue = Queue(spec.device_class, connection=redis)
     return queue.enqueue(
         JOB_ENTRY,
-        ticket,
-        job_id=job_id,
+        ticket.to_wire(),
+        job_id=ticket.job_id,
         job_timeout=int(spec.limits.job_timeout_s) + TIMEOUT_MARGIN_S,
         retry=Retry(max=retries) if retries else None,
         on_failure=Callback(JOB_FAILED),
         result_ttl=RESULT_TTL_S,
         failure_ttl=RESULT_TTL_S,
-        description=f"minify {job_id} on {spec.device}",
+        description=f"minify {ticket.job_id} on {spec.device}",
         pipeline=pipeline,
     )
 

@@ -1,21 +1,11 @@
-"""Job records in Redis: the layout the server reads and the worker's job entry writes.
-
-One hash per job (`minify:job:<id>`), one stream of ProgressEvents per job
-(`minify:job:<id>:events`), a cancel flag (`minify:job:<id>:cancel`), a sorted set of all jobs
-by creation time (`minify:jobs`), a hash of counters (`minify:counters`), the job each distinct
-submission went to (`minify:content:<digest>`, deduplication) and the bug index (`minify:bugs`,
-`minify:bug:<id>`, `minify:bug:<id>:jobs`; minify_server/bugs.py reads it). The worker gets the
-key names in the job's ticket (ticket_keys), so this module is the one place they are spelled;
-the exception is `minify:queues:served_at` (queue name → when a live worker last served it, epoch
-seconds), which workers write on every heartbeat, outside any job, and which
-minify_worker/rqworker.py spells too.
+"""Job records in Redis, the server's side: create a job, read records, cancel (async, except the
+creation, which shares one transaction with RQ's enqueue). The layout, the record's model and the
+key names are the ledger's (minify_server/ledger.py), which the worker's job entry writes through too.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from redis import Redis as SyncRedis
@@ -23,14 +13,22 @@ from redis.asyncio import Redis
 from redis.client import Pipeline as SyncPipeline
 from redis.exceptions import WatchError
 
-from minify_client.models import JobSpec, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import JobState, ProgressEvent
+from minify_server.ledger import (
+    CANCEL_TTL_S,
+    COUNTERS_KEY,
+    INDEX_KEY,
+    QUEUES_SERVED_KEY,
+    JobRecord,
+    add_event,
+    cancel_key,
+    content_key,
+    events_key,
+    now_iso,
+    record_fields,
+    record_key,
+)
 
-INDEX_KEY = "minify:jobs"
-COUNTERS_KEY = "minify:counters"
-QUEUES_SERVED_KEY = "minify:queues:served_at"
-BUGS_KEY = "minify:bugs"
-EVENTS_MAXLEN = 10_000
-CANCEL_TTL_S = 7 * 24 * 3600
 # The statuses of a job an identical submission gets instead of a new one.
 REUSABLE = (JobState.queued.value, JobState.running.value, JobState.succeeded.value)
 # The job the content key names and its status, when that job is reusable (read only: one round trip).
@@ -47,78 +45,15 @@ return 0
 """
 
 
-def record_key(job_id: str) -> str:
-    return f"minify:job:{job_id}"
-
-
-def events_key(job_id: str) -> str:
-    return f"minify:job:{job_id}:events"
-
-
-def cancel_key(job_id: str) -> str:
-    return f"minify:job:{job_id}:cancel"
-
-
-def content_key(digest: str) -> str:
-    return f"minify:content:{digest}"
-
-
-def bug_record_key(bug_id: str) -> str:
-    return f"minify:bug:{bug_id}"
-
-
-def bug_jobs_key(bug_id: str) -> str:
-    return f"minify:bug:{bug_id}:jobs"
-
-
-def ticket_keys(job_id: str) -> dict[str, str]:
-    """The keys the job entry writes; `bug` and `bug_jobs` are templates of `{bug}` (the bug id)."""
-    return {
-        "record": record_key(job_id),
-        "events": events_key(job_id),
-        "cancel": cancel_key(job_id),
-        "counters": COUNTERS_KEY,
-        "bugs": BUGS_KEY,
-        "bug": bug_record_key("{bug}"),
-        "bug_jobs": bug_jobs_key("{bug}"),
-    }
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
-
-
-def event_fields(event: ProgressEvent) -> dict[str, str]:
-    """A stream entry: the SSE event type and the ProgressEvent as JSON."""
-    return {"event": event.type, "data": event.model_dump_json(exclude_none=True)}
-
-
-def to_job_status(fields: dict[str, str]) -> JobStatus:
-    data: dict[str, Any] = {
-        "id": fields["id"],
-        "status": fields["status"],
-        "spec": JobSpec.model_validate_json(fields["spec"]),
-        "created_at": fields["created_at"],
-        "attempts": int(fields.get("attempts", 0)),
-    }
-    for name in ("started_at", "finished_at", "reason", "worker", "program_name", "bug", "culprit_state"):
-        if fields.get(name):
-            data[name] = fields[name]
-    if fields.get("progress"):
-        data["progress"] = json.loads(fields["progress"])
-    if fields.get("result"):
-        data["result"] = Report.model_validate_json(fields["result"])
-    return JobStatus.model_validate(data)
-
-
-def create_unless_identical(redis: SyncRedis, job_id: str, fields: dict[str, str], force: bool,
+def create_unless_identical(redis: SyncRedis, record: JobRecord, force: bool,
                             enqueue: Callable[[SyncPipeline], object]) -> tuple[str, JobState] | None:
     """Create the job (`add_record`, and `enqueue(pipe)` its RQ job) in one transaction, unless the
-    content key of its submission (the `content` field) names a job that is queued, running or
+    content key of its submission (the record's `content`) names a job that is queued, running or
     succeeded: then that job and its status, and nothing is written. The key is watched, so of two
     identical submissions racing here one creates the job and the other gets it. `force` creates
     regardless (and the new job takes the key)."""
-    key = content_key(fields["content"])
+    assert record.content is not None, "a new job's record names its submission's content"
+    key = content_key(record.content)
     with redis.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -132,23 +67,22 @@ def create_unless_identical(redis: SyncRedis, job_id: str, fields: dict[str, str
                         return owner, JobState(status.decode())
                 pipe.multi()
                 enqueue(pipe)
-                add_record(pipe, job_id, fields)
+                add_record(pipe, record)
                 pipe.execute()
                 return None
             except WatchError:  # the key changed meanwhile: an identical submission made its job
                 continue
 
 
-def add_record(pipe: Any, job_id: str, fields: dict[str, str]) -> None:
+def add_record(pipe: Any, record: JobRecord) -> None:
     """Queue on a transaction `pipe` (sync or async) what creates a job: its record, its place in the
-    index and its first event; the content key (the `content` field) names it from then on."""
-    created = datetime.fromisoformat(fields["created_at"]).timestamp()
+    index and its first event; the content key (the record's `content`) names it from then on."""
     queued = ProgressEvent(type="status", status=JobState.queued, message="queued")
-    pipe.hset(record_key(job_id), mapping=fields)
-    if fields.get("content"):
-        pipe.set(content_key(fields["content"]), job_id)
-    pipe.zadd(INDEX_KEY, {job_id: created})
-    pipe.xadd(events_key(job_id), event_fields(queued), maxlen=EVENTS_MAXLEN, approximate=True)
+    pipe.hset(record_key(record.id), mapping=record.to_hash())
+    if record.content:
+        pipe.set(content_key(record.content), record.id)
+    pipe.zadd(INDEX_KEY, {record.id: record.created_at.timestamp()})
+    add_event(pipe, events_key(record.id), queued)
 
 
 class JobRecords:
@@ -167,12 +101,12 @@ class JobRecords:
         """Delete the content key when it still names `job_id` (retention deleted the job)."""
         await self._release(keys=[content_key(digest)], args=[job_id])
 
-    async def get(self, job_id: str) -> dict[str, str] | None:
+    async def get(self, job_id: str) -> JobRecord | None:
         fields = await self.redis.hgetall(record_key(job_id))
-        return fields or None
+        return JobRecord.from_hash(fields) if fields else None
 
     async def page(self, offset: int, limit: int,
-                   status: JobState | None = None) -> tuple[list[dict[str, str]], int]:
+                   status: JobState | None = None) -> tuple[list[JobRecord], int]:
         """Records newest first; with `status`, only those (and `total` counts only those)."""
         if status is None:
             total = await self.redis.zcard(INDEX_KEY)
@@ -190,7 +124,7 @@ class JobRecords:
             for job_id in ids:
                 pipe.hgetall(record_key(job_id))
             rows = await pipe.execute()
-        return [row for row in rows if row], total
+        return [JobRecord.from_hash(row) for row in rows if row], total
 
     async def statuses(self) -> list[str]:
         ids = await self.redis.zrange(INDEX_KEY, 0, -1)
@@ -211,11 +145,11 @@ class JobRecords:
                         await pipe.unwatch()
                         return False
                     pipe.multi()
-                    pipe.hset(key, mapping={"status": JobState.cancelled.value, "finished_at": now_iso(),
-                                            "reason": "cancelled before it started"})
+                    pipe.hset(key, mapping=record_fields(status=JobState.cancelled, finished_at=now_iso(),
+                                                         reason="cancelled before it started"))
                     event = ProgressEvent(type="status", status=JobState.cancelled,
                                           message="cancelled before it started")
-                    pipe.xadd(events_key(job_id), event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+                    add_event(pipe, events_key(job_id), event)
                     await pipe.execute()
                     return True
                 except WatchError:  # the worker moved it meanwhile: look again

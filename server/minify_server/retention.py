@@ -17,7 +17,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
 
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
@@ -25,13 +24,13 @@ from starlette.concurrency import run_in_threadpool
 from minify_client.models import JobState
 from minify_server.bugs import BugIndex
 from minify_server.connections import UNAVAILABLE
-from minify_server.records import INDEX_KEY, JobRecords, cancel_key, events_key, record_key
+from minify_server.ledger import INDEX_KEY, JobFootprint, cancel_key, events_key, record_key
+from minify_server.records import JobRecords
 from minify_server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
 DAY_S = 24 * 3600
-_FIELDS = ("status", "finished_at", "created_at", "bug", "content", "program_sha256", "inputs_sha256")
 
 
 @dataclass(frozen=True)
@@ -39,14 +38,6 @@ class Swept:
     jobs: int
     bugs: int
     files: int
-
-
-def _ended_before(fields: list[str | None], cutoff: float) -> bool:
-    status, finished_at, created_at = fields[0], fields[1], fields[2]
-    if status is None or not JobState(status).finished:
-        return False
-    when = finished_at or created_at
-    return when is not None and datetime.fromisoformat(when).timestamp() < cutoff
 
 
 async def sweep(redis: Redis, store: ArtifactStore, retention_s: float, now: float | None = None) -> Swept:
@@ -57,19 +48,19 @@ async def sweep(redis: Redis, store: ArtifactStore, retention_s: float, now: flo
     job_ids = await redis.zrange(INDEX_KEY, 0, -1)
     async with redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hmget(record_key(job_id), list(_FIELDS))
-        rows = await pipe.execute()
-    await bugs.file_unfiled([(job_id, fields[1]) for job_id, fields in zip(job_ids, rows, strict=True)
-                             if fields[0] == JobState.succeeded.value and fields[1] and not fields[3]
-                             and not _ended_before(fields, cutoff)])
+            pipe.hmget(record_key(job_id), JobFootprint.fields())
+        jobs = dict(zip(job_ids, map(JobFootprint.from_values, await pipe.execute()), strict=True))
+    await bugs.file_unfiled([(job_id, job.finished_at) for job_id, job in jobs.items()
+                             if job.status is JobState.succeeded and job.finished_at and not job.bug
+                             and not job.ended_before(cutoff)])
     keep = await bugs.representatives()
     expired: list[tuple[str, str | None]] = []
     referenced: set[str] = set()
-    for job_id, fields in zip(job_ids, rows, strict=True):
-        if job_id not in keep and _ended_before(fields, cutoff):
-            expired.append((job_id, fields[4]))
+    for job_id, job in jobs.items():
+        if job_id not in keep and job.ended_before(cutoff):
+            expired.append((job_id, job.content))
         else:
-            referenced.update(sha for sha in fields[5:] if sha)
+            referenced.update(job.uploads)
     records = JobRecords(redis)
     for job_id, content in expired:
         async with redis.pipeline(transaction=True) as pipe:

@@ -1,8 +1,9 @@
 """The RQ job entry: run the engine on one job and keep its Redis record and event stream current.
 
-The server enqueues `run_job(ticket)`; the ticket names the program, the spec, the result folder
-and the Redis keys to write (the layout is the server's, in minify_server/records.py; see
-docs/service.md). This module imports no torch: the RQ parent imports it for `on_rq_failure` and
+The server enqueues `run_job(ticket)`; the ticket (ledger.JobTicket) names the program, the spec,
+the result folder and the Redis keys to write (the layout, the record's fields and their encoding
+are the ledger's, minify_server/ledger.py, which the server reads through; see docs/service.md).
+This module imports no torch: the RQ parent imports it for `on_rq_failure` and
 `record_worker_lost`; only `run_job`, in the forked work horse, reaches the engine.
 """
 
@@ -16,7 +17,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,46 +25,37 @@ from redis.exceptions import RedisError, WatchError
 from rq import get_current_job
 from rq.job import Job
 
-from minify_client.bugs import add_to_bug_index
 from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
 from minify_client.progress import culprit_summary
+from minify_server.ledger import JobTicket, TicketKeys, add_event, add_to_bug_index, now_iso, record_fields
 from minify_worker.versions import bisect as versions_bisect
 from minify_worker.versions import bugs as versions_bugs
 from minify_worker.versions import phase as versions_phase
 
 log = logging.getLogger(__name__)
 
-EVENTS_MAXLEN = 10_000
 CANCEL_POLL_S = 0.25
 FINAL_WRITE_PATIENCE_S = 120.0
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
-
-
-def _event_fields(event: ProgressEvent) -> dict[str, str]:
-    return {"event": event.type, "data": event.model_dump_json(exclude_none=True)}
 
 
 class JobChannel:
     """Writes one job's record, event stream and counters (the keys come from the ticket)."""
 
-    def __init__(self, redis: Redis, keys: dict[str, str], job_id: str = "") -> None:
+    def __init__(self, redis: Redis, keys: TicketKeys, job_id: str = "") -> None:
         self.redis = redis
         self.keys = keys
         self.job_id = job_id
 
     def status(self) -> JobState | None:
-        value = self.redis.hget(self.keys["record"], "status")
+        value = self.redis.hget(self.keys.record, "status")
         return JobState(value.decode() if isinstance(value, bytes) else value) if value else None
 
     def cancel_requested(self) -> bool:
-        return bool(self.redis.exists(self.keys["cancel"]))
+        return bool(self.redis.exists(self.keys.cancel))
 
     def start(self, worker: str) -> bool:
         """queued → running, unless the job was cancelled (or already ended) meanwhile."""
-        key = self.keys["record"]
+        key = self.keys.record
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -76,12 +67,12 @@ class JobChannel:
                         return False
                     attempt = int(pipe.hget(key, "attempts") or 0) + 1
                     pipe.multi()
-                    pipe.hset(key, mapping={"status": JobState.running.value, "started_at": _now(),
-                                            "worker": worker, "attempts": str(attempt)})
+                    pipe.hset(key, mapping=record_fields(status=JobState.running, started_at=now_iso(),
+                                                         worker=worker, attempts=attempt))
                     pipe.hdel(key, "reason")
                     event = ProgressEvent(type="status", status=JobState.running,
                                           message=f"running on {worker} (attempt {attempt})")
-                    pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+                    add_event(pipe, self.keys.events, event)
                     pipe.execute()
                     return True
                 except WatchError:
@@ -89,10 +80,10 @@ class JobChannel:
 
     def publish(self, event: ProgressEvent) -> None:
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
+            add_event(pipe, self.keys.events, event)
             if event.type == "progress":
                 progress = Progress.model_validate(event.model_dump(include=set(Progress.model_fields)))
-                pipe.hset(self.keys["record"], "progress", progress.model_dump_json())
+                pipe.hset(self.keys.record, mapping=record_fields(progress=progress))
             pipe.execute()
 
     def log(self, message: str) -> None:
@@ -100,30 +91,26 @@ class JobChannel:
 
     def finish(self, status: JobState, reason: str | None, report: Report | None) -> None:
         """The final status, the result and the counters, in one transaction with the last event; a
-        succeeded job is filed under its bug in the same transaction (minify_client.bugs.add_to_bug_index)."""
-        fields = {"status": status.value, "finished_at": _now()}
-        if reason:
-            fields["reason"] = reason
+        succeeded job is filed under its bug in the same transaction (ledger.add_to_bug_index)."""
+        finished_at = now_iso()
         culprit_state = report.culprit_state if report is not None else None
-        if report is not None:
-            fields["result"] = report.model_dump_json()
-        if culprit_state is not None:
-            fields["culprit_state"] = culprit_state.value
+        fields = record_fields(status=status, finished_at=finished_at, reason=reason or None, result=report,
+                               culprit_state=culprit_state)
         # culprit_state `running`: the stream goes on until the culprit event (minify_server/events.py).
         event = ProgressEvent(type="status", status=status, message=reason or status.value, culprit_state=culprit_state)
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys["record"], mapping=fields)
+            pipe.hset(self.keys.record, mapping=fields)
             if report is not None:
-                pipe.hset(self.keys["record"], "progress", _final_progress(report).model_dump_json())
-                counters = self.keys["counters"]
+                pipe.hset(self.keys.record, mapping=record_fields(progress=_final_progress(report)))
+                counters = self.keys.counters
                 pipe.hincrby(counters, "checks_total", report.checks_total)
                 pipe.hincrby(counters, "checks_cached", report.checks_cached)
                 for kind, count in report.outcomes.items():
                     pipe.hincrby(counters, f"outcome:{kind}", count)
-                if status is JobState.succeeded and "bugs" in self.keys and self.job_id:
-                    add_to_bug_index(pipe, self.keys, self.job_id, report, fields["finished_at"])
-            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
-            pipe.delete(self.keys["cancel"])
+                if status is JobState.succeeded and self.job_id:
+                    add_to_bug_index(pipe, self.keys, self.job_id, report, finished_at)
+            add_event(pipe, self.keys.events, event)
+            pipe.delete(self.keys.cancel)
             pipe.execute()
 
     def culprit_ended(self, report: Report) -> None:
@@ -133,22 +120,21 @@ class JobChannel:
         event = ProgressEvent(type="culprit", culprit_state=state, phase="done",
                               message=culprit_summary(report) or report.culprit_reason or state.value)
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys["record"], mapping={"result": report.model_dump_json(), "culprit_state": state.value})
-            pipe.xadd(self.keys["events"], _event_fields(event), maxlen=EVENTS_MAXLEN, approximate=True)
-            pipe.delete(self.keys["cancel"])
+            pipe.hset(self.keys.record, mapping=record_fields(result=report, culprit_state=state))
+            add_event(pipe, self.keys.events, event)
+            pipe.delete(self.keys.cancel)
             pipe.execute()
 
     def versions_ended(self, report: Report) -> None:
         """The version phase ended after the final status (no culprit phase followed): the record's
         result and a `versions` event, in one transaction."""
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys["record"], "result", report.model_dump_json())
-            pipe.xadd(self.keys["events"], _event_fields(_versions_event(report)), maxlen=EVENTS_MAXLEN,
-                      approximate=True)
+            pipe.hset(self.keys.record, mapping=record_fields(result=report))
+            add_event(pipe, self.keys.events, _versions_event(report))
             pipe.execute()
 
     def culprit_running(self) -> bool:
-        value = self.redis.hget(self.keys["record"], "culprit_state")
+        value = self.redis.hget(self.keys.record, "culprit_state")
         return (value.decode() if isinstance(value, bytes) else value) == CulpritState.running.value
 
 
@@ -211,11 +197,13 @@ class _Watcher(threading.Thread):
         self._done.set()
 
 
-def run_job(ticket: dict[str, Any]) -> str:
-    """Entry point RQ runs in the work horse. Returns the final status."""
+def run_job(wire: dict[str, Any]) -> str:
+    """Entry point RQ runs in the work horse, given the server's ticket (`JobTicket.to_wire`).
+    Returns the final status."""
     rq_job = get_current_job()
     assert rq_job is not None, "run_job runs inside an RQ work horse"
-    channel = JobChannel(rq_job.connection, ticket["keys"], ticket["job_id"])
+    ticket = JobTicket.from_wire(wire)
+    channel = JobChannel(rq_job.connection, ticket.keys, ticket.job_id)
     worker = os.environ.get("RQ_WORKER_ID") or rq_job.worker_name or f"pid {os.getpid()}"
     if channel.cancel_requested():
         if channel.status() is JobState.queued:
@@ -223,8 +211,8 @@ def run_job(ticket: dict[str, Any]) -> str:
         return JobState.cancelled.value
     if not channel.start(worker):
         return (channel.status() or JobState.cancelled).value
-    spec = JobSpec.model_validate_json(ticket["spec"])
-    out_dir = Path(ticket["out_dir"])
+    spec = ticket.spec
+    out_dir = ticket.out_dir
     shutil.rmtree(out_dir, ignore_errors=True)  # a retried attempt starts clean
     out_dir.mkdir(parents=True)
     watcher = _Watcher(channel, spec.limits.job_timeout_s)
@@ -242,7 +230,7 @@ def run_job(ticket: dict[str, Any]) -> str:
         _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)
         if versions:
             try:
-                probed_versions.append(versions_phase.fan_out(channel.redis, ticket["job_id"], out_dir, report,
+                probed_versions.append(versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report,
                                                               versions_phase.offered_envs()[0]))
             except RedisError as error:
                 log.warning("the version phase could not send its probes: %s", error)
@@ -252,7 +240,7 @@ def run_job(ticket: dict[str, Any]) -> str:
         """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable."""
         delivered.append(finish_and_send_probes(status, reason, report))
 
-    status, reason, report = _minify(channel, ticket, spec, out_dir, watcher.cancel, deliver)
+    status, reason, report = _minify(channel, ticket, watcher.cancel, deliver)
     watcher.stop()
     if delivered:
         # A cancel or the job's timeout stopped the culprit phase only (the engine says so); a
@@ -262,7 +250,7 @@ def run_job(ticket: dict[str, Any]) -> str:
         elif watcher.interrupted:
             report = _culprit_lost(report, out_dir, "the worker shut down during the culprit phase")
         if probed_versions and not watcher.interrupted:
-            report = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
+            report = _version_phase(channel, ticket.job_id, out_dir, report, probed_versions[0])
             channel.publish(_versions_event(report))
         if spec.bisect is not None and not watcher.interrupted and report.status is JobState.succeeded:
             report = _bisect(channel, out_dir, report, spec)
@@ -278,14 +266,14 @@ def run_job(ticket: dict[str, Any]) -> str:
     report = finish_and_send_probes(status, reason, report)
     if probed_versions:
         # No culprit phase followed (spec culprit false): the version phase runs after the final status.
-        found = _version_phase(channel, ticket["job_id"], out_dir, report, probed_versions[0])
+        found = _version_phase(channel, ticket.job_id, out_dir, report, probed_versions[0])
         if spec.bisect is not None:
             found = _bisect(channel, out_dir, found, spec)
         _retry_redis(lambda: channel.versions_ended(found), FINAL_WRITE_PATIENCE_S)
     return status.value
 
 
-def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir: Path, cancel: threading.Event,
+def _minify(channel: JobChannel, ticket: JobTicket, cancel: threading.Event,
             deliver: Callable[[JobState, str | None, Report], None]) -> tuple[JobState, str | None, Report | None]:
     from minify_worker import engine  # torch lives behind the engine: import it in the horse only
 
@@ -297,9 +285,8 @@ def _minify(channel: JobChannel, ticket: dict[str, Any], spec: JobSpec, out_dir:
         except RedisError as error:
             log.warning("dropped a progress event (Redis unreachable: %s)", error)
 
-    inputs = Path(ticket["inputs"]) if ticket.get("inputs") else None
     try:
-        result = engine.minify(Path(ticket["program"]), spec, out_dir, inputs=inputs, on_event=on_event,
+        result = engine.minify(ticket.program, ticket.spec, ticket.out_dir, inputs=ticket.inputs, on_event=on_event,
                                cancel=cancel, on_result=lambda done: deliver(done.status, done.reason, done.report))
     except Exception as error:
         log.exception("the engine raised")
@@ -326,8 +313,8 @@ def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Repo
         found = versions_phase.with_versions(report, [versions_phase.own_run(report, own), *runs],
                                              CulpritState.cancelled if stopped else CulpritState.done)
         versions_phase.write_findings(out_dir, found)
-        if found.bug and "bug" in channel.keys:  # the bug learns which versions it has, and whether one fixed it
-            versions_bugs.record_runs(channel.redis, channel.keys["bug"].format(bug=found.bug), job_id, found.versions,
+        if found.bug and channel.keys.has_bug_index:  # the bug learns which versions it has, and whether one fixed it
+            versions_bugs.record_runs(channel.redis, channel.keys.bug_record(found.bug), job_id, found.versions,
                                       "version phase")
         return found
     except Exception:  # Redis gone, a full disk: the succeeded job stands, the phase is lost
@@ -340,7 +327,7 @@ def _bisect(channel: JobChannel, out_dir: Path, report: Report, spec: JobSpec) -
     assert spec.bisect is not None
 
     def save(updated: Report) -> None:
-        channel.redis.hset(channel.keys["record"], "result", updated.model_dump_json())
+        channel.redis.hset(channel.keys.record, mapping=record_fields(result=updated))
 
     try:
         return versions_bisect.for_job(out_dir, report, spec.bisect, channel.log, save)
@@ -373,19 +360,19 @@ def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
 def record_worker_lost(redis: Redis, rq_job: Job, why: str) -> None:
     """The job's process died under it: re-queued while RQ has retries left, else failed. A job
     that died in its culprit phase had delivered its result: it stays succeeded, the culprit lost."""
-    ticket = rq_job.args[0]
-    channel = JobChannel(redis, ticket["keys"])
+    ticket = JobTicket.from_wire(rq_job.args[0])
+    channel = JobChannel(redis, ticket.keys)
     status = channel.status()
     if status is JobState.succeeded and channel.culprit_running():
-        raw = redis.hget(ticket["keys"]["record"], "result")
+        raw = redis.hget(ticket.keys.record, "result")
         if raw:
-            report = _culprit_lost(Report.model_validate_json(raw), Path(ticket["out_dir"]), why)
+            report = _culprit_lost(Report.model_validate_json(raw), ticket.out_dir, why)
             channel.culprit_ended(report)
         return
     if status is None or status.finished:
         return
     if rq_job.retries_left:
-        redis.hset(ticket["keys"]["record"], "status", JobState.queued.value)
+        redis.hset(ticket.keys.record, mapping=record_fields(status=JobState.queued))
         channel.publish(ProgressEvent(type="status", status=JobState.queued,
                                       message=f"{why}; re-queued ({rq_job.retries_left} retries left)"))
     else:

@@ -31,6 +31,7 @@ from rq import Queue, Worker
 from rq.executions import Execution
 from rq.job import Job
 
+from minify_server.ledger import QUEUES_SERVED_KEY
 from minify_worker.job import record_worker_lost
 from minify_worker.versions import phase as versions_phase
 from minify_worker.versions.bisect import BISECT_QUEUE
@@ -60,8 +61,6 @@ end
 return 0
 """
 _PR_SET_PDEATHSIG = 1
-# Queue name -> when a live worker last served it; the layout is the server's (minify_server/records.py).
-QUEUES_SERVED_KEY = "minify:queues:served_at"
 
 
 class _RoutineMaintenanceAtDebug(logging.Filter):

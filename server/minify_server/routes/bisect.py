@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import Bisection, BisectRequest, JobState, Report
+from minify_client.models import Bisection, BisectRequest, JobState
 from minify_server import queue
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
-from minify_server.records import record_key, ticket_keys
+from minify_server.ledger import TicketKeys, record_fields, record_key
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
 
@@ -18,20 +18,20 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(requi
              summary="Narrow the job's regression to the first bad torch release (installs the ones in between)")
 async def start_bisect(request: Request, job_id: str, body: BisectRequest) -> Bisection:
     redis = request.app.state.redis
-    fields = await request.app.state.records.get(job_id)
-    if fields is None:
+    record = await request.app.state.records.get(job_id)
+    if record is None:
         raise ApiError(404, f"no job {job_id!r}")
-    if fields.get("status") != JobState.succeeded.value or not fields.get("result"):
-        raise ApiError(409, f"job {job_id} is {fields.get('status')}: only a succeeded job has a repro to bisect")
+    if record.status is not JobState.succeeded or record.result is None:
+        raise ApiError(409, f"job {job_id} is {record.status.value}: only a succeeded job has a repro to bisect")
     if not await queue.live_workers(redis, queue.BISECT_QUEUE):
         raise ApiError(409, "no live worker can install torch releases (a worker bisects when it has "
                             "MINIFY_TORCH_INDEX)")
-    report = Report.model_validate_json(fields["result"])
+    report = record.result
     if report.bisect is not None and report.bisect.state == "running":
         raise ApiError(409, f"job {job_id} is already bisecting {report.bisect.good}..{report.bisect.bad}")
     bisection = Bisection(good=body.good, bad=body.bad)
-    await redis.hset(record_key(job_id), "result", report.model_copy(update={"bisect": bisection}).model_dump_json())
-    ticket = {"job_id": job_id, "keys": ticket_keys(job_id), "out_dir": str(request.app.state.store.out_dir(job_id)),
-              "request": body.model_dump()}
+    await redis.hset(record_key(job_id), mapping=record_fields(result=report.model_copy(update={"bisect": bisection})))
+    ticket = {"job_id": job_id, "keys": TicketKeys.for_job(job_id).to_wire(),
+              "out_dir": str(request.app.state.store.out_dir(job_id)), "request": body.model_dump()}
     await run_in_threadpool(queue.enqueue_bisect, request.app.state.sync_redis, ticket)
     return bisection

@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-import uuid
 from datetime import datetime
-from pathlib import Path
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
-from pydantic import ValidationError
-from redis.client import Pipeline
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobSpec, JobState, JobStatus
-from minify_client.specflags import describe_validation_error
-from minify_server import queue
-from minify_server.archive import (
-    CodeInArchive,
-    NotAnExportArchive,
-    NotAProgram,
-    check_export_archive,
-    check_hlo_program,
-    check_npz_file,
-    check_torch_save_file,
-)
+from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobState, JobStatus
+from minify_server import queue, submissions
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events
-from minify_server.records import JobRecords, create_unless_identical, now_iso, ticket_keys, to_job_status
-from minify_server.store import ArtifactStore, Blob, StorageFull, UnknownArtifact, UploadTooLarge
-from minify_server.uploads import BadUpload, JobUpload, receive_job_upload
+from minify_server.records import JobRecords
+from minify_server.store import ArtifactStore, UnknownArtifact
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
 
@@ -70,10 +53,10 @@ def _links(job_id: str, artifacts: list[str]) -> JobLinks:
 
 
 async def _job(request: Request, job_id: str) -> JobStatus:
-    fields = await _records(request).get(job_id) if len(job_id) <= 64 else None
-    if fields is None:
+    record = await _records(request).get(job_id) if len(job_id) <= 64 else None
+    if record is None:
         raise ApiError(404, f"no job {job_id!r}")
-    status = to_job_status(fields)
+    status = record.to_job_status()
     artifacts = _store(request).available(job_id) if status.status.finished else []
     status.links = _links(job_id, artifacts)
     if status.status is JobState.queued:
@@ -118,88 +101,6 @@ async def _unserved_queue_warning(request: Request, queue_name: str, queued_at: 
     return f"no worker has served the {queue_name} queue for {_duration(idle_s)}; the job waits until one starts"
 
 
-def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
-    if "spec" not in upload.texts:
-        raise ApiError(400, "missing form field 'spec' (the JobSpec as JSON; '{}' for the defaults)")
-    try:
-        spec = JobSpec.model_validate_json(upload.texts["spec"])
-    except ValidationError as error:
-        raise ApiError(400, describe_validation_error(error),
-                       detail=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]) from error
-    if ":" in spec.backend:
-        module = spec.backend.split(":", 1)[0]
-        prefixes = [prefix.strip() for prefix in allowed_backends.split(",") if prefix.strip()]
-        if not any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
-            raise ApiError(400, f"backend module {module!r} is not allowed on this service "
-                                f"(MINIFY_ALLOWED_BACKENDS={allowed_backends!r})")
-    return spec
-
-
-def submission_digest(program_sha256: str, inputs_sha256: str | None, spec: JobSpec) -> str:
-    """What makes two submissions identical: the program's bytes, the inputs' bytes and the spec as
-    canonical JSON (defaults filled in, keys sorted), so `{}` and the defaults spelled out are one."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    text = f"program {program_sha256}\ninputs {inputs_sha256 or '-'}\nspec {canonical}"
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _is_true(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _storage_full(error: StorageFull) -> ApiError:
-    return ApiError(507, f"the server could not store the upload: its disk is full ({error}); nothing was "
-                         "kept, retry once space is freed", detail={"cause": str(error)})
-
-
-def _check_files(upload: JobUpload, allow_pickle: bool, program_format: str) -> None:
-    if "program" not in upload.files:
-        raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
-    name = upload.filenames.get("program") or ""
-    if program_format != "pt2":
-        _check_hlo_files(upload, name, program_format)
-        return
-    try:
-        check_export_archive(upload.files["program"].path, allow_pickle=allow_pickle)
-    except CodeInArchive as error:
-        raise ApiError(415, f"program {name!r}: {error}") from error
-    except NotAnExportArchive as error:
-        if not _is_pickled_module(upload, allow_pickle):
-            hint = ("" if allow_pickle else "; a GraphModule saved with torch.save is a pickle, accepted only where "
-                    "the operator sets MINIFY_ALLOW_PICKLE=1: export it instead with torch.export.export + "
-                    "torch.export.save")
-            raise ApiError(415, f"program {name!r}: {error}{hint}") from error
-    if "inputs" in upload.files:
-        try:
-            check_torch_save_file(upload.files["inputs"].path)
-        except NotAnExportArchive as error:
-            raise ApiError(415, f"inputs: {error}") from error
-
-
-def _check_hlo_files(upload: JobUpload, name: str, program_format: str) -> None:
-    """A StableHLO or HLO job: the program's container and an .npz of inputs, nothing parsed."""
-    try:
-        check_hlo_program(upload.files["program"].path, program_format)
-    except NotAProgram as error:
-        raise ApiError(415, f"program {name!r}: {error}") from error
-    if "inputs" in upload.files:
-        try:
-            check_npz_file(upload.files["inputs"].path)
-        except NotAProgram as error:
-            raise ApiError(415, f"inputs: {error}") from error
-
-
-def _is_pickled_module(upload: JobUpload, allow_pickle: bool) -> bool:
-    """A torch.save'd GraphModule, where the operator allows them: only ever unpickled in a sandbox child."""
-    if not allow_pickle:
-        return False
-    try:
-        check_torch_save_file(upload.files["program"].path)
-    except NotAnExportArchive:
-        return False
-    return True
-
-
 @router.post("", status_code=201, response_model=JobCreated, openapi_extra=_UPLOAD_FORM,
              summary="Submit a failing program",
              responses={200: {"model": JobCreated, "description": "an identical submission's job (deduplicated)"},
@@ -207,115 +108,27 @@ def _is_pickled_module(upload: JobUpload, allow_pickle: bool) -> bool:
 async def create_job(request: Request, response: Response,
                      force: bool = Query(False, description="a new job even for an identical submission"),
                      ) -> JobCreated:
-    settings = request.app.state.settings
-    store = _store(request)
-    content_length = request.headers.get("content-length")
-    if content_length and content_length.isdigit() and int(content_length) > settings.upload_limit_bytes:
-        raise ApiError(413, f"upload of {content_length} bytes exceeds the limit of "
-                            f"{settings.upload_limit_bytes} bytes")
-    try:
-        upload = await receive_job_upload(request.headers.get("content-type", ""), request.stream(), store,
-                                          settings.upload_limit_bytes)
-    except UploadTooLarge as error:
-        raise ApiError(413, str(error)) from error
-    except BadUpload as error:
-        raise ApiError(400, str(error)) from error
-    except StorageFull as error:
-        raise _storage_full(error) from error
-    try:
-        spec = _parse_spec(upload, settings.allowed_backends)
-        if "program" not in upload.files:
-            raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
-    except ApiError:
-        upload.discard()
-        raise
-    inputs = upload.files.get("inputs")
-    digest = submission_digest(upload.files["program"].sha256, inputs.sha256 if inputs else None, spec)
-    force = force or _is_true(upload.texts.get("force"))
-    try:
-        existing = None if force else await _records(request).existing(digest)
-    except BaseException:
-        upload.discard()
-        raise
-    if existing is not None:  # the same bytes passed the checks below when that job was submitted
-        upload.discard()
-        return await _deduplicated(request, response, spec, *existing)
-    try:
-        _check_files(upload, settings.allow_pickle, spec.program_format)
-    except ApiError:
-        upload.discard()
-        raise
-    try:
-        blobs = await run_in_threadpool(_commit_all, store, upload)
-    except StorageFull as error:
-        raise _storage_full(error) from error
-    job_id = uuid.uuid4().hex
-    out_dir = store.out_dir(job_id)
-    program_name = Path(upload.filenames.get("program") or "program.pt2").name
-    fields = {
-        "id": job_id, "status": JobState.queued.value, "spec": spec.model_dump_json(),
-        "created_at": now_iso(), "attempts": "0", "program_name": program_name,
-        "program_sha256": blobs["program"].sha256, "queue": spec.device_class, "content": digest,
-        **({"inputs_sha256": blobs["inputs"].sha256} if "inputs" in blobs else {}),
-    }
-    ticket = {
-        "job_id": job_id,
-        "program": str(blobs["program"].path),
-        "inputs": str(blobs["inputs"].path) if "inputs" in blobs else None,
-        "out_dir": str(out_dir),
-        "spec": spec.model_dump_json(),
-        "keys": ticket_keys(job_id),
-    }
-    redis = request.app.state.sync_redis
-
-    def enqueue(pipe: Pipeline) -> None:
-        queue.enqueue(redis, job_id, spec, ticket, settings.job_retries, pipeline=pipe)
-
-    # The record and its RQ job in one transaction (one fsync of Redis's append-only file, never a
-    # record outside a queue), unless an identical submission made its job since the check above
-    # (the blobs committed are that job's too: the same bytes).
-    existing = await run_in_threadpool(create_unless_identical, redis, job_id, fields, force, enqueue)
-    if existing is not None:
-        return await _deduplicated(request, response, spec, *existing)
-    warning = await _unserved_queue_warning(request, spec.device_class, None)
-    return JobCreated(id=job_id, status=JobState.queued, links=_links(job_id, []),
-                      warnings=[warning] if warning else [])
-
-
-async def _deduplicated(request: Request, response: Response, spec: JobSpec, job_id: str,
-                        status: JobState) -> JobCreated:
-    """200: the job of an identical submission (queued, running or succeeded)."""
-    response.status_code = 200
-    warning = await _unserved_queue_warning(request, spec.device_class, None) if status is JobState.queued else None
-    return JobCreated(id=job_id, status=status, links=_links(job_id, []), deduplicated=True,
-                      warnings=[warning] if warning else [])
-
-
-def _commit_all(store: ArtifactStore, upload: JobUpload) -> dict[str, Blob]:
-    """Every uploaded file into the blob store, or none: on a full disk the blobs this upload created go."""
-    blobs: dict[str, Blob] = {}
-    try:
-        for name, writer in upload.files.items():
-            blobs[name] = store.commit(writer)
-    except BaseException:
-        upload.discard()
-        for blob in blobs.values():
-            if blob.new:
-                blob.path.unlink(missing_ok=True)
-        raise
-    return blobs
+    submitted = await submissions.submit(
+        request.headers.get("content-type", ""), request.headers.get("content-length"), request.stream(), force,
+        request.app.state.settings, _store(request), _records(request), request.app.state.sync_redis)
+    if submitted.deduplicated:
+        response.status_code = 200
+    queued = submitted.status is JobState.queued
+    warning = await _unserved_queue_warning(request, submitted.queue, None) if queued else None
+    return JobCreated(id=submitted.job_id, status=submitted.status, links=_links(submitted.job_id, []),
+                      deduplicated=submitted.deduplicated, warnings=[warning] if warning else [])
 
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")
 async def list_jobs(request: Request, offset: int = Query(0, ge=0),
                     limit: int = Query(50, ge=1, le=500),
                     status: JobState | None = Query(None, description="only jobs with this status")) -> JobList:
-    rows, total = await _records(request).page(offset, limit, status)
+    records, total = await _records(request).page(offset, limit, status)
     jobs = []
-    for fields in rows:
-        status = to_job_status(fields)
-        status.links = _links(status.id, [])
-        jobs.append(status)
+    for record in records:
+        job = record.to_job_status()
+        job.links = _links(job.id, [])
+        jobs.append(job)
     return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
 
 

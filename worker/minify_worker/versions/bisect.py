@@ -173,15 +173,17 @@ def bisect_job(ticket: dict[str, Any]) -> str:
     (its result's `bisect`), its event stream (log lines) and report.json follow it."""
     from rq import get_current_job
 
+    from minify_server.ledger import TicketKeys, record_fields
     from minify_worker.job import JobChannel
 
     rq_job = get_current_job()
     assert rq_job is not None, "bisect_job runs inside an RQ work horse"
-    channel = JobChannel(rq_job.connection, ticket["keys"], ticket["job_id"])
-    report = Report.model_validate_json(channel.redis.hget(ticket["keys"]["record"], "result"))
+    keys = TicketKeys.model_validate(ticket["keys"])
+    channel = JobChannel(rq_job.connection, keys, ticket["job_id"])
+    report = Report.model_validate_json(channel.redis.hget(keys.record, "result"))
 
     def save(updated: Report) -> None:
-        channel.redis.hset(ticket["keys"]["record"], "result", updated.model_dump_json())
+        channel.redis.hset(keys.record, mapping=record_fields(result=updated))
 
     final = for_job(Path(ticket["out_dir"]), report, BisectRequest.model_validate(ticket["request"]), channel.log,
                     save)

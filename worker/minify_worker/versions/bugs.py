@@ -19,15 +19,8 @@ from typing import Any
 from redis import Redis
 
 from minify_client.models import VersionOutcome, VersionRun
+from minify_server.ledger import bug_retests_key, bug_versions_key
 from minify_worker.versions import ranges
-
-
-def versions_key(bug_record: str) -> str:
-    return f"{bug_record}:versions"
-
-
-def retests_key(bug_record: str) -> str:
-    return f"{bug_record}:retests"
 
 
 def ran(run: VersionRun) -> bool:
@@ -46,11 +39,12 @@ def record_runs(redis: Redis, bug_record: str, job_id: str, runs: Sequence[Versi
         return None
     with redis.pipeline(transaction=True) as pipe:
         for run in runs:
-            pipe.hset(versions_key(bug_record), run.torch,
+            pipe.hset(bug_versions_key(bug_record), run.torch,
                       json.dumps({"run": run.model_dump(mode="json"), "job": job_id, "how": how}))
-        pipe.hdel(retests_key(bug_record), *[run.torch for run in runs])
+        pipe.hdel(bug_retests_key(bug_record), *[run.torch for run in runs])
         pipe.execute()
-    stored = {_text(version): json.loads(value) for version, value in redis.hgetall(versions_key(bug_record)).items()}
+    stored = {_text(version): json.loads(value)
+              for version, value in redis.hgetall(bug_versions_key(bug_record)).items()}
     every = ranges.sort_versions(list(stored))
     known = [VersionRun.model_validate(stored[version]["run"]) for version in every]
     fix = ranges.fixed_in(known)
