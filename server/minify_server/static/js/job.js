@@ -157,8 +157,8 @@ export function renderJob(root, id) {
       h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
     resultSection,
     environmentCard,
-    culpritCard,
     versionsCard,
+    culpritCard,
     graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
