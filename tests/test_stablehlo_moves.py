@@ -197,3 +197,45 @@ def test_inputs_are_read_in_argument_order_by_number_else_in_the_files_order(tmp
     assert [float(array[0]) for array in read_npz(tmp_path / "named.npz")] == [0.0, 1.0]
     np.savez(tmp_path / "free.npz", x=np.ones(1), w=np.zeros(1))
     assert [float(array[0]) for array in read_npz(tmp_path / "free.npz")] == [1.0, 0.0]
+
+
+def test_the_f64_reference_program_widens_every_narrow_float_and_its_hex_constants() -> None:
+    from minify_worker.programs.stablehlo.xla import to_f64
+
+    text = ('%c = stablehlo.constant dense<0xFF800000> : tensor<f32>\n'
+            '%d = stablehlo.constant dense<"0x0000803F0000C07F"> : tensor<2xf32>\n'
+            '%h = stablehlo.constant dense<0x7FC0> : tensor<bf16>\n'
+            '%0 = stablehlo.convert %x : (tensor<4x8xbf16>) -> tensor<4x8xi32>\n')
+    assert to_f64(text).splitlines() == [
+        "%c = stablehlo.constant dense<0xFFF0000000000000> : tensor<f64>",  # -inf
+        '%d = stablehlo.constant dense<"0x000000000000F03F000000000000F87F"> : tensor<2xf64>',  # [1.0, nan]
+        "%h = stablehlo.constant dense<0x7FF8000000000000> : tensor<f64>",  # nan
+        "%0 = stablehlo.convert %x : (tensor<4x8xf64>) -> tensor<4x8xi32>",
+    ]
+
+
+def test_an_fp64_reference_judges_as_torch_does() -> None:
+    import numpy as np
+
+    from minify_client.models import JobSpec
+    from minify_worker.programs.stablehlo.run import compare
+
+    spec = JobSpec(backend="xla", failure={"kind": "accuracy"})
+    wide = [np.array([1.0, 2.0, 3.0, 4.0])]
+    near = [np.array([1.0, 2.0, 3.0, 4.0001], np.float32)]
+    far = [np.array([1.0, 2.0, 3.0, 4.5], np.float32)]
+    assert compare(far, near, spec, wide) is None
+    assert compare(near, far, spec, wide) is not None
+
+
+def test_outputs_match_within_the_tolerance_nans_equal_and_non_floats_only_when_strict() -> None:
+    import numpy as np
+
+    from minify_worker.programs.stablehlo.accuracy import differs
+
+    reference = [np.array([1.0, np.nan, 3.0], np.float32), np.array([1, 2], np.int32)]
+    assert differs(reference, [np.array([1.0, np.nan, 3.0005], np.float32), np.array([1, 3], np.int32)],
+                   1e-3, strict=False) is None
+    assert "output 1" in differs(reference, [reference[0], np.array([1, 3], np.int32)], 1e-3, strict=True)
+    dropped = differs(reference, [np.array([1.0, 2.0, 3.0], np.float32), reference[1]], 1e-3, strict=False)
+    assert dropped == "output 0 not within tolerance 0.001: 2.0 where the reference has nan (element 1)"

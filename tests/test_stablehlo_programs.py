@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,10 @@ def test_fast_min_max_fails_strict_accuracy_against_xla_defaults_and_the_interpr
         assert isinstance(outcome, Fails) and outcome.signature.exc_type == "AccuracyError"
         assert outcome.failed_runs == 2
     assert isinstance(_run(pool, document["graph"], folder, JobSpec(backend="xla", failure=STRICT)), Passes)
+    # Against the program in f64 it passes, by torch's rule: a reference that has a NaN where the
+    # fp64 one has too cannot judge (torch's `same`: "Found nan in reference"); its f64 program runs.
+    f64 = JobSpec(backend="xla", config={**hlo_programs.FAST_MIN_MAX, "minify.reference": "f64"}, failure=STRICT)
+    assert isinstance(_run(pool, document["graph"], folder, f64), Passes)
 
 
 def test_the_reduce_alone_on_its_recorded_input_still_fails(pool: Any, prepared) -> None:
@@ -195,3 +200,17 @@ def test_artifacts_a_full_disk_refuses_are_a_storage_error_as_for_fx_jobs(pool: 
                      {**arguments, "out_dir": str(tmp_path / "full"), "file_size_limit": 1000})
     assert full["storage_error"][0] == "minimized.mlir" and full["storage_error"][1][0] == errno.EFBIG
     assert not (tmp_path / "full" / "minimized.mlir").exists()
+
+
+def test_a_repro_judging_against_the_program_in_f64_runs_with_jax_alone(pool: Any, prepared, tmp_path: Path) -> None:
+    document, folder = prepared
+    spec = JobSpec(backend="xla", config={"minify.reference": "f64"}, failure={"kind": "accuracy"})
+    pool.call(f"{hlo_calls.PREFIX}:write_artifacts",
+              {"values": str(folder / "work" / "values.pt"), "wire_graph": document["graph"],
+               "spec_json": spec.model_dump_json(), "out_dir": str(tmp_path)})
+    without_torch = ("import runpy, sys; sys.modules['torch'] = None; "
+                     f"runpy.run_path({str(tmp_path / 'repro.py')!r}, run_name='__main__')")
+    ran = subprocess.run([sys.executable, "-c", without_torch], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "repro passed" in ran.stdout  # XLA's default result is what the f64 program's rule accepts

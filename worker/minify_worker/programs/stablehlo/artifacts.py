@@ -6,9 +6,7 @@ repro.py follows the FX repro's conventions (artifacts/repro.py): a header that 
 and where, the job's settings as constants, minify's signature rules verbatim; `python repro.py`
 exits non-zero with the failure's traceback and a `repro failed with: <signature>` line while the
 bug is there (a crash: the process dies by that signal), and prints `repro passed` and exits 0
-once it is fixed. An accuracy check is the FX jobs' rule in numpy: every output (strict) or the
-floating-point ones, `allclose` within the tolerance with NaNs equal; without strict, a reference
-holding a NaN passes, as torch's `same` without an fp64 reference does.
+once it is fixed. An accuracy check is the worker's (`accuracy.py`, verbatim in the repro).
 """
 
 from __future__ import annotations
@@ -26,12 +24,12 @@ from minify_client.models import JobSpec
 from minify_worker.artifacts.files import STORAGE_ERRNOS, ArtifactWriteError
 from minify_worker.outcomes import Signature, signature_from_dict
 
+from . import accuracy, xla
 from . import arrays as array_io
 from .command import ARGV_KEY
 from .module import Module, from_wire, render
 from .parse import pretty
 from .run import REFERENCE_KEY, WIRE_MODULE, candidate_inputs
-from .xla import xla_options
 
 MINIMIZED = "minimized.mlir"
 MINIMIZED_HLO = "minimized.hlo"
@@ -111,13 +109,13 @@ def render_repro(module: Module, spec: JobSpec, signature: Signature | None, jax
         f"TOLERANCE = {spec.failure.tolerance!r}",
         f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}",
         f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",
-        f"XLA_OPTIONS = {dict(sorted(xla_options(spec.config).items()))!r}",
+        f"XLA_OPTIONS = {dict(sorted(xla.xla_options(spec.config).items()))!r}",
         f"REFERENCE = {spec.config.get(REFERENCE_KEY, 'xla')!r}",
         f"COMMAND = {spec.config.get(ARGV_KEY)!r}",
         f"ARGUMENT_DTYPES = {dtypes!r}",
     ])
     parts = [_header(spec, kind, signature, jax_version, environment, culprit_lines), _IMPORTS, constants,
-             _signature_rules(), _RUN_FUNCTIONS]
+             _signature_rules(), _accuracy_rules(), _RUN_FUNCTIONS]
     return "\n\n\n".join(part.strip("\n") for part in parts) + "\n"
 
 
@@ -134,7 +132,7 @@ _EXPECTATIONS = {
 
 def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: str,
             environment: Mapping[str, str], culprit_lines: list[str]) -> str:
-    options = xla_options(spec.config)
+    options = xla.xla_options(spec.config)
     lines = [
         "Minimized repro written by minify (jax and numpy only; no minify import).",
         "",
@@ -148,7 +146,9 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: 
     if kind == "accuracy":
         compared = "every output (strict)" if spec.failure.strict_accuracy else "floating-point outputs"
         reference = spec.config.get(REFERENCE_KEY, "xla")
-        against = "StableHLO's interpreter" if reference == "interpreter" else "XLA with default options"
+        against = {"interpreter": "StableHLO's interpreter",
+                   "f64": "XLA with default options, judged against the program in f64"}.get(
+                       reference, "XLA with default options")
         lines.append(f"Accuracy:         against {against}, tolerance {spec.failure.tolerance}, {compared} compared")
     if spec.backend == "command":
         lines.append(f"Command:          {spec.config.get(ARGV_KEY)} ({{module}}: minimized.mlir, {{inputs}}: an .npz)")
@@ -174,11 +174,26 @@ def _signature_rules() -> str:
         "\n" + source.strip("\n") + "\n\n# " + "-" * 93
 
 
+def _accuracy_rules() -> str:
+    """accuracy.py and the f64 program's writer (xla.to_f64, xla.widened), verbatim: the repro
+    judges outputs as the worker did."""
+    source = inspect.getsource(accuracy).replace("from __future__ import annotations\n", "")
+    source = source.replace("from collections.abc import Sequence\n", "").replace("import numpy as np\n", "")
+    f64 = "\n".join([f"NARROW_FLOATS = {xla.NARROW_FLOATS!r}",
+                     f"HEX_CONSTANT = re.compile({xla.HEX_CONSTANT.pattern!r})",
+                     f"NARROW_TYPE = re.compile({xla.NARROW_TYPE.pattern!r})",
+                     inspect.getsource(xla.to_f64), inspect.getsource(xla.widened)])
+    return ("# " + "-" * 12 + " minify's accuracy rules (programs/stablehlo/accuracy.py and xla.to_f64, verbatim) "
+            + "\n" + source.strip("\n") + "\n\n\n" + f64.strip("\n") + "\n\n# " + "-" * 93)
+
+
 _IMPORTS = """
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -207,6 +222,7 @@ def load_inputs(path):
 
 def compile_module(text, options):
     """XLA through jax (0.10): compile the module's text with per-compile XLA options."""
+    jax.config.update("jax_enable_x64", True)  # f64 and i64 arguments stay 64-bit on their way in
     backend = jax.extend.backend.get_backend("cuda" if DEVICE.startswith("cuda") else "cpu")
     device = backend.devices()[int(DEVICE.partition(":")[2] or 0)]
     executable = backend.compile_and_load(text, xla_client.DeviceList((device,)),
@@ -251,20 +267,14 @@ def run_command(module_path, arrays):
     return None
 
 
-def check_accuracy(reference, result):
-    """The FX jobs' rule, in numpy: allclose within TOLERANCE, NaNs equal; without strict, only
-    floating-point outputs, and a reference holding a NaN passes (torch's `same` without fp64)."""
-    if len(reference) != len(result):
-        raise AccuracyError(f"{len(result)} outputs where the reference has {len(reference)}")
-    for position, (want, got) in enumerate(zip(reference, result)):
-        want, got = np.asarray(want), np.asarray(got)
-        floating = np.issubdtype(want.dtype, np.inexact) or want.dtype.name.startswith(("bfloat", "float8"))
-        if not STRICT_ACCURACY and (not floating or np.isnan(want.astype(np.float64)).any()):
-            continue
-        if want.shape != got.shape or not np.allclose(want.astype(np.float64), got.astype(np.float64),
-                                                      rtol=TOLERANCE, atol=TOLERANCE, equal_nan=True):
-            raise AccuracyError(f"output {position} differs from the reference ({REFERENCE}): "
-                                f"{got.ravel()[:8]} where it is {want.ravel()[:8]}")
+def check_accuracy(reference, result, fp64=None):
+    """The worker's rule (minify_worker/programs/stablehlo/accuracy.py, verbatim above)."""
+    if fp64 is None:
+        mismatch = differs(reference, result, TOLERANCE, STRICT_ACCURACY)
+    else:
+        mismatch = differs_from_fp64(reference, result, fp64, TOLERANCE, STRICT_ACCURACY)
+    if mismatch is not None:
+        raise AccuracyError(mismatch)
 
 
 def main():
@@ -281,7 +291,8 @@ def main():
         result = compile_module(text, XLA_OPTIONS)(inputs)
     if FAILURE_KIND == "accuracy" and result is not None:
         reference = interpret(text, inputs) if REFERENCE == "interpreter" else compile_module(text, {})(inputs)
-        check_accuracy(reference, result)
+        fp64 = compile_module(to_f64(text), {})(widened(inputs)) if REFERENCE == "f64" else None
+        check_accuracy(reference, result, fp64)
     print(f"repro passed: no failure ({BACKEND} on {DEVICE}, jax {jax.__version__})")
 
 

@@ -1,14 +1,16 @@
 """Run one StableHLO candidate in a sandbox child and classify what happened, by the FX jobs'
 rules (runner.py, oracle.py): an exception while compiling is `Fails(compile_error)`, while
 running `Fails(runtime_error)`, outputs that differ from the reference `Fails(accuracy,
-AccuracyError)` (`minify_client.accuracy.divergence`, as FX jobs compare), a module that does not
+AccuracyError)` (`accuracy.py`), a module that does not
 build or parse `Invalid`; a crash, a hang or a memory blow-up is classified by the sandbox from
 how the child died.
 
 Backends (`spec.backend`):
 - `xla`: XLA through jax on the spec's device, with the spec's XLA options (`xla.` config keys).
-  The accuracy reference is XLA with default options, or StableHLO's reference interpreter with
-  `--config minify.reference=interpreter`.
+  The accuracy reference is XLA with default options, or StableHLO's reference interpreter
+  (`--config minify.reference=interpreter`), compared with `allclose`; with
+  `minify.reference=f64`, XLA's default result judged against the program promoted to f64 by
+  torch's rule (`accuracy.py`).
 - `command`: an external command (`command.py`); its reference for accuracy is XLA's.
 """
 
@@ -26,12 +28,12 @@ from minify_client.models import JobSpec
 from minify_worker import oracle
 from minify_worker.outcomes import Crashed, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 
+from . import accuracy, command, xla
 from . import arrays as array_io
-from . import command, xla
 from .module import Module, from_wire, render
 
 REFERENCE_KEY = "minify.reference"
-REFERENCES = ("xla", "interpreter")
+REFERENCES = ("xla", "interpreter", "f64")
 BACKENDS = ("xla", "command")
 WIRE_MODULE = "module"
 
@@ -77,14 +79,19 @@ def check_parses(text: str) -> None:
     ir.Module.parse(text, context=context())
 
 
-def reference_outputs(text: str, inputs: Sequence[np.ndarray], spec: JobSpec) -> list[np.ndarray]:
-    """What the module should compute: XLA with default options, or the interpreter."""
+def reference_outputs(text: str, inputs: Sequence[np.ndarray],
+                      spec: JobSpec) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """What the module should compute (XLA with default options, or the interpreter), and with
+    `minify.reference=f64` the outputs of the program promoted to f64 (`xla.to_f64`) as well."""
     reference = spec.config.get(REFERENCE_KEY, "xla")
-    if reference == "interpreter":
-        return xla.interpret(text, inputs)
-    if reference != "xla":
+    if reference not in REFERENCES:
         raise ValueError(f"{REFERENCE_KEY} must be one of {', '.join(REFERENCES)}, not {reference!r}")
-    return xla.compile_module(text, {}, spec.device)(inputs)
+    if reference == "interpreter":
+        return xla.interpret(text, inputs), None
+    same = xla.compile_module(text, {}, spec.device)(inputs)
+    if reference == "f64":
+        return same, xla.compile_module(xla.to_f64(text), {}, spec.device)(xla.widened(inputs))
+    return same, None
 
 
 def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path, runs: int = 1) -> Outcome:
@@ -93,14 +100,15 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
     started = time.monotonic()
     accuracy = spec.failure.kind == "accuracy"
     reference: list[np.ndarray] | None = None
+    fp64: list[np.ndarray] | None = None
     if accuracy:
         try:
-            reference = reference_outputs(text, inputs, spec)
+            reference, fp64 = reference_outputs(text, inputs, spec)
         except Exception as error:
             return Invalid(message=f"the reference run failed: {type(error).__name__}: {error}"[:2000],
                            duration_s=time.monotonic() - started)
     if spec.backend == "command":
-        return _run_command(text, inputs, spec, workdir, reference, started)
+        return _run_command(text, inputs, spec, workdir, reference, fp64, started)
     if spec.backend != "xla":
         return Invalid(message=f"backend {spec.backend!r} cannot run a StableHLO program "
                                f"(it takes {', '.join(BACKENDS)})", duration_s=0.0)
@@ -119,7 +127,7 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
         except Exception as error:
             return _failure(error, "runtime_error", run_started)
         if reference is not None:
-            detail = compare(reference, outputs, spec)
+            detail = compare(reference, outputs, spec, fp64)
             if detail is not None:
                 return Fails(signature=accuracy_signature(detail), duration_s=time.monotonic() - run_started)
         return Passes(duration_s=time.monotonic() - run_started)
@@ -128,7 +136,7 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
 
 
 def _run_command(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path,
-                 reference: list[np.ndarray] | None, started: float) -> Outcome:
+                 reference: list[np.ndarray] | None, fp64: list[np.ndarray] | None, started: float) -> Outcome:
     try:
         completed = command.run(text, inputs, spec.config, workdir)
     except command.CommandError as error:
@@ -141,21 +149,20 @@ def _run_command(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Pa
         signature = oracle.signature_from_text(command.EXC_TYPE, command.failure_message(completed), "compile_error")
         return Fails(signature=signature, duration_s=duration)
     if reference is not None and completed.outputs is not None:
-        detail = compare(reference, completed.outputs, spec)
+        detail = compare(reference, completed.outputs, spec, fp64)
         if detail is not None:
             return Fails(signature=accuracy_signature(detail), duration_s=duration)
     return Passes(duration_s=duration)
 
 
-def compare(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray], spec: JobSpec) -> str | None:
-    """None when `outputs` pass for `reference` by the FX jobs' rule (`divergence`), else what differs."""
-    from minify_client.accuracy import divergence
-
-    if len(reference) != len(outputs):
-        return f"{len(outputs)} outputs where the reference has {len(reference)}"
-    return divergence([array_io.to_torch(np.asarray(a)) for a in reference],
-                      [array_io.to_torch(np.asarray(a)) for a in outputs], None,
-                      tolerance=spec.failure.tolerance, strict=spec.failure.strict_accuracy)
+def compare(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray], spec: JobSpec,
+            fp64: Sequence[np.ndarray] | None = None) -> str | None:
+    """None when `outputs` pass for `reference` (`accuracy.py`: allclose, or torch's rule against
+    `fp64` when there is one), else what differs."""
+    tolerance, strict = spec.failure.tolerance, spec.failure.strict_accuracy
+    if fp64 is None:
+        return accuracy.differs(reference, outputs, tolerance, strict)
+    return accuracy.differs_from_fp64(reference, outputs, fp64, tolerance, strict)
 
 
 def accuracy_signature(detail: str) -> Signature:

@@ -7,6 +7,7 @@ it with StableHLO's reference interpreter. Sandbox children only. Checked on jax
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,9 @@ def compile_module(text: str, options: Mapping[str, Any], device: str = "cpu") -
     from jax._src import compiler
     from jax._src.lib import xla_client
 
+    # The module's types are what they are: without x64, jax would turn an f64 or i64 array into
+    # a 32-bit buffer on its way to the device (and the run would refuse it).
+    jax.config.update("jax_enable_x64", True)
     backend = jax.extend.backend.get_backend(platform(device))
     index = int(device.partition(":")[2] or 0)
     target = backend.devices()[index]
@@ -73,3 +77,34 @@ def interpret(text: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         parsed = ir.Module.parse(text)
         attributes = [ir.DenseElementsAttr.get(np.asarray(array).copy(order="C")) for array in arrays]
         return [np.array(result) for result in _stablehlo.eval_module(parsed, attributes)]
+
+
+NARROW_FLOATS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+HEX_CONSTANT = re.compile(r'dense<(?P<quote>"?)0x(?P<hex>[0-9A-Fa-f]+)"?>(?P<type>\s*:\s*tensor<(?:\d+x)*)'
+                           r'(?P<element>f32|f16|bf16)>')
+NARROW_TYPE = re.compile(r"(tensor<(?:[0-9?]+x)*)(?:f32|f16|bf16)(?=[>,])")
+
+
+def to_f64(text: str) -> str:
+    """The module with every f32, f16 and bf16 tensor made f64: the fp64 reference's program. A
+    constant MLIR wrote in hex (NaN, infinities, large arrays) is re-encoded at the new width."""
+    import ml_dtypes
+
+    def widen_constant(match: re.Match[str]) -> str:
+        name = NARROW_FLOATS[match["element"]]
+        dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+        if match["quote"]:  # an array: its little-endian bytes
+            narrow = np.frombuffer(bytes.fromhex(match["hex"]), dtype=dtype.newbyteorder("<"))
+            wide = f'"0x{narrow.astype("<f8").tobytes().hex().upper()}"'
+        else:  # a splat: the element's bits, as a number
+            narrow = np.array([int(match["hex"], 16)], dtype=f"u{dtype.itemsize}").view(dtype)
+            wide = f"0x{int(narrow.astype(np.float64).view(np.uint64)[0]):016X}"
+        return f"dense<{wide}>{match['type']}f64>"
+
+    return NARROW_TYPE.sub(r"\1f64", HEX_CONSTANT.sub(widen_constant, text))
+
+
+def widened(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """`arrays` with f32, f16 and bf16 ones as f64 (the inputs of `to_f64`'s program)."""
+    names = set(NARROW_FLOATS.values())
+    return [array.astype(np.float64) if array.dtype.name in names else array for array in arrays]
