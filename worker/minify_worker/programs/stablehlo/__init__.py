@@ -5,8 +5,9 @@ module and a repro that needs only jax.
   candidates as subsets of its ops; `moves.py`: the strategies;
 - `parse.py`: reading MLIR text or bytecode, VHLO, HLO text (sandbox children only);
 - `prepare.py`: the loader (`prepare_target`): program.json and the value store;
-- `run.py`, `xla.py`, `command.py`: one candidate compiled and run, classified;
-- `artifacts.py`: minimized.mlir, inputs.npz, repro.py (`artifacts_target`);
+- `shrink.py`: the shrink phase (tensor sizes halved once the module is minimal);
+- `run.py`, `xla.py`, `command.py`, `accuracy.py`: one candidate compiled and run, classified;
+- `artifacts.py`: minimized.mlir, minimized.hlo, inputs.npz, repro.py (`artifacts_target`);
 - `arrays.py`: arrays between MLIR types, numpy and torch.
 """
 
