@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     submit = commands.add_parser("submit", parents=[connection], help="post a failing .pt2 program",
-                                 description="Post a failing torch.export program (.pt2).")
+                                 description="Post a failing torch.export program (.pt2), or a StableHLO module "
+                                 "or HLO text an XLA compiler fails on (docs/hlo.md).")
     submit.add_argument("program", type=Path, metavar="PROGRAM.pt2")
     add_spec_arguments(submit)
     _add_inputs_argument(submit)
@@ -182,7 +183,8 @@ def _add_wait_culprit_argument(parser: argparse.ArgumentParser) -> None:
 def _add_inputs_argument(parser: argparse.ArgumentParser) -> None:
     try:
         parser.add_argument("--inputs", type=Path, metavar="FILE",
-                            help="real inputs (.pt) to run the program with, instead of its example inputs")
+                            help="real inputs (.pt) to run the program with, instead of its example inputs "
+                            "(an .npz of main's arguments for StableHLO or HLO)")
     except argparse.ArgumentError:
         pass  # the shared spec flags already define it
 
