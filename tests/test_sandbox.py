@@ -328,6 +328,26 @@ def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_st
     assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}
 
 
+JAX_ORIGIN = textwrap.dedent("""
+    import json, jax.numpy
+    from minify_worker.sandbox import fork_refusal, preload
+
+    jax.numpy.ones(2).block_until_ready()  # makes jax's CPU backend, and its threads, before preload
+    preload(warm=False)
+    print(json.dumps({"after_preload": fork_refusal()}), flush=True)
+""")
+
+
+def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
+    # Started before preload, jax's threads count as the origin's own: only asking jax tells.
+    done = subprocess.run([sys.executable, "-c", JAX_ORIGIN], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
+                                      "forked child)"
+
+
 TQDM_ORIGIN = textwrap.dedent("""
     import sys, threading, torch
     from pathlib import Path

@@ -224,7 +224,9 @@ def run_job(wire: dict[str, Any]) -> str:
     def finish_and_send_probes(status: JobState, reason: str | None, report: Report | None) -> Report | None:
         """The final status and result; for a succeeded job, then the version phase's probes go out
         to the workers holding other torch versions (`versions_phase.fan_out`)."""
-        versions = spec.versions and status is JobState.succeeded and report is not None
+        # Which torch has the bug: a question for torch programs only (a StableHLO job's repro needs jax).
+        versions = (spec.versions and spec.program_format == "pt2" and status is JobState.succeeded
+                    and report is not None)
         if versions:
             report = report.model_copy(update={"versions_state": CulpritState.running})
         _retry_redis(lambda: channel.finish(status, reason, report), FINAL_WRITE_PATIENCE_S)

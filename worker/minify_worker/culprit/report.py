@@ -28,7 +28,8 @@ def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
     a phase that found `found`, or (None) did not run."""
     if found is None:
         reason = ("not asked for (spec culprit: false)" if not spec.culprit
-                  else "not run: the job ended before the culprit phase")
+                  else f"none for {spec.program_format} programs: the culprit phase bisects torch's compiler"
+                  if spec.program_format != "pt2" else "not run: the job ended before the culprit phase")
         return stopped_fields(CulpritState.skipped, reason)
     return {"culprit_state": CulpritState.done, "culprit": found.culprit, "culprit_reason": found.reason,
             "workarounds": found.workarounds, "workarounds_tried": found.tried}

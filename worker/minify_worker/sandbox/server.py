@@ -39,7 +39,7 @@ from .processes import (
     write_all,
     write_line,
 )
-from .warmup import origin_warmed_up, warm_up
+from .warmup import import_stablehlo_modules, origin_warmed_up, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,8 @@ def run_server(options: ServerOptions, request_fd: int, event_fd: int) -> int:
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
         if options.warm and not origin_warmed_up():
             server.deferred_warm_up = lambda: warm_up(server.spec)
+        elif server.spec.program_format != "pt2":
+            import_stablehlo_modules()  # a warm origin warmed inductor, not jax: once here, not per child
         if options.values is not None:
             loaded = server.load_values(str(options.values))
             if not loaded["ok"]:

@@ -163,9 +163,24 @@ def fork_refusal() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialized in this process"
+    if _jax_backend_started():
+        return "jax's XLA backend started in this process (its threads would deadlock a forked child)"
     if _native_threads_beyond_python() > _fork_origin_native_threads:
         return "a native thread pool started in this process since preload()"
     return None
+
+
+def _jax_backend_started() -> bool:
+    """Whether jax made an XLA backend in this process: its thread pools are not counted by the
+    native-thread check when they start after it, and a fork then deadlocks (seen with a StableHLO
+    job whose parent had run XLA once)."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return False
+    return bool(getattr(xla_bridge, "_backends", None))
 
 
 def origin_warmed_up() -> bool:
@@ -184,7 +199,7 @@ def warm_up(spec: JobSpec) -> dict[str, Any]:
     started = time.monotonic()
     _import_compiler_modules()
     if spec.program_format != "pt2":
-        _import_stablehlo_modules()
+        import_stablehlo_modules()
     import torch
 
     imported = time.monotonic()
@@ -258,7 +273,7 @@ def _import_compiler_modules() -> None:
     from .. import backends, runner  # noqa: F401
 
 
-def _import_stablehlo_modules() -> None:
+def import_stablehlo_modules() -> None:
     """What a StableHLO job's children import: jax (0.7 s a child otherwise) and its candidate
     runner. Imports only: jax starts no thread until a child makes its backend."""
     import jax.extend  # noqa: F401
