@@ -122,7 +122,13 @@ class _Proposals:
 
 def granularities(graph: fx.Graph, context: StrategyContext) -> list[int]:
     """Torch's chunk sizes: the largest power of two <= the node count (all nodes), halving to 1."""
-    top = 1 << (len(graph.nodes).bit_length() - 1)
+    return chunk_sizes(len(graph.nodes), context)
+
+
+def chunk_sizes(count: int, context: StrategyContext) -> list[int]:
+    """The largest power of two <= `count`, halving to 1, capped by `context.max_granularity`: the
+    chunk sizes of truncation and delta debugging, for any representation."""
+    top = 1 << (max(count, 1).bit_length() - 1)
     if context.max_granularity is not None:
         top = min(top, context.max_granularity)
     sizes = []

@@ -98,19 +98,29 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if spec.op_modules:
         lines.append(f"Custom ops:       registered by importing {', '.join(spec.op_modules)}: must be importable "
                      "(PYTHONPATH)")
+    lines += header_tail(culprit_lines, environment, "torch.utils.collect_env, on the worker",
+                         "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)")
+    return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
+
+
+def header_tail(culprit_lines: list[str] | None, environment: Mapping[str, str] | None, environment_source: str,
+                run_line: str) -> list[str]:
+    """The end of a repro.py header, whatever the program: the culprit's lines, the environment it
+    failed in, how to run it and what it prints."""
+    lines: list[str] = []
     if culprit_lines:
         lines += ["", *culprit_lines]
     if environment:
-        lines += ["", "Environment it failed in (torch.utils.collect_env, on the worker):"]
+        lines += ["", f"Environment it failed in ({environment_source}):"]
         lines += [f"  {key}: {'; '.join(value.splitlines())[:_MAX_HEADER_TEXT]}" for key, value in environment.items()]
-    lines += [
+    return [
+        *lines,
         "",
-        "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)",
+        run_line,
         "While the bug is there it exits non-zero: the exception's traceback on stderr, then a",
         "'repro failed with:' line to hold against the signature above (a crash: the process dies",
         "by that signal). Once fixed it prints 'repro passed' and exits 0.",
     ]
-    return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
 
 
 _IMPORTS = """

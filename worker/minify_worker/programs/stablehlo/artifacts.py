@@ -22,6 +22,7 @@ import numpy as np
 from minify_client import signatures
 from minify_client.models import JobSpec
 from minify_worker.artifacts.files import STORAGE_ERRNOS, ArtifactWriteError
+from minify_worker.artifacts.repro import header_tail
 from minify_worker.outcomes import Signature, signature_from_dict
 
 from . import accuracy, xla
@@ -152,18 +153,9 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: 
         lines.append(f"Accuracy:         against {against}, tolerance {spec.failure.tolerance}, {compared} compared")
     if spec.backend == "command":
         lines.append(f"Command:          {spec.config.get(ARGV_KEY)} ({{module}}: minimized.mlir, {{inputs}}: an .npz)")
-    if culprit_lines:
-        lines += ["", *culprit_lines]
-    if environment:
-        lines += ["", "Environment it failed in (on the worker):"]
-        lines += [f"  {key}: {'; '.join(value.splitlines())[:300]}" for key, value in environment.items()]
-    lines += [
-        "",
-        "Run: python repro.py [--module minimized.mlir] [--inputs inputs.npz]   (beside this file by default)",
-        "While the bug is there it exits non-zero: the exception's traceback on stderr, then a",
-        "'repro failed with:' line to hold against the signature above (a crash: the process dies",
-        "by that signal). Once fixed it prints 'repro passed' and exits 0.",
-    ]
+    lines += header_tail(culprit_lines, environment, "on the worker",
+                         "Run: python repro.py [--module minimized.mlir] [--inputs inputs.npz]   (beside this file by "
+                         "default)")
     return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from minify_worker.strategies import Candidate, StrategyContext, Tier
+from minify_worker.strategies import Candidate, StrategyContext, Tier, chunk_sizes
 
 from . import surgery
 from .module import Module, Op, is_float_type, key, size
@@ -38,18 +38,6 @@ class _Proposals:
             return
         self.seen.add(candidate_key)
         yield Candidate(candidate, description)  # type: ignore[arg-type]
-
-
-def granularities(count: int, context: StrategyContext) -> list[int]:
-    """The largest power of two <= `count`, halving to 1 (torch's chunk sizes)."""
-    top = 1 << (max(count, 1).bit_length() - 1)
-    if context.max_granularity is not None:
-        top = min(top, context.max_granularity)
-    sizes = []
-    while top >= 1:
-        sizes.append(top)
-        top //= 2
-    return sizes
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,7 +112,7 @@ def truncate_and_delta_debug(module: Module, context: StrategyContext) -> Iterat
     op is the output), then promote each chunk of that many ops to arguments."""
     proposals = _Proposals(module, context)
     count = len(module.ops)
-    for granularity in granularities(count, context):
+    for granularity in chunk_sizes(count, context):
         for position in range(granularity - 1, count, 2 * granularity):
             if position + 1 < count:
                 yield from proposals.offer(surgery.truncate(module, position),
