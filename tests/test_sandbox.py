@@ -135,17 +135,6 @@ def test_cancel_kills_the_running_child(pool: SandboxPool) -> None:
     assert wait_until(lambda: not session_members(pid))
 
 
-def test_a_candidate_asked_to_run_nicer_compiles_at_a_lower_cpu_priority(pool: SandboxPool) -> None:
-    def niceness(outcome: object) -> int:
-        assert isinstance(outcome, Fails), outcome
-        return int(outcome.signature.text.rsplit(" ", 1)[-1])
-
-    plain = pool.submit(chain("log"), timeout_s=10).result()
-    nicer = pool.submit(chain("log"), timeout_s=10, nice=7).result()
-
-    assert niceness(nicer) == niceness(plain) + 7
-
-
 def test_children_run_in_parallel(pool: SandboxPool) -> None:
     started = time.monotonic()
     futures = [pool.submit(chain("tanh"), timeout_s=3) for _ in range(2)]

@@ -191,14 +191,8 @@ fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")
 fail_on_gelu_and_layer_norm = raise_on_all("gelu", "native_layer_norm")
 wrong_on_softmax = wrong_on("_softmax")
 
-def tell_niceness(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Fails saying the CPU priority (niceness) of the process that compiles."""
-    raise RuntimeError(f"niceness {os.nice(0)}")
-
-
 # One backend that misbehaves a different way per op, so one warm pool can show every outcome.
 misbehave_by_op = first_match(
-    ("log", tell_niceness),
     ("relu", raise_on("relu")),
     ("neg", raise_on("neg", at="run")),
     ("cos", raise_on("cos", ValueError, "injected failure on cos")),

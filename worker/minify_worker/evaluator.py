@@ -71,9 +71,6 @@ class SandboxEvaluator:
         self._lock = threading.RLock()
         self.on_outcome: Callable[[Any, Outcome], None] | None = None  # sees every outcome as it comes
         self.spared: set[Future[Outcome]] = set()  # runs that keep their own timeout (the original's)
-        # How much lower candidates run than the original: on a box with fewer cores than children,
-        # the original's compile (the job's critical path while its verdict is out) keeps its core.
-        self.nice = 0
 
     def live_pool(self) -> SandboxPool:
         """The current pool, restarted first if its fork server died or a child faulted."""
@@ -89,15 +86,11 @@ class SandboxEvaluator:
                 self._started.append(self.pool)
             return self.pool
 
-    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1,
-               nice: int | None = None) -> Future[Outcome]:
-        """Run `graph` in a child; `nice`: its CPU priority below the others' (default `self.nice`)."""
+    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]:
         outer: Future[Outcome] = Future()
-        niceness = self.nice if nice is None else nice
 
         def request(pool: SandboxPool) -> Future[Outcome]:
-            return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs,
-                               nice=niceness)
+            return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
 
         self._submit(outer, request, graph)
         return outer

@@ -38,10 +38,6 @@ DEFAULT_TIMEOUT_FAILURE_S = 60.0
 # A run of the original may take this long unless the spec says otherwise: minutes, not the job's
 # hour, so a hanging compile shows as a hang in minutes.
 DEFAULT_ORIGINAL_TIMEOUT_S = 600.0
-# Candidates judged before the original's verdict run this much lower (nice) than the original,
-# whose compile is the critical path: on two cores they took CPU from it (MobileNetV3's reproduce
-# phase 14 s alone, 28 s beside them). Where cores are idle it changes nothing.
-SPECULATIVE_NICE = 10
 
 Say = Callable[[Milestone, str], None]  # a step of the job, told as a progress event
 
@@ -94,13 +90,12 @@ class OriginalRun:
         self.evaluator, self.scheduler, self.graph = evaluator, scheduler, graph
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
         submitted = time.monotonic()
-        self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS, nice=0)
-        evaluator.nice = SPECULATIVE_NICE  # until the verdict (`settle`)
+        self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS)
         self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)
         # The failure must depend on the program: the program with no ops runs beside it.
-        self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self.original_timeout(), nice=0)
+        self._empty = evaluator.submit(self.program.empty(graph), timeout_s=self.original_timeout())
         given = self.spec.failure.signature
         self._say(Milestone.original_started, "running the original" + (
             f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
@@ -137,7 +132,6 @@ class OriginalRun:
             return self._empty.result()
 
         settled = self.target.settle(outcome, empty)
-        self.evaluator.nice = 0
         self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced):

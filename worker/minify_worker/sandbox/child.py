@@ -89,8 +89,6 @@ def run_child(setup: ChildSetup, request: dict[str, Any], result_path: Path, log
     enter(setup, log_path)
     try:
         confine_child(setup.root / "tmp" / str(request["id"]), setup.spec)
-        if request.get("nice"):
-            os.nice(request["nice"])
         import torch
 
         torch.set_num_threads(setup.threads)

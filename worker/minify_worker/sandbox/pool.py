@@ -153,13 +153,11 @@ class SandboxPool:
     # -- public API ---------------------------------------------------------------------------
 
     def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
-               purpose: str = "candidate", fresh: bool = False, runs: int = 1, nice: int = 0) -> Future[Outcome]:
+               purpose: str = "candidate", fresh: bool = False, runs: int = 1) -> Future[Outcome]:
         """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
         child that ran no other candidate before (every child is fresh unless the pool reuses them);
-        with `runs`, compiled once and run that many times (`runner.run_candidate`); with `nice`, a
-        child forked for it runs at that much lower CPU priority (a long-lived child keeps its own)."""
-        return self._request("candidate", {"graph": wire_graph, "fresh": fresh, "runs": runs, "nice": nice},
-                             timeout_s, purpose)
+        with `runs`, compiled once and run that many times (`runner.run_candidate`)."""
+        return self._request("candidate", {"graph": wire_graph, "fresh": fresh, "runs": runs}, timeout_s, purpose)
 
     def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,
                     purpose: str = "call") -> Future[dict[str, Any]]:
