@@ -530,7 +530,12 @@ def test_worker_image_installs_the_worker_extra_with_torch_pinned_to_the_base_im
     (install,) = pip_installs(WORKER_DOCKERFILE)
     constraint = option(install, "--constraint")
     assert constraint, "without a constraint pip could replace the base image's CUDA torch"
-    assert [word for word in install if not word.startswith("-") and word != constraint] == ["/tmp/src[worker]"]
+    assert [word for word in install if not word.startswith("-") and word != constraint] == [
+        "/tmp/src[${MINIFY_EXTRAS}]"]
+    extras = dict(argument.partition("=")[::2] for argument in instructions_named(WORKER_DOCKERFILE, "ARG"))
+    assert extras["MINIFY_EXTRAS"] == "worker"
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    assert "worker" in optional and "hlo" in optional, "the extras the image's build argument names"
     (writes_constraint,) = [words for words in shell_commands(WORKER_DOCKERFILE) if words[-2:] == [">", constraint]]
     assert "torch.__version__" in " ".join(writes_constraint), "the constraint must pin the torch in the image"
 
