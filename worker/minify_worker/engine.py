@@ -90,17 +90,15 @@ class _Run:
                  cancel: threading.Event, hang: HangCalibration,
                  on_result: Callable[[MinifyResult], None] | None = None) -> None:
         self.spec = spec
-        self.program = programs.of_format(getattr(spec, "program_format", "pt2"))
+        self.program = programs.of_format(spec.program_format)
         self.on_result = on_result
         self.out_dir = out_dir
         self.cancel = cancel
-        self.started = time.monotonic()
-        self.deadline = self.started + spec.limits.job_timeout_s
         self.scheduler: Scheduler | None = None
         self.facts = RunFacts(spec, self.program, torch.__version__)  # what report.json says (report.py)
-        self.progress = Progress(self.facts, on_event)
+        self.progress = Progress(self.facts, on_event)  # its clock starts the job's
+        self.deadline = self.progress.started + spec.limits.job_timeout_s
         self._culprit_pending = False  # the delivered result says the culprit phase follows
-        self.culprit_found: culprit.Found | None = None  # the culprit phase's (culprit.py)
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self.original = OriginalRun(spec, self.facts, hang, say=self.progress.say, remaining=self._remaining,
                                     stop_reason=self._stop_reason, reduce_phase=lambda: self.progress.enter("reduce"))
@@ -232,7 +230,7 @@ class _Run:
         started = time.monotonic()
         self.progress.phase = "culprit"  # after "done": its own clock, not the phase clock's
         self.progress.say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
-        report, state, self.culprit_found = culprit.after_result(
+        report, state = culprit.after_result(
             evaluator, delivered.report, self.out_dir, original=self.original.graph, minimal=self.facts.best,
             target=self.facts.signature, spec=self.spec,
             timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),

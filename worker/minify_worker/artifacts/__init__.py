@@ -3,7 +3,7 @@
 By concept: `repro` renders repro.py (pure: `render_repro`); `files` writes the files, the
 program's in a sandbox child (`write_program_artifacts`: it needs the value store and
 torch.export), report.json and the bundle in the engine's process (`write_report`,
-`write_bundle`); `bugs` files a result under its bug (`file_under_bug`).
+`write_bundle`). The bug a result files under is report.json's (report.py `build_report`).
 
 repro.py always reads its inputs from inputs.pt rather than embedding them: torch.save keeps
 exact bits, dtypes, strides and scalar types for any size, and an accuracy or data-dependent
@@ -14,7 +14,6 @@ Sandbox call targets name this package ("minify_worker.artifacts:write_program_a
 keep what they name re-exported here.
 """
 
-from .bugs import file_under_bug
 from .files import (
     BUNDLE,
     BUNDLE_FOLDER,
@@ -48,7 +47,6 @@ __all__ = [
     "ArtifactWriteError",
     "InputValue",
     "export_minimized",
-    "file_under_bug",
     "graph_inputs",
     "raise_storage_error",
     "render_repro",

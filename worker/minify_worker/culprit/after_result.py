@@ -15,7 +15,7 @@ from minify_worker.sandbox import SandboxError
 from minify_worker.scheduler import Stopped
 
 from .phase import find
-from .report import Found, header_lines, pending_header_lines, report_fields, stopped_fields, stopped_header_lines
+from .report import header_lines, pending_header_lines, report_fields, stopped_fields, stopped_header_lines
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 def after_result(evaluator: Any, delivered: Report, out_dir: Path, *, original: Any, minimal: Any,
                  target: Signature, spec: JobSpec, timeout_s: float, budget: float,
                  should_stop: Callable[[], str | None], say: Callable[[str], None],
-                 ) -> tuple[Report, CulpritState, Found | None]:
+                 ) -> tuple[Report, CulpritState]:
     """Run the phase (`find`) and rewrite the delivered artifacts in `out_dir` with its finding: the
-    report with the phase's fields, its state and what it found. A stop (a cancel, the job's
+    report with the phase's fields, and the phase's state. A stop (a cancel, the job's
     timeout) or a sandbox failure ends the phase, never the delivered job; a rewrite that fails
     leaves the delivered files as they are."""
     state, found = CulpritState.done, None
@@ -46,4 +46,4 @@ def after_result(evaluator: Any, delivered: Report, out_dir: Path, *, original: 
                                       else stopped_header_lines(fields["culprit_reason"]))
     except (OSError, artifacts.ArtifactWriteError) as error:
         log.warning("could not rewrite the artifacts with the culprit: %s", error)
-    return report, state, found
+    return report, state
