@@ -212,6 +212,20 @@ class CulpritState(str, Enum):
     lost = "lost"  # its worker died or shut down during the phase; the job stays succeeded
 
 
+class OriginalState(str, Enum):
+    """Where the original program's verdict stands. A job whose failure is known in advance (the
+    spec gives its signature, or the kind leaves no doubt) delivers its result as soon as its
+    minimal program fails so, while the original still runs (`running`); the verdict follows:
+    `confirmed` (it failed the same way) or `not_reproduced` (it did not: `original_verdict` says
+    what it did, and the job keeps its result). A job that waited for the verdict has it at once."""
+
+    running = "running"
+    confirmed = "confirmed"
+    not_reproduced = "not_reproduced"
+    stopped = "stopped"  # a cancel or the job's timeout ended the original's run before its verdict
+    lost = "lost"  # the worker died or shut down before the verdict
+
+
 class Progress(BaseModel):
     """Where a minification stands: what `GET /v1/jobs/{id}` shows."""
 
@@ -250,6 +264,8 @@ class Milestone(str, Enum):
     culprit_started = "culprit_started"
     culprit_step = "culprit_step"
     culprit_ended = "culprit_ended"
+    original_confirmed = "original_confirmed"  # the verdict after the delivered result: the same failure
+    original_not_reproduced = "original_not_reproduced"  # ... another outcome; the result is kept
 
 
 class ProgressEvent(Progress):
@@ -406,6 +422,13 @@ class Report(BaseModel):
     sandbox_start: str | None = Field(
         None, description="how the fork server started: 'fork' (from a preloaded worker) or 'spawn' (a fresh Python)"
     )
+    original_state: OriginalState | None = Field(
+        None, description="the original program's verdict: running (the result was delivered first, its minimal "
+                          "program failing with the signature the spec gives), confirmed, not_reproduced "
+                          "(original_verdict says what it did; the result stands), stopped, lost; null when the "
+                          "job ended before the original's verdict")
+    original_verdict: str | None = Field(
+        None, description="what the original did when its verdict contradicts the delivered result")
     culprit_state: CulpritState | None = Field(
         None, description="running (the phase runs after the result is delivered: culprit, culprit_reason and "
                           "workarounds are filled in when it ends), done, skipped, cancelled, lost; null in "
