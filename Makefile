@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 browser:
 	@test -x /usr/bin/chromium || { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser tests will skip"; }
 
+# Another port: `make serve PORT=8001` (or MINIFY_PORT=8001 in the environment).
 serve: setup
-	.venv/bin/minify-server
+	.venv/bin/minify-server $(if $(PORT),--port $(PORT))
 
 # The seed program with inductor's injected relu compile error, minified offline.
 demo: setup

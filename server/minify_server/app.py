@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,6 +20,9 @@ from minify_server.records import JobRecords
 from minify_server.routes import bisect, bugs, docs, jobs, system, workers
 from minify_server.store import ArtifactStore
 
+log = logging.getLogger(__name__)
+
+BACKGROUND_STOP_S = 5.0
 # Routes that answer only after talking to Redis: a success there means Redis is back.
 _REDIS_ROUTES = ("/v1", "/healthz", "/metrics")
 
@@ -56,17 +59,21 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         app.state.records = JobRecords(app.state.redis)
         app.state.bugs = BugIndex(app.state.redis)
         sweeper = asyncio.create_task(retention.sweep_periodically(
-            app.state.redis, app.state.store, settings.retention_days, settings.retention_sweep_interval_s))
+            app.state.redis, app.state.store, settings.retention_days, settings.retention_sweep_interval_s),
+            name="retention sweep")
         retester = asyncio.create_task(retest_periodically(
             app.state.bugs, app.state.sync_redis, app.state.store, settings.retest_per_sweep,
-            settings.retest_interval_s))
+            settings.retest_interval_s), name="bug re-tests")
         try:
             yield
         finally:
             for task in (sweeper, retester):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Bounded: a task that swallowed its cancel must not hold the server (and its children) for good.
+            _, stuck = await asyncio.wait((sweeper, retester), timeout=BACKGROUND_STOP_S)
+            for task in stuck:
+                log.warning("background task %s did not stop in %.0f s; leaving it", task.get_name(),
+                            BACKGROUND_STOP_S)
             await app.state.redis.aclose()
             await app.state.stream_redis.aclose()
             app.state.sync_redis.close()

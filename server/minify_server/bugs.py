@@ -24,7 +24,6 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import Bug, BugFix, Report
 from minify_server import queue
@@ -170,7 +169,7 @@ async def retest(bugs: BugIndex, sync_redis: SyncRedis, store: ArtifactStore, li
     due = await bugs.retests_due(versions, limit)
     for bug_id, fields, version in due:
         ticket = _retest_ticket(bug_id, fields, version, store)
-        await run_in_threadpool(queue.enqueue_retest, sync_redis, version, ticket)
+        await asyncio.to_thread(queue.enqueue_retest, sync_redis, version, ticket)  # cancellable, unlike anyio's
         await bugs.redis.hset(bug_retests_key(bug_record_key(bug_id)), version, str(time.time()))
     return len(due)
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -59,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings.data_dir = settings.data_dir.resolve()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # The port is taken before Redis and the workers start: a busy one ends the server here, at once.
+    try:
+        listener = bind_listener(settings.host, settings.port)
+    except OSError as error:
+        print(f"minify-server: cannot listen on {settings.host}:{settings.port}: "
+              f"{os.strerror(error.errno) if error.errno else error}. "
+              "Another process may hold the port: pick another with --port N (or MINIFY_PORT=N; "
+              "`make serve PORT=N`)", file=sys.stderr)
+        return 2
     # SIGTERM behaves like Ctrl-C: uvicorn drains, then the finally below stops the children in order.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     redis_server: EmbeddedRedis | None = None
@@ -67,16 +77,22 @@ def main(argv: list[str] | None = None) -> int:
         redis_url = settings.redis_url
         if redis_url is None:
             redis_server = EmbeddedRedis(settings.data_dir)
-            redis_server.start()
+            try:
+                redis_server.start()
+            except (RuntimeError, OSError) as error:
+                print(f"minify-server: the embedded Redis did not start: {error}", file=sys.stderr)
+                return 1
             redis_url = redis_server.url
             workers = _start_workers(settings, redis_url)
         app = create_app(settings, redis_url)
         log.info("minify at http://%s:%d (data in %s)", settings.host, settings.port, settings.data_dir)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
-                    timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                                access_log=False, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[listener])
     except KeyboardInterrupt:
         pass
     finally:
+        listener.close()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the children
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for worker in workers:
@@ -84,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         if redis_server is not None:
             redis_server.stop()
     return 0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 where the host says so), SO_REUSEADDR as uvicorn sets it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
 
 
 def _start_workers(settings: Settings, redis_url: str) -> list[LocalWorker]:

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from starlette.concurrency import run_in_threadpool
 
 from minify_client.models import JobState
 from minify_server.bugs import BugIndex
@@ -69,8 +68,9 @@ async def sweep(redis: Redis, store: ArtifactStore, retention_s: float, now: flo
             await pipe.execute()
         if content:
             await records.release(content, job_id)
-        await run_in_threadpool(store.remove_job, job_id)
-    files = await run_in_threadpool(store.remove_stale_files, referenced, cutoff)
+        await asyncio.to_thread(store.remove_job, job_id)
+    # asyncio's thread, not anyio's: a cancel (the server stopping) must end the sweep, not be swallowed
+    files = await asyncio.to_thread(store.remove_stale_files, referenced, cutoff)
     if expired or forgotten or files:
         log.info("retention: deleted %d jobs, %d bugs, %d uploads", len(expired), len(forgotten), files)
     return Swept(jobs=len(expired), bugs=len(forgotten), files=files)
