@@ -214,3 +214,17 @@ def read_manifest(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return list(json.loads(path.read_text()).get("captures", []))
+
+
+def record_job(directory: str | os.PathLike[str], name: str, job: str, dashboard: str | None) -> None:
+    """Write the job a capture was submitted as (and its dashboard page) into its manifest entry,
+    under the directory's lock, as a session extends the manifest."""
+    path = Path(directory) / MANIFEST
+    with _directory_lock(Path(directory)):
+        data = json.loads(path.read_text())
+        for item in data.get("captures", []):
+            if item.get("name") == name:
+                item["job"], item["dashboard"] = job, dashboard
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(data, indent=2) + "\n")
+        temporary.replace(path)
