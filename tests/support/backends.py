@@ -369,6 +369,32 @@ def fail_on_relu_slowly_or_at_once_on_cos(gm: fx.GraphModule, example_inputs: li
 
 
 
+# -- Deliver first, confirm after (tests/test_deliver_first.py) -----------------------------------
+
+
+def _whole(gm: fx.GraphModule) -> bool:
+    return has_op(gm, "relu") and has_op(gm, "sin") and has_op(gm, "cos")
+
+
+def wrong_on_relu_slowly_when_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """An accuracy bug on relu (`wrong_on_relu`); the whole program (sin, relu and cos together)
+    takes 8 s to compile, so candidates show the failure while the original still runs."""
+    if _whole(gm):
+        time.sleep(8)
+    return wrong_on_relu(gm, example_inputs)
+
+
+def fail_on_relu_unless_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails compiling a graph with relu, but the whole program (sin, relu and cos together) takes
+    8 s and then compiles: the original does not do what its parts do."""
+    if _whole(gm):
+        time.sleep(8)
+        return _eager(gm)
+    if has_op(gm, "relu"):
+        raise RuntimeError("injected failure on relu")
+    return _eager(gm)
+
+
 def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Takes 7 s to compile a graph with relu, then runs it as eager: slow, but no hang, so a
     hang guessed from a shorter timeout must not stand (tests/test_engine_limits.py)."""

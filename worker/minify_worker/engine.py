@@ -3,7 +3,9 @@
 prepare (sandbox child) → reproduce the original, compiled once and run 3 times (target signature,
 flakiness, calibrated timeout), while the reduction starts, judging against the first candidate
 failure until the original's is known → reduce with the strategies (scheduler, sandbox children)
-→ shrink the inputs of the minimal graph (shrink.py, same scheduler) → artifacts.
+→ shrink the inputs of the minimal graph (shrink.py, same scheduler) → artifacts. Where the spec
+says which failure is meant (its signature, or an accuracy failure) and a candidate showed it, the
+result goes out before the original's verdict, which follows it (deliver first, confirm after).
 User errors (a bad upload, a program that does not fail) come back as results, never raised.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from minify_client.models import CulpritState, JobSpec, JobState, Milestone, ProgressEvent, Report
+from minify_client.models import CulpritState, JobSpec, JobState, Milestone, OriginalState, ProgressEvent, Report
 from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator, in_sandbox
@@ -31,7 +33,7 @@ from minify_worker.loader import ProgramError
 from minify_worker.original import OriginalRun
 from minify_worker.outcomes import Signature
 from minify_worker.progress import Progress
-from minify_worker.report import RunFacts, build_report
+from minify_worker.report import RunFacts, after_verdict, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
@@ -64,6 +66,7 @@ def minify(
     cancel: threading.Event | None = None,
     hang: HangCalibration | None = None,
     on_result: Callable[[MinifyResult], None] | None = None,
+    on_update: Callable[[MinifyResult], None] | None = None,
 ) -> MinifyResult:
     """Minify `program`; user errors come back as a `failed`/`not_reproducible` result, never raised.
     `hang`: how a hang is told when the spec gives no timeout (`HangCalibration`; tests scale it).
@@ -71,9 +74,15 @@ def minify(
     Result first, the culprit follows: a succeeded job's artifacts are written, and its result
     handed to `on_result` (report.json's culprit_state `running`), before the culprit phase runs;
     the phase then rewrites report.json, repro.py's header and the bundle, emits a `culprit` event,
-    and the result returned is the final one. A cancel during the phase stops the phase only."""
+    and the result returned is the final one. A cancel during the phase stops the phase only.
+
+    Deliver first, confirm after: where the spec says which failure is meant and a candidate showed
+    it, the result is handed to `on_result` before the original's verdict (report.json's
+    original_state `running`); the verdict then rewrites report.json (`confirmed`, or
+    `not_reproduced` with what the original did, the result kept) and goes to `on_update`, before
+    the culprit phase runs."""
     run = _Run(spec, Path(out_dir).resolve(), on_event, cancel or threading.Event(), hang or HangCalibration(),
-               on_result)
+               on_result, on_update)
     return run.execute(Path(program), None if inputs is None else Path(inputs))
 
 
@@ -88,10 +97,12 @@ def default_parallelism(spec: JobSpec) -> int:
 class _Run:
     def __init__(self, spec: JobSpec, out_dir: Path, on_event: Callable[[ProgressEvent], None] | None,
                  cancel: threading.Event, hang: HangCalibration,
-                 on_result: Callable[[MinifyResult], None] | None = None) -> None:
+                 on_result: Callable[[MinifyResult], None] | None = None,
+                 on_update: Callable[[MinifyResult], None] | None = None) -> None:
         self.spec = spec
         self.program = programs.of_format(spec.program_format)
         self.on_result = on_result
+        self.on_update = on_update
         self.out_dir = out_dir
         self.cancel = cancel
         self.scheduler: Scheduler | None = None
@@ -101,7 +112,7 @@ class _Run:
         self._culprit_pending = False  # the delivered result says the culprit phase follows
         self._environment_call: Future[dict] | None = None  # `environment.collect_in_child`, beside the original
         self.original = OriginalRun(spec, self.facts, hang, say=self.progress.say, remaining=self._remaining,
-                                    stop_reason=self._stop_reason, reduce_phase=lambda: self.progress.enter("reduce"))
+                                    stop_reason=self._stop_reason, reduce_phase=self._reduce_phase)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -179,7 +190,8 @@ class _Run:
                 try:
                     reduce(self.scheduler, graph, self._context(), self.program.passes(),
                            on_accept=self._accepted)
-                    self.original.settle()  # a graph that offered no candidate at all never asked for it
+                    if not self.original.defers_verdict(self.facts.best):
+                        self.original.settle()  # a graph that offered no candidate at all never asked for it
                 except Stopped:
                     if self.original.ending is None:
                         raise
@@ -191,20 +203,35 @@ class _Run:
                 self.facts.best = graph
                 self.progress.record_point()
                 self.progress.emit(force=True, graph=graph, milestone=Milestone.restarted, message=ending.reason)
+            if self.facts.signature is None:  # the verdict is out, or contradicted a candidate's proof
+                if not self.original.adopt_proof(self.facts.best):
+                    # The original's verdict contradicts the proof, and no smaller program fails so.
+                    unreproduced = self.original.contradiction
+                    assert unreproduced is not None
+                    return self._finish(unreproduced.status, unreproduced.reason, seen=unreproduced.seen)
+                # The result goes out on a candidate's proof: the failure must still depend on the program.
+                empty = self.original.empty_fails_like_proof()
+                if empty is not None:
+                    self._stop_original()
+                    return self._finish(JobState.failed, empty)
             self._shrink_inputs()
         except Stopped as stopped:
-            if self.facts.signature is None:  # stopped before the original's outcome was known
+            # Stopped before the original's outcome was known, and no candidate proved the failure.
+            if self.facts.signature is None and not self.original.adopt_proof(self.facts.best):
                 self.original.cancel()
                 return self._finish(JobState.cancelled if self.cancel.is_set() else JobState.failed, stopped.reason)
             status, reason = self._status_when_stopped(stopped.reason)
             stopped_early = True
+            self._stop_original()  # no time is left for its verdict
         if status is JobState.cancelled:
+            self._stop_original()
             self.original.cancel()
             return self._finish(status, reason)
         reason = self.original.verify_in_a_fresh_child() or reason
         self.progress.enter("artifacts")
         self.progress.say(Milestone.writing_artifacts, "writing artifacts")
-        # The culprit phase follows the delivered result, unless the job was cut short (a stop).
+        # The culprit phase follows the delivered result, unless the job was cut short (a stop); so
+        # does the original's verdict where the result went out before it.
         follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
                    and status is JobState.succeeded and not stopped_early)
         self._culprit_pending = follows
@@ -212,16 +239,73 @@ class _Run:
             written = self._write_program_artifacts(evaluator.live_pool())
         except artifacts.ArtifactWriteError as error:  # the disk is full: no repro to deliver
             self._culprit_pending = False
+            self._stop_original()
             return self._finish(JobState.failed, str(error))
         result = self._finish(status, reason, written)
-        if not follows or result.status is not JobState.succeeded:
+        verdict_follows = self.facts.original_state is OriginalState.running
+        if result.status is not JobState.succeeded:
+            self._stop_original()
+            return result
+        if not follows and not verdict_follows:
             return result
         if self.on_result is not None:
             try:
                 self.on_result(result)
-            except Exception:  # the delivery's own failure is the caller's to report; the phase still runs
+            except Exception:  # the delivery's own failure is the caller's to report; what follows still runs
                 log.exception("delivering the result failed")
-        return self._culprit_phase(evaluator, result)
+        if verdict_follows:
+            result = self._original_verdict(result)
+        return self._culprit_phase(evaluator, result) if follows else result
+
+    def _original_verdict(self, delivered: MinifyResult) -> MinifyResult:
+        """Deliver first, confirm after: the original's verdict on a result delivered before it
+        rewrites report.json (original_state `confirmed`, or `not_reproduced` with what the original
+        did: the result is kept, its reason says so plainly, repro.py's header too) and the bundle.
+        A stop (a cancel, the job's timeout) or a sandbox failure ends the wait, never the job."""
+        started = time.monotonic()
+        self.original.delivered = True
+        try:
+            self.original.settle()
+        except Stopped as stopped:
+            self.original.cancel()
+            self.facts.original_state = OriginalState.stopped
+            self.facts.original_verdict = f"stopped before its verdict: {stopped.reason}"
+        except SandboxError as error:
+            self.facts.original_state = OriginalState.lost
+            self.facts.original_verdict = f"lost: the sandbox failed before its verdict: {error}"
+        self.facts.phase_s["original"] = round(time.monotonic() - started, 3)
+        report = after_verdict(delivered.report, self.facts)
+        lines = ([f"Original:         {report.original_state.value}: {self.facts.original_verdict}"]
+                 if report.original_state is not OriginalState.confirmed else [])
+        try:
+            artifacts.rewrite_with_header_lines(self.out_dir, report, lines)
+        except (OSError, artifacts.ArtifactWriteError) as error:
+            log.warning("could not rewrite the artifacts with the original's verdict: %s", error)
+        confirmed = report.original_state is OriginalState.confirmed
+        self.progress.say(Milestone.original_confirmed if confirmed else Milestone.original_not_reproduced,
+                          f"the original's verdict: {report.original_state.value}" + (
+                              f" ({self.facts.original_failures} of {self.facts.original_runs} runs failed)"
+                              if confirmed else f": {self.facts.original_verdict}; the result is kept"))
+        result = MinifyResult(delivered.status, report.reason, report, dict(delivered.artifacts))
+        if self.on_update is not None:
+            try:
+                self.on_update(result)
+            except Exception:  # a broken subscriber must not break the job
+                log.exception("updating the delivered result failed")
+        return result
+
+    def _stop_original(self) -> None:
+        """No verdict will follow a result delivered without it (the job was cut short)."""
+        if self.facts.original_state is OriginalState.running:
+            self.original.cancel()
+            self.facts.original_state = OriginalState.stopped
+            self.facts.original_verdict = "stopped before its verdict: the job ended first"
+
+    def _reduce_phase(self) -> None:
+        """The original's verdict came while candidates were judged against the guess: the
+        reduction proper begins (unless the verdict came in a later phase, the shrink)."""
+        if self.progress.phase == "reproduce":
+            self.progress.enter("reduce")
 
     def _culprit_phase(self, evaluator: SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
         """The culprit phase (culprit/), after the result was delivered: its finding rewrites
@@ -234,7 +318,7 @@ class _Run:
             evaluator, delivered.report, self.out_dir, original=self.original.graph, minimal=self.facts.best,
             target=self.facts.signature, spec=self.spec,
             timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
-            budget=culprit.budget_s(self.progress.elapsed_s()), should_stop=self._stop_reason,
+            budget=culprit.budget_s(delivered.report.elapsed_s), should_stop=self._stop_reason,
             say=lambda message: self.progress.say(Milestone.culprit_step, message))
         self.facts.phase_s["culprit"] = round(time.monotonic() - started, 3)
         self.progress.phase = "done"

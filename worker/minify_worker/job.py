@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, WatchError
 from rq import get_current_job
 from rq.job import Job
 
-from minify_client.models import CulpritState, JobSpec, JobState, Progress, ProgressEvent, Report
+from minify_client.models import CulpritState, JobSpec, JobState, OriginalState, Progress, ProgressEvent, Report
 from minify_client.progress import culprit_summary
 from minify_server.ledger import JobTicket, TicketKeys, add_event, add_to_bug_index, now_iso, record_fields
 from minify_worker.versions import bisect as versions_bisect
@@ -124,6 +124,10 @@ class JobChannel:
             add_event(pipe, self.keys.events, event)
             pipe.delete(self.keys.cancel)
             pipe.execute()
+
+    def result_updated(self, report: Report) -> None:
+        """The delivered result rewritten by what followed it (the original's verdict): the record's result."""
+        self.redis.hset(self.keys.record, mapping=record_fields(result=report))
 
     def versions_ended(self, report: Report) -> None:
         """The version phase ended after the final status (no culprit phase followed): the record's
@@ -242,7 +246,16 @@ def run_job(wire: dict[str, Any]) -> str:
         """The result, before the culprit phase runs: the job is succeeded, its artifacts downloadable."""
         delivered.append(finish_and_send_probes(status, reason, report))
 
-    status, reason, report = _minify(channel, ticket, watcher.cancel, deliver)
+    def update(report: Report) -> None:
+        """The original's verdict after the delivered result: the record's result says it at once."""
+        if delivered and delivered[0] is not None:
+            updated = report.model_copy(update={"versions_state": delivered[0].versions_state})
+            try:
+                channel.result_updated(updated)
+            except RedisError as error:  # the final write (culprit_ended) carries it too
+                log.warning("could not record the original's verdict: %s", error)
+
+    status, reason, report = _minify(channel, ticket, watcher.cancel, deliver, update)
     watcher.stop()
     if delivered:
         # A cancel or the job's timeout stopped the culprit phase only (the engine says so); a
@@ -276,7 +289,8 @@ def run_job(wire: dict[str, Any]) -> str:
 
 
 def _minify(channel: JobChannel, ticket: JobTicket, cancel: threading.Event,
-            deliver: Callable[[JobState, str | None, Report], None]) -> tuple[JobState, str | None, Report | None]:
+            deliver: Callable[[JobState, str | None, Report], None],
+            update: Callable[[Report], None]) -> tuple[JobState, str | None, Report | None]:
     from minify_worker import engine  # torch lives behind the engine: import it in the horse only
 
     def on_event(event: ProgressEvent) -> None:
@@ -289,7 +303,8 @@ def _minify(channel: JobChannel, ticket: JobTicket, cancel: threading.Event,
 
     try:
         result = engine.minify(ticket.program, ticket.spec, ticket.out_dir, inputs=ticket.inputs, on_event=on_event,
-                               cancel=cancel, on_result=lambda done: deliver(done.status, done.reason, done.report))
+                               cancel=cancel, on_result=lambda done: deliver(done.status, done.reason, done.report),
+                               on_update=lambda updated: update(updated.report))
     except Exception as error:
         log.exception("the engine raised")
         try:
@@ -344,9 +359,11 @@ def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
     are there: repro.py's header says the phase was lost, not that it is pending."""
     reason = f"lost: {why}"
     versions_state = CulpritState.lost if report.versions_state is CulpritState.running else report.versions_state
+    original = ({"original_state": OriginalState.lost, "original_verdict": reason}
+                if report.original_state is OriginalState.running else {})
     lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
                                      "culprit_reason": reason, "workarounds": [], "workarounds_tried": {},
-                                     "versions_state": versions_state})
+                                     "versions_state": versions_state, **original})
     if (out_dir / "report.json").is_file():
         # torch is behind these two: the worker preloaded it, and the server never calls this
         from minify_worker import artifacts, culprit

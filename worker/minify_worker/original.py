@@ -5,8 +5,12 @@ the program with no ops, answers the scheduler's predicate (`still_fails`: again
 the original runs, else against its failure, waited for) and poll (`poll`: the hang guess, and
 whether the original's verdict ends or restarts the reduction), calibrates the candidates'
 timeout, confirms a guessed hang on the result, and verifies the result in a fresh child where
-children are reused. What the original's outcome means is `target.Target`'s (values, no waiting);
-this module does the waiting and the acting: the facts it learns go into the run's `RunFacts`.
+children are reused. Where the failure is known in advance (`Target.known_in_advance`) and a
+candidate has shown it, the result need not wait for the verdict (`defers_verdict`: deliver
+first, confirm after), and a verdict that contradicts it keeps the reduction going
+(`contradiction`) instead of ending the job. What the original's outcome means is
+`target.Target`'s (values, no waiting); this module does the waiting and the acting: the facts it
+learns go into the run's `RunFacts`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from minify_client.models import JobSpec, Milestone
+from minify_client.models import JobSpec, JobState, Milestone, OriginalState
 from minify_worker import oracle
 from minify_worker.evaluator import SandboxEvaluator
 from minify_worker.hang import HangCalibration, HangWatch, Refuted
@@ -24,7 +28,7 @@ from minify_worker.outcomes import Fails, Outcome, TimedOut
 from minify_worker.report import RunFacts
 from minify_worker.sandbox import wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped
-from minify_worker.target import Reproduced, Restart, Target, Unreproduced
+from minify_worker.target import Reproduced, Restart, Target, Unreproduced, empty_fails_reason
 
 # The original is compiled once and run this many times in one child, to find its signature and
 # tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
@@ -64,6 +68,10 @@ class OriginalRun:
         self._original_run: Future[Outcome] | None = None
         self._empty: Future[Outcome] | None = None
         self.ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
+        # The original did not fail as a candidate already had, with the failure known in advance:
+        # the result is kept, and says so (deliver first, confirm after).
+        self.contradiction: Unreproduced | None = None
+        self.delivered = False  # the result went out before the verdict: the verdict only confirms it
         self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
                                     shorten=self._shorten_timeout,
                                     say=say,
@@ -111,12 +119,43 @@ class OriginalRun:
                 return verdict
         if self.settle() is not None:
             return False
+        if self.contradiction is not None:  # judged by the failure a candidate showed, as before the verdict
+            return bool(self.target.provisional(outcome))
         return self.target.judge(outcome)
+
+    def defers_verdict(self, best: Any) -> bool:
+        """Whether the result `best` may go out before the original's verdict: the failure is known
+        in advance, a candidate showed it (`Target.proof`, so `best` is smaller than the original),
+        and the original still runs."""
+        assert self._original_run is not None
+        return (not self.target.known and self.ending is None and self.contradiction is None
+                and self.target.proof is not None and best is not self.graph and not self._original_run.done())
+
+    def adopt_proof(self, best: Any) -> bool:
+        """The target is the failure a candidate showed, while the original's verdict is out or
+        contradicts it (`facts.signature`; the verdict, if it comes, confirms it). False when no
+        candidate has shown a failure known in advance, or the result is the original itself."""
+        proof = self.target.proof
+        if self.target.known or proof is None or best is self.graph:
+            return self.target.known
+        self.facts.signature = proof
+        if self.contradiction is None:
+            self.facts.original_state = OriginalState.running
+        return True
+
+    def empty_fails_like_proof(self) -> str | None:
+        """Before a result delivered ahead of the verdict: the program with no ops must not fail as
+        the candidates did (the failure must depend on the program). Returns why it does, if it does."""
+        assert self._empty is not None and self.facts.signature is not None
+        self._wait_for([self._empty])
+        if oracle.still_fails(self._empty.result(), self.facts.signature, self.spec.failure):
+            return empty_fails_reason(self.facts.signature, self.spec)
+        return None
 
     def settle(self) -> Restart | Unreproduced | None:
         """Wait for the original's verdict (once), act on it, and return what ends or restarts the
         reduction (`ending`), if anything does. Raises `Stopped` on a cancel."""
-        if self.target.known or self.ending is not None:
+        if self.target.known or self.ending is not None or self.contradiction is not None:
             return self.ending
         assert self._original_run is not None
         if self.target.hang_guessed and not self._original_run.done():
@@ -135,10 +174,19 @@ class OriginalRun:
         self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced):
+            self.facts.original_state = OriginalState.not_reproduced
+            self.facts.original_verdict = settled.reason
+            if self.target.proof is not None and (self.delivered or settled.status is JobState.not_reproducible):
+                self.contradiction = settled  # a candidate proved the failure: the result stands
+                if not self.delivered:
+                    self._say(Milestone.original_not_reproduced, f"{settled.reason}; the reduction goes on "
+                              f"with the failure a candidate showed: {self.target.proof}")
+                return None
             self.ending = settled
             return settled
+        adopted = self.facts.signature is not None  # the reduction ended on a candidate's proof
         self._reproduced(settled, outcome)
-        if settled.restart is not None:
+        if settled.restart is not None and not adopted:
             self.ending = Restart(settled.restart)
         return self.ending
 
@@ -147,6 +195,11 @@ class OriginalRun:
         calibrated from its run, and candidates cut short by a guessed hang's timeout run again
         if the reduction restarts."""
         target = settled.signature
+        self.facts.original_state = OriginalState.confirmed
+        if self.delivered:  # the verdict after the result: it confirms it, and changes nothing delivered
+            self.facts.original_failures = settled.failures
+            self.facts.flaky = settled.flaky
+            return
         self.facts.signature = target
         self.facts.original_failures = settled.failures
         self.facts.flaky = settled.flaky

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minify_client.bugs import bug_key
-from minify_client.models import JobSpec, JobState, Report, TimelinePoint
+from minify_client.models import JobSpec, JobState, OriginalState, Report, TimelinePoint
 from minify_worker.outcomes import Signature
 from minify_worker.programs import Representation
 from minify_worker.scheduler import Stats
@@ -40,11 +40,39 @@ class RunFacts:
     phase_s: dict[str, float] = field(default_factory=dict)
     artifact_errors: dict[str, str] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
+    original_state: OriginalState | None = None  # where the original's verdict stands
+    original_verdict: str | None = None  # what the original did, when it did not fail the wanted way
 
 
 def flaky_reason(facts: RunFacts) -> str:
     return (f"flaky: the original failed in {facts.original_failures} of {facts.original_runs} runs, so a "
             "candidate that passed once may fail on another run; the result may not be minimal")
+
+
+def contradiction_reason(facts: RunFacts) -> str:
+    """What a succeeded job says when the original's verdict contradicts its result."""
+    return (f"the result is kept, though the original's verdict contradicts it: {facts.original_verdict}; the "
+            f"minimal program fails with {facts.signature}, the failure the spec names, so it is a repro of that bug")
+
+
+def original_fields(facts: RunFacts) -> dict[str, Any]:
+    """report.json's fields of the original's runs and verdict, as `facts` know them now."""
+    return {"original_state": facts.original_state, "original_verdict": facts.original_verdict,
+            "flaky": facts.flaky, "original_compiles": facts.original_compiles, "original_runs": facts.original_runs,
+            "original_failures": facts.original_failures}
+
+
+def after_verdict(delivered: Report, facts: RunFacts) -> Report:
+    """The delivered report once the original's verdict followed it (or its wait ended): the
+    original's fields, and a reason that says plainly when the verdict contradicts the result or
+    the original was flaky; everything else as delivered."""
+    reason = delivered.reason
+    if facts.original_state is OriginalState.not_reproduced:
+        reason = f"{reason}; {contradiction_reason(facts)}" if reason else contradiction_reason(facts)
+    elif facts.original_state is OriginalState.confirmed and facts.flaky and reason is None:
+        reason = flaky_reason(facts)
+    return delivered.model_copy(update={**original_fields(facts), "reason": reason,
+                                        "phase_s": dict(facts.phase_s)})
 
 
 def build_report(status: JobState, reason: str | None, facts: RunFacts, *, stats: Stats | None, elapsed_s: float,
@@ -53,6 +81,8 @@ def build_report(status: JobState, reason: str | None, facts: RunFacts, *, stats
     not take (another signature than the spec's, another kind): `signature_chain` is its chain,
     which says where it came from (a compiler's wrapper) where the reason names only the root cause.
     A succeeded run's report describes its minimal program and files it under a bug."""
+    if status is JobState.succeeded and facts.original_state is OriginalState.not_reproduced:
+        reason = f"{reason}; {contradiction_reason(facts)}" if reason else contradiction_reason(facts)
     if status is JobState.succeeded and facts.flaky and reason is None:
         reason = flaky_reason(facts)
     best, program, spec = facts.best, facts.program, facts.spec
@@ -69,10 +99,7 @@ def build_report(status: JobState, reason: str | None, facts: RunFacts, *, stats
         signature=str(facts.signature) if facts.signature else None,
         failure_kind=facts.signature.kind if facts.signature else None,
         signature_chain=list(chained.chain) if chained else [],
-        flaky=facts.flaky,
-        original_compiles=facts.original_compiles,
-        original_runs=facts.original_runs,
-        original_failures=facts.original_failures,
+        **original_fields(facts),
         candidate_timeout_s=facts.candidate_timeout_s,
         hang_confirm_timeout_s=facts.hang_confirm_timeout_s,
         backend=spec.backend,

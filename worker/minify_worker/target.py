@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from minify_client import signatures
 from minify_client.models import FailureSpec, JobSpec, JobState
 from minify_worker import oracle
 from minify_worker.hang import HangState
@@ -80,6 +81,27 @@ class Target:
         return given is None or oracle.matches_given(signature, given)
 
     @property
+    def known_in_advance(self) -> bool:
+        """Whether the spec says which failure is meant, so that a candidate failing so is itself
+        proof of the bug, whatever the original does: a given signature, or an accuracy failure (a
+        candidate's outputs against its own eager and fp64 references). Never a hang or running out
+        of memory, which are judged by what the original did."""
+        if self.failure.kind in ("timeout", "oom"):
+            return False
+        given = self.failure.signature
+        if given is None:
+            return self.failure.kind == "accuracy"
+        parsed = signatures.parse_signature(given)
+        return parsed is not None and parsed[0] not in (oracle.TIMEOUT_SIGNATURE.exc_type,
+                                                        oracle.OOM_SIGNATURE.exc_type)
+
+    @property
+    def proof(self) -> Signature | None:
+        """The failure a candidate showed that proves the bug before the original's verdict: the
+        guess, when the failure is known in advance (`known_in_advance`)."""
+        return self.guess if self.known_in_advance else None
+
+    @property
     def hang_guessed(self) -> bool:
         """Whether candidates are judged against a hang guessed for the original."""
         return self.signature is None and self.guess is not None and self.guess.kind == "timeout"
@@ -102,8 +124,9 @@ class Target:
         if signature is None:
             return False  # a pass, or a candidate that could not run: never the failure
         if signature.kind in ("timeout", "oom") and not self.hang_guessed:
-            # Not the signature the spec gives: never the failure, whatever the original does.
-            return None if self.may_be(signature) else False
+            # Not the signature the spec gives, nor the failure it names: never the failure,
+            # whatever the original does.
+            return None if self.may_be(signature) and not self.known_in_advance else False
         if self.guess is None:
             guess = target_of(outcome, self.failure)
             self.guess = guess if guess is not None and self.may_be(guess) else None
@@ -142,9 +165,7 @@ class Target:
             return Unreproduced(JobState.not_reproducible, not_reproducible_reason(outcome, self.spec), runs,
                                 oracle.outcome_signature(outcome))
         if empty is not None and oracle.still_fails(empty(), target, self.failure):
-            return Unreproduced(JobState.failed, (
-                f"the failure does not depend on the program: an empty graph (its inputs returned as they are) "
-                f"fails the same way on {self.spec.backend} ({self.spec.device}): {target}"), runs)
+            return Unreproduced(JobState.failed, empty_fails_reason(target, self.spec), runs)
         self.signature = target
         wrong = any(oracle.still_fails(earlier, target, self.failure) != verdict for earlier, verdict in self._verdicts)
         self._verdicts.clear()
@@ -162,6 +183,12 @@ def target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:
     """The signature of `outcome` if it fails the way `failure` asks for."""
     signature = oracle.outcome_signature(outcome)
     return signature if signature is not None and oracle.still_fails(outcome, signature, failure) else None
+
+
+def empty_fails_reason(target: Signature, spec: JobSpec) -> str:
+    """Why a job ends when the program with no ops fails the way it does."""
+    return (f"the failure does not depend on the program: an empty graph (its inputs returned as they are) "
+            f"fails the same way on {spec.backend} ({spec.device}): {target}")
 
 
 def not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
