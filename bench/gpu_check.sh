@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --find-links .whl -e . -r .whl/requirements
 
 set -o pipefail
 started=$SECONDS
-timeout "${GPU_TESTS_S:-200}" python3 -m pytest -q -ra -m gpu -p no:cacheprovider -n 4 --dist loadgroup \
+timeout "${GPU_TESTS_S:-200}" python3 -m pytest -q -ra -m gpu -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" --dist loadgroup \
     --durations 15 2>&1 | tee "$OUT/gpu-tests.log"
 echo "gpu tests: rc $? in $((SECONDS - started)) s" | tee -a "$OUT/gpu-tests.log"
 
@@ -26,8 +26,8 @@ bench() {
     PYTHONUNBUFFERED=1 timeout "$cap" python3 bench/run.py --device cuda --limit 150 --no-culprit \
         --work out/bench-"$name" --json "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
 }
-bench relu ${GPU_BENCH_RELU_S:-100} --cases relu_cos --minifiers torch ours --reuse 0
+[ "${GPU_BENCH:-all}" = all ] && bench relu ${GPU_BENCH_RELU_S:-100} --cases relu_cos --minifiers torch ours --reuse 0
 bench relu-reuse ${GPU_BENCH_REUSE_S:-40} --cases relu_cos --minifiers ours --reuse 50
 bench layer ${GPU_BENCH_LAYER_S:-140} --cases transformer_layer --minifiers torch ours --reuse 50 --parallelism 4
-bench layer-fresh ${GPU_BENCH_FRESH_S:-60} --cases transformer_layer --minifiers ours --reuse 0 --parallelism 4
+[ "${GPU_BENCH:-all}" = all ] && bench layer-fresh ${GPU_BENCH_FRESH_S:-60} --cases transformer_layer --minifiers ours --reuse 0 --parallelism 4
 exit 0

@@ -217,7 +217,8 @@ def warm_up_device(spec: JobSpec) -> None:
     import torch
 
     device = torch.device(spec.device)
-    torch.cuda.set_device(device)
+    if device.index is not None:  # plain "cuda" is the current device; set_device wants an index
+        torch.cuda.set_device(device)
     torch.empty(1, device=device)
     if spec.backend in ("inductor", "aot_inductor"):
         _compile_warm_up_graph(device)
