@@ -37,6 +37,7 @@ from minify_client.models import (
 from minify_client.progress import (
     bisect_summary,
     culprit_summary,
+    original_summary,
     progress_view,
     shrunk_inputs,
     summary,
@@ -313,6 +314,7 @@ def _status(args: argparse.Namespace) -> int:
              if progress.checks_total else None),
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("reason", status.reason),
+            ("original", (original_summary(status.result) or "").removeprefix("original: ") if status.result else None),
             ("culprit", _culprit_row(status)),
             ("versions", (versions_summary(status.result) or "").removeprefix("versions: ") if status.result else None),
             *[("warning", warning) for warning in status.warnings],

@@ -9,7 +9,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from minify_client.models import Bisection, Culprit, CulpritState, JobState, JobStatus, ProgressEvent, Report
+from minify_client.models import (
+    Bisection,
+    Culprit,
+    CulpritState,
+    JobState,
+    JobStatus,
+    OriginalState,
+    ProgressEvent,
+    Report,
+)
 
 
 class ProgressView(Protocol):
@@ -201,6 +210,21 @@ def culprit_summary(report: Report) -> str | None:
         found += f" ({report.culprit_reason})"
     flips = ", ".join(f"{w.setting}={w.value!r}" for w in report.workarounds) or "none verified"
     return f"culprit: {found}; workarounds: {flips}"
+
+
+def original_summary(report: Report) -> str | None:
+    """`original: confirmed (failed 1 of 1 runs)`, `original: running (its verdict follows the
+    delivered result)`, `original: not_reproduced: ... (the result is kept)`; None when the report
+    has no verdict (written before there was one, or the job ended before it)."""
+    state = report.original_state
+    if state is None:
+        return None
+    if state is OriginalState.running:
+        return "original: running (its verdict follows the delivered result)"
+    if state is OriginalState.confirmed:
+        return f"original: confirmed (failed {report.original_failures} of {report.original_runs} runs)"
+    line = f"original: {state.value}" + (f": {report.original_verdict}" if report.original_verdict else "")
+    return line + (" (the result is kept)" if report.status is JobState.succeeded else "")
 
 
 def bisect_summary(bisection: Bisection) -> str:
