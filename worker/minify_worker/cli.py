@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minify_client.models import JobState, ProgressEvent, Report, detect_program_format
-from minify_client.progress import culprit_summary, shrunk_inputs
+from minify_client.models import CulpritState, JobState, OriginalState, ProgressEvent, Report, detect_program_format
+from minify_client.progress import culprit_summary, original_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 if TYPE_CHECKING:
@@ -130,7 +130,10 @@ def minify_command(argv: list[str]) -> int:
     else:
         if report.versions_summary:
             print(f"versions: {report.versions_summary}")
-        if delivered:
+        followed = delivered[0].report if delivered else None  # what the delivered result said would follow
+        if followed and followed.original_state is OriginalState.running:
+            print(original_summary(report))
+        if followed and followed.culprit_state is CulpritState.running:
             print(culprit_summary(report) or f"culprit: {report.culprit_state}")
     return EXIT_CODES[result.status]
 
@@ -160,9 +163,11 @@ def _print_summary(result: MinifyResult, out_dir: Path) -> None:
     inputs = shrunk_inputs(report)
     if inputs:
         print(inputs)
-    found = culprit_summary(report)
-    if found:
-        print(found)
+    # A verdict to say: it follows the delivered result, or contradicts it (a confirmed one goes unsaid).
+    told = report.status is JobState.succeeded and report.original_state not in (None, OriginalState.confirmed)
+    for line in (original_summary(report) if told else None, culprit_summary(report)):
+        if line:
+            print(line)
     if report.graph_code:
         print(report.graph_code.rstrip())
     if result.artifacts:
