@@ -194,6 +194,7 @@ export function renderJob(root, id) {
     if (result?.torch_version) rows.push(["Torch", result.torch_version]);
     if (result?.candidate_timeout_s) rows.push(["Candidate timeout", formatDuration(result.candidate_timeout_s)]);
     if (result?.original_runs) rows.push(["Original runs", `${result.original_failures} of ${result.original_runs} failed`]);
+    if (result?.original_state) rows.push(["Original's verdict", originalText(result)]);
     const inputs = inputShapesText(result);
     if (inputs) rows.push(["Inputs", inputs]);
     const phases = Object.entries(result?.phase_s || {});
@@ -202,6 +203,15 @@ export function renderJob(root, id) {
       rows.push(["Sandbox", result.sandbox_start === "fork" ? "forked from the warm worker" : "started a fresh Python"]);
     }
     specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
+  }
+
+  /** report.json's original_state: the verdict may follow the delivered result, or contradict it (the result is kept). */
+  function originalText(result) {
+    if (result.original_state === "running") return "running: it follows the delivered result";
+    if (result.original_state === "confirmed") return "confirmed: the original fails the same way";
+    const state = result.original_state.replace("_", " ");
+    return `${state}${result.original_verdict ? `: ${result.original_verdict}` : ""}` +
+      (job.status === "succeeded" ? " (the result is kept)" : "");
   }
 
   /** "x: float32 [256, 128] → [1, 1]" a line per tensor input: its sizes before and after the shrink phase. */
@@ -378,6 +388,10 @@ export function renderJob(root, id) {
     }
     if (event.graph_code) showGraph(event.graph_code, false);
     if (event.type === "log" && event.message) appendLog(event.message);
+    if ((event.milestone === "original_confirmed" || event.milestone === "original_not_reproduced") && job?.result) {
+      // The original's verdict after the delivered result: the record's result has it now.
+      loadJob().then(renderHeader).catch(() => {});
+    }
     if (event.type === "versions") {
       if (event.message) appendLog(`[versions] ${event.message}`);
       return;
