@@ -1,6 +1,7 @@
 """A spec that gives the failure's signature (`failure.signature`, `--signature`): how its text
 compares with an observed signature (oracle.matches_given), and the engine judging candidates
-against it from the first check, ending `not_reproducible` when the original fails otherwise."""
+against it from the first check, ending `not_reproducible` when the original fails otherwise and no
+candidate showed the given signature."""
 
 from __future__ import annotations
 
@@ -113,11 +114,12 @@ def test_a_given_signature_is_the_target_from_the_first_check(tmp_path: Path, te
 
 def test_an_original_that_fails_otherwise_is_not_reproducible_naming_both(
         tmp_path: Path, test_backends_allowed: None) -> None:
-    # A candidate without relu fails with the given ValueError while the original runs, and is taken;
-    # the original fails on relu: the job does not succeed on the given signature.
+    # No candidate fails with the given ValueError, and the original fails on relu: the job does not
+    # succeed on the given signature. (A candidate that shows the given signature is kept even when
+    # the original fails otherwise: tests/test_deliver_first.py.)
     program = save_chain(tmp_path, ("sin", "cos", "relu", "exp"))
 
-    result, _ = run(program, tmp_path / "out", "fail_on_relu_other_error_on_cos", "ValueError: injected failure on cos")
+    result, _ = run(program, tmp_path / "out", "fail_on_relu", "ValueError: injected failure on cos")
 
     assert result.status is JobState.not_reproducible
     assert "fails with RuntimeError: injected failure on relu" in (result.reason or "")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.fx as fx
 
 from minify_client.bugs import bug_key
-from minify_client.models import JobSpec, JobState
+from minify_client.models import JobSpec, JobState, OriginalState, Report
 from minify_worker import graph as g
 from minify_worker.outcomes import Signature
 from minify_worker.programs import representation
-from minify_worker.report import RunFacts, build_report
+from minify_worker.report import RunFacts, after_verdict, build_report
 from minify_worker.scheduler import Stats
 
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
@@ -62,3 +63,56 @@ def test_a_job_that_did_not_succeed_describes_no_program_and_files_no_bug() -> N
     assert report.nodes_final is None and report.graph_code is None and report.bug is None
     assert report.input_shapes_final == {}
     assert report.signature is None and report.signature_chain == ["InductorError", "RuntimeError"]  # what it saw
+
+
+# -- the original's verdict after a delivered result (deliver first, confirm after) --------------
+
+
+def delivered(reason: str | None = None) -> Report:
+    return build_report(JobState.succeeded, reason, facts(best=relu_graph(), signature=RELU,
+                                                          original_state=OriginalState.running),
+                        stats=None, elapsed_s=1.0, culprit_fields=NO_CULPRIT)
+
+
+def test_a_verdict_that_confirms_the_result_changes_only_the_originals_fields() -> None:
+    before = delivered()
+    after = after_verdict(before, facts(best=relu_graph(), signature=RELU, original_state=OriginalState.confirmed,
+                                        original_compiles=1, original_runs=1, original_failures=1,
+                                        phase_s={"original": 2.5}))
+
+    assert before.original_state is OriginalState.running and before.original_runs == 0
+    assert after.original_state is OriginalState.confirmed and after.original_runs == 1 and after.reason is None
+    assert after.phase_s == {"original": 2.5}
+    assert after.model_dump(exclude={"original_state", "original_compiles", "original_runs", "original_failures",
+                                     "phase_s"}) == before.model_dump(exclude={
+                                         "original_state", "original_compiles", "original_runs",
+                                         "original_failures", "phase_s"})
+
+
+def test_a_flaky_original_confirmed_after_the_result_warns_as_one_confirmed_before() -> None:
+    after = after_verdict(delivered(), facts(best=relu_graph(), signature=RELU, flaky=True, original_runs=3,
+                                             original_failures=2, original_state=OriginalState.confirmed))
+
+    assert after.flaky and "failed in 2 of 3 runs" in (after.reason or "")
+
+
+@pytest.mark.parametrize("delivered_reason", [None, "job timeout of 60s reached"])
+def test_a_verdict_that_contradicts_the_result_keeps_it_and_says_so_plainly(delivered_reason: str | None) -> None:
+    verdict = "the original program did not fail with a failure on backend inductor (cpu): passes 3x"
+    after = after_verdict(delivered(delivered_reason), facts(
+        best=relu_graph(), signature=RELU, original_state=OriginalState.not_reproduced, original_verdict=verdict))
+
+    assert after.status is JobState.succeeded and after.graph_code == delivered().graph_code
+    assert after.original_verdict == verdict
+    assert f"the result is kept, though the original's verdict contradicts it: {verdict}" in (after.reason or "")
+    assert f"the minimal program fails with {RELU}" in (after.reason or "")
+    assert (after.reason or "").startswith(delivered_reason or "the result is kept")
+
+
+def test_a_result_reduced_past_a_contradicting_verdict_says_so_when_delivered() -> None:
+    report = build_report(JobState.succeeded, None, facts(
+        best=relu_graph(), signature=RELU, original_state=OriginalState.not_reproduced, original_verdict="passes 3x"),
+        stats=None, elapsed_s=1.0, culprit_fields=NO_CULPRIT)
+
+    assert report.original_state is OriginalState.not_reproduced
+    assert "the original's verdict contradicts it: passes 3x" in (report.reason or "")

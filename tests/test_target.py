@@ -3,6 +3,8 @@ no compile. What the engine does with each value is tested end to end in test_en
 
 from __future__ import annotations
 
+import pytest
+
 from minify_client.models import JobSpec, JobState
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 from minify_worker.target import Reproduced, Target, Unreproduced
@@ -133,3 +135,40 @@ def test_a_refuted_hang_forgets_the_guess_and_its_verdicts() -> None:
     assert guessing.guess is None and guessing.hang_state is None
     settled = guessing.settle(Fails(RELU), empty=lambda: Passes())
     assert isinstance(settled, Reproduced) and settled.restart is None
+
+
+# -- deliver first, confirm after (tests/test_deliver_first.py runs it) ---------------------------
+
+
+@pytest.mark.parametrize(("failure", "known"), [
+    ({"signature": "RuntimeError: injected failure on relu"}, True),
+    ({"kind": "compile_error", "signature": "SIGSEGV"}, True),
+    ({"kind": "accuracy"}, True),
+    ({"kind": "compile_error"}, False),
+    ({"kind": "any", "match": "relu"}, False),
+    ({"signature": "TimedOut"}, False),
+    ({"signature": "OutOfMemory"}, False),
+    ({"kind": "timeout"}, False),
+    ({"kind": "oom", "signature": "OutOfMemory"}, False),
+])
+def test_a_failure_is_known_in_advance_when_the_spec_names_it_and_it_needs_no_original_timing(
+        failure: dict, known: bool) -> None:
+    assert target(**failure).known_in_advance is known
+
+
+def test_the_first_failure_of_a_failure_known_in_advance_is_its_proof() -> None:
+    given = target(signature="RuntimeError: injected failure on relu")
+    guessing = target(kind="compile_error")
+
+    assert given.proof is None
+    assert given.provisional(Fails(COS)) is False and given.proof is None
+    assert given.provisional(Fails(RELU)) is True and given.proof == RELU
+    assert guessing.provisional(Fails(RELU)) is True
+    assert guessing.guess == RELU and guessing.proof is None  # a guess only: the original decides
+
+
+def test_a_hang_is_never_an_accuracy_failure_known_in_advance() -> None:
+    # Without a known failure a hang waits for the original's verdict (None); an accuracy job's
+    # hang is never the failure, whatever the original does.
+    assert target(kind="accuracy").provisional(TimedOut(5.0)) is False
+    assert target(kind="accuracy").provisional(OutOfMemory("killed")) is False
