@@ -194,9 +194,27 @@ def test_backend_module_not_allowed_is_400(client: httpx.Client, programs: dict[
     assert_error(response, 400, "not allowed")
 
 
-def test_text_file_named_pt2_is_415(client: httpx.Client) -> None:
-    response = client.post("/v1/jobs", files={"program": ("model.pt2", b"print('hello')\n"), "spec": (None, "{}")})
-    assert_error(response, 415, "not a torch.export archive")
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "the file is empty (0 bytes)"),
+    (b"print('hello')\n", "it is a text file (it starts \"print('hello')\")"),
+    (bytes(range(7, 250)) * 4, "it is neither a zip nor text (it starts 07 08 09 0a"),
+    (b"\x80\x04\x95\x10\x00", "it is a pickle"),
+    (b"HloModule m\n", "it is HLO text: submit it as HLO"),
+])
+def test_a_program_that_is_not_an_archive_is_415_saying_what_it_is(client: httpx.Client, content: bytes,
+                                                                   says: str) -> None:
+    response = client.post("/v1/jobs", files={"program": ("model.pt2", content), "spec": (None, "{}")})
+    assert_error(response, 415, f"program 'model.pt2': not a torch.export archive: {says}")
+    # the pickle hint only where the upload is a pickle
+    assert ("MINIFY_ALLOW_PICKLE" in response.json()["error"]) == (says == "it is a pickle")
+
+
+def test_inputs_that_are_not_a_torch_save_file_are_415_saying_what_they_are(
+        client: httpx.Client, programs: dict[str, Path]) -> None:
+    files = {"program": ("p.pt2", programs["relu_cos"].read_bytes()), "inputs": ("inputs.pt", b""),
+             "spec": (None, json.dumps(FAIL_ON_RELU))}
+    assert_error(client.post("/v1/jobs", files=files, params={"force": "true"}), 415,
+                 "inputs: not a torch.save file: the file is empty (0 bytes)")
 
 
 def test_upload_over_the_limit_is_413_and_leaves_no_file(client: httpx.Client, service: Service) -> None:
@@ -264,3 +282,40 @@ def test_server_never_imports_torch(tmp_path: Path) -> None:
         "assert 'torch' not in sys.modules, 'minify_server imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_config_route_says_what_the_workers_torch_takes(client: httpx.Client) -> None:
+    import torch
+
+    schemas = client.get("/v1/config").json()["schemas"]
+    assert [schema["torch"] for schema in schemas] == [torch.__version__]
+    keys = schemas[0]["keys"]
+    assert keys["max_autotune"] == {"kinds": ["bool"], "choices": None}
+    assert keys["cpp.inject_relu_bug_TESTING_ONLY"]["choices"] == ["compile_error", "runtime_error", "accuracy", None]
+    assert "torch._dynamo.config.assume_static_by_default" in keys
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ({"cpp.inject_relu_bug_TESTING_ONLY": "compile_errr"},
+     "config cpp.inject_relu_bug_TESTING_ONLY='compile_errr' is not one of 'compile_error', 'runtime_error', "
+     "'accuracy', null"),
+    ({"cpp.no_such_key": 1}, "config key 'cpp.no_such_key' is not a setting of torch"),
+    ({"cpp.inject_relu_bug_TESTING_ONLI": "compile_error"},
+     "did you mean 'cpp.inject_relu_bug_TESTING_ONLY'?"),
+    ({"max_autotune": "yes"}, "config max_autotune='yes' is a str; torch"),
+    ({"torch._dynamo.config.assume_static_by_default": 3}, "is a int; torch"),
+])
+def test_a_config_the_workers_torch_does_not_take_is_422_before_any_job(
+        client: httpx.Client, programs: dict[str, Path], config: dict, says: str) -> None:
+    before = client.get("/v1/jobs").json()["total"]
+    response = submit(client, programs["relu_cos"], {**FAIL_ON_RELU, "config": config})
+    assert_error(response, 422, says)
+    assert client.get("/v1/jobs").json()["total"] == before
+
+
+def test_a_config_the_workers_torch_takes_is_queued(client: httpx.Client, programs: dict[str, Path]) -> None:
+    config = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "max_autotune": False, "epilogue_fusion": True,
+              "torch._dynamo.config.cache_size_limit": 8}
+    response = submit(client, programs["relu_cos"], {**FAIL_ON_RELU, "config": config})
+    assert response.status_code == 201, response.text
+    client.delete(f"/v1/jobs/{response.json()['id']}")

@@ -32,11 +32,22 @@ def test_export_archive_layouts_are_accepted(tmp_path: Path, names: list[str]) -
     check_export_archive(make_zip(tmp_path / "p.pt2", names))
 
 
-def test_a_text_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "the file is empty (0 bytes)"),
+    (b"print('hi')\n", "it is a text file (it starts \"print('hi')\")"),
+    (b"\n\n  \n", "it is a text file (it starts '')"),
+    (b"\xff\xfe\x00garbage", "it is neither a zip nor text (it starts ff fe 00 67"),
+    (b"\x80\x02}q\x00.", "it is a pickle"),
+    (b"ML\xefR\x00\x01", "it is MLIR bytecode: submit it as StableHLO"),
+    (b"module {\n  func.func @main() {}\n}\n", "it is MLIR text: submit it as StableHLO"),
+    (b"HloModule m\nENTRY e {}\n", "it is HLO text: submit it as HLO"),
+])
+def test_a_file_that_is_not_a_zip_is_refused_saying_what_it_is(tmp_path: Path, content: bytes, says: str) -> None:
     path = tmp_path / "p.pt2"
-    path.write_text("print('hi')\n")
-    with pytest.raises(NotAnExportArchive, match="not a zip file"):
+    path.write_bytes(content)
+    with pytest.raises(NotAnExportArchive) as refused:
         check_export_archive(path)
+    assert str(refused.value).startswith(f"not a torch.export archive: {says}")
 
 
 @pytest.mark.parametrize(("names", "reason"), [

@@ -248,8 +248,10 @@ def _known_fixed(client: Client, signature: str | None, fixed: list[Bug]) -> str
 
 
 def _submit_captures(args: argparse.Namespace) -> int:
-    from minify_client.capture.session import read_manifest  # imports no torch
+    from minify_client.capture.session import read_manifest, record_job  # imports no torch
 
+    if not args.directory.is_dir():
+        raise UsageError(f"no such capture directory: {args.directory}")
     try:
         entries = read_manifest(args.directory)
     except (OSError, ValueError) as error:
@@ -266,7 +268,13 @@ def _submit_captures(args: argparse.Namespace) -> int:
         for entry in entries:
             spec = JobSpec.model_validate_json((args.directory / entry["spec"]).read_text())
             created = client.submit(args.directory / entry["program"], spec, inputs=args.directory / entry["inputs"])
-            print(f"{entry['name']}: job {created.id} ({len(entry['tests'])} tests) {client.dashboard_url(created)}")
+            dashboard = client.dashboard_url(created)
+            try:
+                record_job(args.directory, entry["name"], created.id, dashboard)
+            except (OSError, ValueError) as error:
+                print(f"minify-client: warning: job {created.id} not recorded in captures.json: {error}",
+                      file=sys.stderr)
+            print(f"{entry['name']}: job {created.id} ({len(entry['tests'])} tests) {dashboard}")
             if known := _known_fixed(client, spec.failure.signature, fixed):
                 print(f"{entry['name']}: {known}")
             if args.wait:

@@ -20,8 +20,10 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from minify_client._sse import ServerSentEvent, parse_events
+from minify_client.config_schema import ConfigSchemas, config_problems
 from minify_client.errors import (
     ApiError,
+    BadRequest,
     Conflict,
     ConnectionFailed,
     DownloadInterrupted,
@@ -121,6 +123,7 @@ class Client:
         (`deduplicated`) the job of an identical submission that is queued, running or succeeded,
         unless `force`."""
         job_spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec or {})
+        self._check_config(job_spec)
         with _opened(program, name or "program.pt2") as program_part, _opened_optional(
             inputs, "inputs.pt"
         ) as inputs_part:
@@ -132,6 +135,23 @@ class Client:
                 params={"force": "true"} if force else None,
             )
         return _parse(JobCreated, response)
+
+    def config_schemas(self) -> ConfigSchemas:
+        """What the torch of each live worker accepts in JobSpec.config (`GET /v1/config`)."""
+        return _parse(ConfigSchemas, self._request("GET", "/v1/config"))
+
+    def _check_config(self, spec: JobSpec) -> None:
+        """Refuse a spec whose config the server's workers would not take, before uploading anything
+        (the server refuses it too: a 422 naming the key)."""
+        if not spec.config:
+            return
+        try:
+            schemas = self.config_schemas().schemas
+        except NotFound:  # a server older than /v1/config: it checks nothing, nor can we
+            return
+        for schema in schemas:
+            if problems := config_problems(spec.config, schema):
+                raise BadRequest(422, "; ".join(problems))
 
     def status(self, job_id: str) -> JobStatus:
         return _parse(JobStatus, self._request("GET", f"/v1/jobs/{job_id}"))

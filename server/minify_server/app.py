@@ -17,7 +17,7 @@ from minify_server.config import Settings
 from minify_server.errors import install_error_handlers
 from minify_server.events import BLOCK_MS
 from minify_server.records import JobRecords
-from minify_server.routes import bisect, bugs, docs, jobs, system, workers
+from minify_server.routes import bisect, bugs, config, docs, jobs, system, workers
 from minify_server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(bisect.router)
     app.include_router(bugs.router)
     app.include_router(workers.router)
+    app.include_router(config.router)
     app.include_router(system.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

@@ -16,6 +16,8 @@ from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, fin
 # format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.
 _MARKERS = ("archive_format", "serialized_exported_program.json")
 _MODEL_PREFIX = "models/"
+_HEAD_BYTES = 4096
+_PICKLE_PROTOCOLS = [bytes([protocol]) for protocol in range(2, 6)]
 
 
 class NotAnExportArchive(ValueError):
@@ -33,7 +35,8 @@ def check_export_archive(path: Path, *, allow_pickle: bool = False) -> None:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError) as error:
-        raise NotAnExportArchive(f"not a torch.export archive: not a zip file ({error})") from error
+        raise NotAnExportArchive(f"not a torch.export archive: {describe_not_a_zip(path)}; save the program "
+                                 "with torch.export.save") from error
     if not names:
         raise NotAnExportArchive("not a torch.export archive: the zip file is empty")
     roots = {name.split("/", 1)[0] for name in names}
@@ -52,6 +55,42 @@ def check_export_archive(path: Path, *, allow_pickle: bool = False) -> None:
         _check_no_code(path)
 
 
+def describe_not_a_zip(path: Path) -> str:
+    """What a file that is not a zip is instead, as far as its first bytes tell: empty, a pickle,
+    text (HLO or StableHLO, which the spec's program_format takes, or other) or other bytes."""
+    with open(path, "rb") as file:
+        head = file.read(_HEAD_BYTES)
+    if not head:
+        return "the file is empty (0 bytes)"
+    if head[:1] == b"\x80" and head[1:2] in _PICKLE_PROTOCOLS:
+        return "it is a pickle (torch.save of an object, not torch.export.save of a program)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        if head.startswith(MLIR_BYTECODE_MAGIC):
+            return "it is MLIR bytecode: submit it as StableHLO (a .mlirbc name, or program_format stablehlo)"
+        return f"it is neither a zip nor text (it starts {head[:8].hex(' ')})"
+    first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
+    if text.lstrip().startswith("HloModule"):
+        return "it is HLO text: submit it as HLO (a .hlo name, or program_format hlo)"
+    if "func.func" in text or "func @" in text:
+        return "it is MLIR text: submit it as StableHLO (a .mlir name, or program_format stablehlo)"
+    return f"it is a text file (it starts {first_line!r})"
+
+
+def is_pickle_file(path: Path) -> bool:
+    """A raw pickle, or a torch.save zip (a folder holding data.pkl): what torch.save writes."""
+    with open(path, "rb") as file:
+        head = file.read(2)
+    if head[:1] == b"\x80" and head[1:2] in _PICKLE_PROTOCOLS:
+        return True
+    try:
+        check_torch_save_file(path)
+    except NotAnExportArchive:
+        return False
+    return True
+
+
 def _check_no_code(path: Path) -> None:
     try:
         unsafe = find_unsafe_members(path)
@@ -68,7 +107,7 @@ def check_torch_save_file(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError) as error:
-        raise NotAnExportArchive("not a torch.save file (not a zip)") from error
+        raise NotAnExportArchive(f"not a torch.save file: {describe_not_a_zip(path)}") from error
     if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
         raise NotAnExportArchive("not a torch.save file (no data.pkl)")
 

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationInfo, field_validator
 
 from minify_client.bugs import bug_key
+from minify_client.config_schema import config_mistake
 from minify_client.models import CulpritState, JobSpec, JobState, JobStatus, Progress, ProgressEvent, Report
 
 INDEX_KEY = "minify:jobs"
@@ -36,6 +37,9 @@ BUGS_KEY = "minify:bugs"
 QUEUES_SERVED_KEY = "minify:queues:served_at"
 # Worker name -> the torch installations it announced, as JSON (minify_worker/versions/phase.py).
 WORKERS_TORCH_KEY = "minify:workers:torch"
+# torch version -> the settings it accepts in JobSpec.config, as a worker with that torch published
+# them at start (minify_client.config_schema.ConfigSchema as JSON).
+CONFIG_SCHEMAS_KEY = "minify:config:schemas"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
 
@@ -267,8 +271,11 @@ def add_to_bug_index(pipe: Any, keys: TicketKeys, job_id: str, report: Report, f
     its bug (minify_client.bugs.bug_key): the bug's record (the first job filed stays its
     representative), its jobs by finish time, the bugs by last seen, and `bug` on the job's record.
     Returns the bug id; None (nothing queued) for a report without a signature or a graph shape
-    hash, or keys without the bug index."""
+    hash, a failure the job's own config caused (torch refusing a value it was given: the user's
+    mistake, not a compiler bug), or keys without the bug index."""
     if not report.signature or not report.graph_shape_hash or not keys.has_bug_index:
+        return None
+    if config_mistake(report.signature, report.config) is not None:
         return None
     assert keys.bugs is not None and keys.bug_jobs is not None
     bug_id = bug_key(report.signature, report.graph_shape_hash)

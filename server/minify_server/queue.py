@@ -13,8 +13,9 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
+from minify_client.config_schema import ConfigSchema
 from minify_client.models import TorchInstall, WorkerInfo
-from minify_server.ledger import WORKERS_TORCH_KEY, JobTicket
+from minify_server.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.job.run_job"
@@ -112,6 +113,14 @@ async def worker_infos(redis: AsyncRedis) -> list[WorkerInfo]:
             last_heartbeat=record.get("last_heartbeat") or None,
             torch=[TorchInstall.model_validate(install) for install in torch]))
     return workers
+
+
+async def config_schemas(redis: AsyncRedis) -> list[ConfigSchema]:
+    """What the torch of each live worker accepts in JobSpec.config, as the workers published it
+    (minify_client.config_schema); none where no live worker published one."""
+    published = await redis.hgetall(CONFIG_SCHEMAS_KEY)
+    held = torch_versions_held(await worker_infos(redis))
+    return [ConfigSchema.model_validate_json(text) for version, text in sorted(published.items()) if version in held]
 
 
 def torch_versions_held(workers: list[WorkerInfo]) -> dict[str, int]:

@@ -4,7 +4,7 @@ The route (routes/jobs.py) hands over the request's body and headers and answers
 this module receives the upload into the store, validates the spec, looks for an identical
 submission's job (the content key), checks the files, commits them and creates the job's record
 and RQ job in one transaction (records.create_unless_identical). What it refuses it raises as
-ApiError (the route's 400, 413, 415, 507), leaving nothing behind.
+ApiError (the route's 400, 413, 415, 422, 507), leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from starlette.concurrency import run_in_threadpool
 
+from minify_client.config_schema import config_problems
 from minify_client.models import JobSpec, JobState
 from minify_client.specflags import describe_validation_error
 from minify_server import queue
@@ -33,6 +35,7 @@ from minify_server.archive import (
     check_hlo_program,
     check_npz_file,
     check_torch_save_file,
+    is_pickle_file,
 )
 from minify_server.config import Settings
 from minify_server.errors import ApiError
@@ -71,6 +74,7 @@ async def submit(content_type: str, content_length: str | None, body: AsyncItera
         spec = _parse_spec(upload, settings.allowed_backends)
         if "program" not in upload.files:
             raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
+        await check_config(spec, records.redis)
     except ApiError:
         upload.discard()
         raise
@@ -134,6 +138,15 @@ def _parse_spec(upload: JobUpload, allowed_backends: str) -> JobSpec:
     return spec
 
 
+async def check_config(spec: JobSpec, redis: AsyncRedis) -> None:
+    """A 422 naming each config key the live workers' torch does not take, and what it takes."""
+    if not spec.config:
+        return
+    for schema in await queue.config_schemas(redis):
+        if problems := config_problems(spec.config, schema):
+            raise ApiError(422, "; ".join(problems), detail={"config": problems, "torch": schema.torch})
+
+
 def submission_digest(program_sha256: str, inputs_sha256: str | None, spec: JobSpec) -> str:
     """What makes two submissions identical: the program's bytes, the inputs' bytes and the spec as
     canonical JSON (defaults filled in, keys sorted), so `{}` and the defaults spelled out are one."""
@@ -164,9 +177,10 @@ def _check_files(upload: JobUpload, allow_pickle: bool, program_format: str) -> 
         raise ApiError(415, f"program {name!r}: {error}") from error
     except NotAnExportArchive as error:
         if not _is_pickled_module(upload, allow_pickle):
-            hint = ("" if allow_pickle else "; a GraphModule saved with torch.save is a pickle, accepted only where "
-                    "the operator sets MINIFY_ALLOW_PICKLE=1: export it instead with torch.export.export + "
-                    "torch.export.save")
+            pickled = is_pickle_file(upload.files["program"].path)
+            hint = ("; a GraphModule saved with torch.save is a pickle, accepted only where the operator sets "
+                    "MINIFY_ALLOW_PICKLE=1: export it instead with torch.export.export + torch.export.save"
+                    if pickled and not allow_pickle else "")
             raise ApiError(415, f"program {name!r}: {error}{hint}") from error
     if "inputs" in upload.files:
         try:

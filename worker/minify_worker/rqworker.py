@@ -31,7 +31,8 @@ from rq import Queue, Worker
 from rq.executions import Execution
 from rq.job import Job
 
-from minify_server.ledger import QUEUES_SERVED_KEY
+from minify_client.config_schema import describe_torch_config
+from minify_server.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
 from minify_worker.job import record_worker_lost
 from minify_worker.versions import phase as versions_phase
 from minify_worker.versions.bisect import BISECT_QUEUE
@@ -170,6 +171,16 @@ def _horse_killed(job: Job, retpid: int, ret_val: int, rusage: object) -> None:
     remove_stale_job_dirs()  # the horse could not remove its job folder
 
 
+def publish_config_schema(redis: Redis) -> None:
+    """Say which JobSpec.config settings this worker's torch takes: the server checks specs against it."""
+    try:
+        schema = describe_torch_config()
+    except Exception as error:  # a torch whose config modules differ: the server checks nothing for it
+        log.warning("cannot describe torch's config settings for the server's checks: %s", error)
+        return
+    redis.hset(CONFIG_SCHEMAS_KEY, schema.torch, schema.model_dump_json())
+
+
 def default_queues() -> str:
     """cpu, plus cuda when this machine has an NVIDIA GPU (seen without importing torch)."""
     has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/gpus")
@@ -237,6 +248,7 @@ def main(argv: list[str]) -> int:
         log.info("preloaded torch and inductor: %s", preload(warm=args.warm_up))
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
     redis = Redis.from_url(args.redis_url)
+    publish_config_schema(redis)
     name = args.name or f"{socket.gethostname()}-{os.getpid()}"
     # The version phase's probes: a queue per torch installation this worker holds (minify_worker/versions).
     queues += [versions_phase.queue_name(env.torch) for env in versions_phase.offered_envs()]
