@@ -1,0 +1,336 @@
+"""Run the real-bug corpus the user's way, ours against torch's minifier (issue 38).
+
+    .venv/bin/python bench/realbugs/run.py [--cases pt_175966 ...] [--sides ours torch]
+                                           [--work out/realbugs] [--json FILE] [--markdown FILE]
+
+Per case (bench/realbugs/pt_*.py), each step a whole process with its own time limit:
+
+1. capture: `python -m minify_client.capture --dir CAPTURES script.py`, with `MINIFY_CAPTURE_ACCURACY=1`
+   for a case whose kind is wrong values;
+2. ours: `minify-worker minify CAPTURE.pt2 --spec spec.json --inputs inputs.pt --out OUT` (the capture's
+   own spec and inputs; the version and culprit phases off, they do not change the repro);
+3. `python OUT/repro.py`: it must fail, and its "repro failed with:" line must equal its
+   "minify expected:" line (the same signature); a crash must die by the same signal;
+4. torch: the same script with `TORCHDYNAMO_REPRO_AFTER=aot` (`TORCHDYNAMO_REPRO_LEVEL=4` for wrong
+   values, 3 for crashes: after_aot's levels for them), then `python minifier_launcher.py` as torch's
+   log says (its default: `minify`, every check isolated), then `python repro.py`: does it fail, and
+   how many ops are left.
+
+Every case ends with a verdict per side: "minimal repro" or the exact reason it is not one. The
+results go to `--json` (every field) and `--markdown` (the table docs/bench.md quotes). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers
+
+from catalog import Case, all_cases
+from commands import OUR_COMMAND, count_code_ops, forward_code
+from common import write_json
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit|Unsupported|Failed)\b.*$")
+_OUR_NOTE = re.compile(r"^minify: .*$")
+_OBSERVED = re.compile(r"^repro failed with: (?P<text>.*)$", re.MULTILINE)
+_EXPECTED = re.compile(r"^minify expected:\s+(?P<text>.*)$", re.MULTILINE)
+
+
+@dataclass
+class Step:
+    """One process of a case: how it ended and the line that says why."""
+
+    command: str
+    exit: str = ""  # "0", "1", "SIGSEGV", "timeout after N s"
+    seconds: float = 0.0
+    error: str = ""  # the last exception line of its output (or the signal)
+    log: str = ""  # where its stdout and stderr went
+
+    @property
+    def failed(self) -> bool:
+        return self.exit != "0"
+
+
+@dataclass
+class Ours:
+    captured: bool = False
+    capture_note: str = ""  # the capture's own "minify: ..." line on the error
+    captures: int = 0
+    status: str = ""  # report.json's status, or "timeout"
+    reason: str = ""
+    signature: str = ""
+    ops_original: int | None = None
+    ops_final: int | None = None
+    repro_observed: str = ""
+    repro_expected: str = ""
+    verdict: str = ""
+    minimal: bool = False
+
+
+@dataclass
+class Torch:
+    launcher: bool = False
+    queries: int | None = None
+    ops_final: int | None = None
+    repro_error: str = ""
+    verdict: str = ""
+    minimal: bool = False
+
+
+@dataclass
+class CaseResult:
+    case: str
+    issue: str
+    kind: str
+    feature: str
+    original_error: str = ""  # how the script failed under the capture (the user's run)
+    ours: Ours = field(default_factory=Ours)
+    torch: Torch = field(default_factory=Torch)
+    steps: dict[str, Step] = field(default_factory=dict)
+
+
+def run_step(name: str, command: list[str], cwd: Path, log: Path, limit_s: float,
+             env: dict[str, str] | None = None) -> Step:
+    """Run one process (its own session, so a time limit kills its children too)."""
+    step = Step(command=" ".join(command), log=str(log))
+    started = time.monotonic()
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            code = process.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+    step.seconds = round(time.monotonic() - started, 1)
+    text = log.read_text(errors="replace")
+    if code is None:
+        step.exit = f"timeout after {limit_s:.0f} s"
+        step.error = step.exit
+    elif code < 0:
+        step.exit = signal.Signals(-code).name
+        step.error = f"killed by {step.exit}"
+    else:
+        step.exit = str(code)
+        step.error = last_error_line(text) if code else ""
+    return step
+
+
+def last_error_line(text: str) -> str:
+    """The last line that names an exception (a traceback's last line), shortened for a table."""
+    lines = [line.strip() for line in text.splitlines() if _ERROR_LINE.match(line.strip())]
+    return lines[-1][:240] if lines else ""
+
+
+def capture_env(case: Case) -> dict[str, str]:
+    return {"MINIFY_CAPTURE_ACCURACY": "1"} if case.wrong_values else {}
+
+
+def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
+    ours = result.ours
+    captures = scratch / "captures"
+    step = run_step("capture", [PYTHON, "-m", "minify_client.capture", "--dir", str(captures), str(case.path)],
+                    REPO, scratch / "capture.log", limits.script_s, capture_env(case))
+    result.steps["capture"] = step
+    result.original_error = step.error
+    text = Path(step.log).read_text(errors="replace")
+    notes = [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
+    ours.capture_note = notes[-1][:300] if notes else ""
+    manifest = captures / "captures.json"
+    entries = json.loads(manifest.read_text())["captures"] if manifest.exists() else []
+    ours.captures = len(entries)
+    ours.captured = bool(entries)
+    if not step.failed:
+        ours.verdict = "the script passed under the capture: no failure to minimize"
+        return
+    if not entries:
+        ours.verdict = "nothing captured" + (f": {ours.capture_note}" if ours.capture_note else " (no note)")
+        return
+    entry = entries[0]
+    out = scratch / "ours"
+    command = [str(OUR_COMMAND), "minify", str(captures / entry["program"]), "--spec", str(captures / entry["spec"]),
+               "--inputs", str(captures / entry["inputs"]), "--out", str(out), "--no-versions", "--no-culprit",
+               "--job-timeout", str(limits.minify_s), "--quiet"]
+    step = run_step("ours", command, REPO, scratch / "ours.log", limits.minify_s + 60)
+    result.steps["ours"] = step
+    report_path = out / "report.json"
+    if not report_path.exists():
+        ours.status = "timeout" if step.exit.startswith("timeout") else "error"
+        ours.verdict = f"minify-worker left no report.json ({step.error or step.exit})"
+        return
+    report = json.loads(report_path.read_text())
+    ours.status = report["status"]
+    ours.reason = report.get("reason") or ""
+    ours.signature = report.get("signature") or ""
+    ours.ops_original = report.get("nodes_original")
+    ours.ops_final = report.get("nodes_final")
+    if ours.status != "succeeded":
+        ours.verdict = f"{ours.status}: {ours.reason}"[:300]
+        return
+    step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log", limits.repro_s)
+    result.steps["ours_repro"] = step
+    repro_text = Path(step.log).read_text(errors="replace")
+    observed, expected = _OBSERVED.search(repro_text), _EXPECTED.search(repro_text)
+    ours.repro_observed = observed["text"].strip() if observed else step.error
+    ours.repro_expected = expected["text"].strip() if expected else ours.signature
+    if not step.failed:
+        ours.verdict = "repro.py passes"
+    elif step.exit.startswith("SIG") and step.exit not in ours.signature:
+        ours.verdict = f"repro.py dies by {step.exit}, the signature is {ours.signature}"
+    elif not step.exit.startswith("SIG") and ours.repro_observed != ours.repro_expected:
+        ours.verdict = f"repro.py fails with {ours.repro_observed!r}, not {ours.repro_expected!r}"
+    else:
+        ours.minimal = True
+        ours.verdict = f"minimal repro: {ours.ops_original} -> {ours.ops_final} ops"
+
+
+def torch_env(case: Case) -> dict[str, str]:
+    level = {"crash": "3"}.get(case.kind, "4" if case.wrong_values else "2")
+    return {"TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": level}
+
+
+def run_torch(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
+    side = result.torch
+    work = scratch / "torch"
+    work.mkdir()
+    step = run_step("torch_dump", [PYTHON, str(case.path)], work, scratch / "torch_dump.log", limits.script_s,
+                    torch_env(case))
+    result.steps["torch_dump"] = step
+    launchers = sorted(work.glob("**/minifier_launcher.py"))
+    side.launcher = bool(launchers)
+    if not launchers:
+        side.verdict = f"no minifier_launcher.py written (the script ended: {step.error or 'passed'})"
+        return
+    step = run_step("torch_minify", [PYTHON, str(launchers[-1])], work, scratch / "torch_minify.log",
+                    limits.minify_s)
+    result.steps["torch_minify"] = step
+    queries = re.search(r"^Made (\d+) queries", Path(step.log).read_text(errors="replace"), re.MULTILINE)
+    side.queries = int(queries[1]) if queries else None
+    repro = work / "repro.py"
+    if not repro.exists() or side.queries is None:
+        side.verdict = f"the minifier did not finish ({step.error or step.exit}): no repro.py"
+        return
+    code = forward_code(repro.read_text())
+    side.ops_final = count_code_ops(code) if code else None
+    step = run_step("torch_repro", [PYTHON, str(repro)], work, scratch / "torch_repro.log", limits.repro_s)
+    result.steps["torch_repro"] = step
+    side.repro_error = step.error
+    if not step.failed:
+        side.verdict = "its repro.py passes"
+    else:
+        side.minimal = True
+        side.verdict = f"repro fails ({step.error[:120]}): {side.ops_final} ops"
+
+
+@dataclass
+class Limits:
+    script_s: float  # a script run (the capture's, torch's dump)
+    minify_s: float  # one minifier run (ours' job timeout; torch's launcher)
+    repro_s: float  # a repro.py run
+
+
+def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> CaseResult:
+    scratch = work / case.name
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    result = CaseResult(case=case.name, issue=case.issue, kind=case.kind, feature=case.feature)
+    if "ours" in sides:
+        run_ours(case, scratch, result, limits)
+    if "torch" in sides:
+        run_torch(case, scratch, result, limits)
+    return result
+
+
+def markdown(results: Sequence[CaseResult], revision: str) -> str:
+    """The table and the list of cases that did not end in a minimal repro, with their reasons."""
+    ours_ok = sum(result.ours.minimal for result in results)
+    torch_ok = sum(result.torch.minimal for result in results)
+    lines = [
+        f"At `{revision}`, torch {torch_version()}, {len(results)} cases: **ours {ours_ok} minimal repros "
+        f"with the same signature, torch's minifier {torch_ok} reproducing repros.**",
+        "",
+        "| case | kind | captured | ours: ops | ours | torch: ops | torch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        ours, side = result.ours, result.torch
+        ops = f"{ours.ops_original} → {ours.ops_final}" if ours.minimal else "-"
+        lines.append(f"| [{result.case}]({result.issue}) | {result.kind} | {'yes' if ours.captured else 'no'} | "
+                     f"{ops} | {'✅' if ours.minimal else '❌'} | "
+                     f"{side.ops_final if side.minimal else '-'} | {'✅' if side.minimal else '❌'} |")
+    lines += ["", "Not a minimal repro (ours), and why:", ""]
+    lines += [f"- `{result.case}` ({result.kind}): {_cell(result.ours.verdict)}"
+              for result in results if not result.ours.minimal]
+    lines += ["", "Torch's minifier, where it did not end in a reproducing repro:", ""]
+    lines += [f"- `{result.case}`: {_cell(result.torch.verdict)}" for result in results if not result.torch.minimal]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def torch_version() -> str:
+    probe = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    return probe.stdout.strip() or "unknown"
+
+
+def git_revision() -> str:
+    probe = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return probe.stdout.strip() or "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="*", default=[], help="case names or prefixes (pt_175966); default all")
+    parser.add_argument("--sides", nargs="+", choices=("ours", "torch"), default=["ours", "torch"])
+    parser.add_argument("--work", type=Path, default=REPO / "out" / "realbugs")
+    parser.add_argument("--json", type=Path, help="every case's full record (rewritten after each case)")
+    parser.add_argument("--markdown", type=Path, help="the table (written at the end)")
+    parser.add_argument("--script-limit", type=float, default=180, help="seconds for one run of a script")
+    parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
+    parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
+    options = parser.parse_args(argv)
+
+    cases = [case for case in all_cases()
+             if not options.cases or any(case.name.startswith(prefix) for prefix in options.cases)]
+    if not cases:
+        parser.error(f"no case matches {options.cases}")
+    limits = Limits(options.script_limit, options.minify_limit, options.repro_limit)
+    work = options.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
+    os.environ.setdefault("MINIFY_CACHE_DIR", str(work / "minify-cache"))
+    revision = git_revision()
+    results: list[CaseResult] = []
+    for case in cases:
+        started = time.monotonic()
+        result = run_case(case, work, options.sides, limits)
+        results.append(result)
+        print(f"{case.name}: ours: {result.ours.verdict} | torch: {result.torch.verdict} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
+        if options.json:
+            write_json(options.json, {"revision": revision, "results": [asdict(item) for item in results]})
+    table = markdown(results, revision)
+    if options.markdown:
+        options.markdown.write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
