@@ -2,6 +2,10 @@
 script.py args...` would (runpy as `__main__`, its argv, its exit code, as cProfile does) and
 capture every failing torch.compile graph and aoti_compile_and_package call it makes, into
 `--dir` (default `$MINIFY_CAPTURE_DIR` or ./minify-captures) with a manifest `captures.json`.
+
+With `--crash` (or MINIFY_CAPTURE_CRASH=1) the script runs in a child process that this one
+supervises, so a compiled graph that kills it still leaves its capture (capture/crash.py); this
+process then ends as the child did.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import runpy
 import sys
 import traceback
 
+from . import crash
 from .session import CaptureSession, safe_name
 
 
@@ -24,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
                         "the backend (default) or the one inductor received after AOT autograd")
     parser.add_argument("--accuracy", action="store_true",
                         help="also check each compiled graph's first outputs against eager (fp64 reference)")
+    parser.add_argument("--crash", action="store_true",
+                        help="also capture a compiled graph whose first run kills the process (a segfault, an "
+                             "abort): the script runs in a supervised child; each graph is exported before its "
+                             "first run")
     parser.add_argument("script", help="the script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     options = parser.parse_args(argv)
@@ -34,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MINIFY_CAPTURE_LEVEL"] = options.level
     if options.accuracy:
         os.environ["MINIFY_CAPTURE_ACCURACY"] = "1"
+    if options.crash:
+        os.environ[crash.CRASH_ENV] = "1"
+    if crash.requested() and not crash.supervised():
+        return _supervise(sys.argv[1:] if argv is None else argv, safe_name(options.script))
     session = CaptureSession.from_environment()
     session.start()
     session.begin(safe_name(options.script))
@@ -53,6 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         session.stop()
+
+
+def _supervise(argv: list[str], name: str) -> int:
+    """Run this command again as a supervised child; adopt what it left pending if it died."""
+    session = CaptureSession.from_environment()
+    session.begin(name)
+    session.adopt()  # what earlier runs left
+    pid, returncode = crash.supervise([sys.executable, "-m", "minify_client.capture", *argv])
+    for entry in session.adopt(pid=pid, returncode=returncode):
+        print(session.describe(entry), file=sys.stderr)
+    return crash.end_like(returncode)
 
 
 def _exit_code(code: object) -> int:

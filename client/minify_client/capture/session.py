@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ try:
 except ImportError:  # Windows: no advisory locks; one capturing process per directory there
     fcntl = None  # type: ignore[assignment]
 
+from . import crash
 from .destinations import DEFAULT_CAPTURE_DIR, add_note, save_and_submit
 from .failed_graph import capture_key, exported, signature_of
 from .torch_hooks import FailedCompile, Level, add_listener, remove_listener
@@ -64,34 +65,101 @@ class CaptureSession:
     """Captures into `directory`; also submits each new capture to `submit_to` when given."""
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *, submit_to: str | None = None,
-                 token: str | None = None, level: Level = "dynamo", accuracy: bool = False) -> None:
+                 token: str | None = None, level: Level = "dynamo", accuracy: bool = False,
+                 crash: bool = False) -> None:
         self.directory = Path(directory) if directory is not None else DEFAULT_CAPTURE_DIR
         self.submit_to = submit_to
         self.token = token
         self.level: Level = level
         self.accuracy = accuracy
+        self.crash = crash  # guard each compiled graph's first run (capture/crash.py)
         self.entries: dict[str, Entry] = {}
+        self.compiled = False  # a graph compiled since this session started
         self._test = "run"
         self._pending: list[FailedCompile] = []
+        self._guard_failed = False
         self.load_manifest()
 
     @classmethod
     def from_environment(cls) -> CaptureSession:
         """MINIFY_CAPTURE_DIR (default ./minify-captures); submitted to MINIFY_SERVER when no
         directory is named (as `capture_failures` does); MINIFY_CAPTURE_LEVEL=aot;
-        MINIFY_CAPTURE_ACCURACY=1."""
+        MINIFY_CAPTURE_ACCURACY=1; MINIFY_CAPTURE_CRASH=1."""
         directory = os.environ.get("MINIFY_CAPTURE_DIR")
         submit_to = os.environ.get("MINIFY_SERVER") if not directory else None
         level = "aot" if os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot" else "dynamo"
         return cls(directory, submit_to=submit_to, token=os.environ.get("MINIFY_TOKEN"), level=level,
-                   accuracy=os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1")
+                   accuracy=os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1", crash=crash.requested())
 
     def start(self) -> None:
-        """Listen to torch's compiler calls (imports torch's dynamo and inductor)."""
+        """Listen to torch's compiler calls (imports torch's dynamo and inductor); with `crash`,
+        first adopt what crashed processes left pending in the directory."""
+        if self.crash:
+            self.adopt()
         add_listener(self)
 
     def stop(self) -> None:
         remove_listener(self)
+        if self.crash:
+            crash.drop_own(self.directory)
+
+    def on_compiled(self) -> None:
+        self.compiled = True
+
+    def before_first_run(self, describe: Callable[[], FailedCompile]) -> Path | None:
+        """Write the graph about to run for the first time as a pending capture (crash.py)."""
+        try:
+            failed = describe()
+            program = exported(failed, {"failure": {"kind": "crash", "signature": None}})
+            return crash.write_pending(self.directory, program, test=self._test, key=capture_key(failed),
+                                       level=failed.level, backend=failed.backend)
+        except Exception as error:  # the run goes on unguarded; said once, not per graph
+            if not self._guard_failed:
+                logger.warning("minify: cannot guard a compiled graph's first run for crashes (%s: %s); "
+                               "a crash there would leave no capture", type(error).__name__, error)
+                self._guard_failed = True
+            return None
+
+    def after_first_run(self, folder: Path | None) -> None:
+        crash.drop(folder)
+
+    def adopt(self, *, pid: int | None = None, returncode: int | None = None) -> list[Entry]:
+        """Turn the pending captures of processes that died into captures: those of `pid` (the
+        supervised child, which ended with `returncode`) signed with how it died, those of any
+        other dead process with no signature. A child that ended with 0 crashed in no first run:
+        its pending folders are dropped. Returns the entries adopted."""
+        adopted: list[Entry] = []
+        with _directory_lock(self.directory):
+            self.load_manifest()
+            for entry in crash.pending(self.directory):
+                if entry.pid == pid and returncode == 0:
+                    crash.drop(entry.folder)
+                    continue
+                if entry.pid != pid and not crash.orphaned(entry):
+                    continue
+                signature = crash.death_signature(returncode) if entry.pid == pid and returncode is not None else None
+                adopted.append(self._adopt_one(entry, signature))
+            if adopted:
+                self._write_manifest()
+        return adopted
+
+    def _adopt_one(self, pending: crash.Pending, signature: str | None) -> Entry:
+        key = crash.adopted_key(pending.key, signature)
+        entry = self.entries.get(key)
+        if entry is None:
+            name = self._free_name(safe_name(pending.test))
+            crash.move_into(pending, self.directory / name, name, signature)
+            entry = Entry(name=name, key=key, level=pending.level, kind="crash", backend=pending.backend,
+                          signature=signature or "crash (how the process died is unknown)",
+                          chain=[signature] if signature else [],
+                          program=f"{name}/{name}.pt2", spec=f"{name}/spec.json", inputs=f"{name}/inputs.pt",
+                          static_reason=pending.static_reason)
+            self.entries[key] = entry
+        else:
+            crash.drop(pending.folder)
+        if pending.test not in entry.tests:
+            entry.tests.append(pending.test)
+        return entry
 
     def on_failure(self, failed: FailedCompile) -> None:
         self._pending.append(failed)
@@ -129,7 +197,9 @@ class CaptureSession:
         where = self.directory / Path(entry.program).parent
         first = f" (first hit by {entry.tests[0]})" if entry.tests and entry.tests[0] != self._test else ""
         job = f"; submitted as minify job {entry.job} ({entry.dashboard})" if entry.job else ""
-        return (f"minify: captured the failing {entry.level} graph ({entry.signature}) in {where}{first}{job}; "
+        what = (f"the {entry.level} graph whose first run killed the process ({entry.signature})"
+                if entry.kind == "crash" else f"the failing {entry.level} graph ({entry.signature})")
+        return (f"minify: captured {what} in {where}{first}{job}; "
                 f"submit with: minify-client submit-captures {self.directory}")
 
     def _capture(self, failed: FailedCompile) -> Entry:

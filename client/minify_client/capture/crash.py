@@ -1,0 +1,242 @@
+"""Crash-safe capture (opt-in, `MINIFY_CAPTURE_CRASH=1` or the runner's `--crash`): compiled code
+that kills the process (a generated kernel that segfaults, glibc aborting on a heap overrun, an
+`os._exit`) still leaves its capture behind.
+
+- Before a compiled graph's first run, the session exports it with that run's inputs into
+  `DIR/.pending/<pid>-<n>/` (the capture's three files, the spec saying `failure.kind = "crash"`,
+  and `pending.json` last: a folder without it is incomplete). When the run returns or raises, the
+  folder is removed. Only the first run of each graph is guarded: later runs pass straight
+  through the wrapper.
+- A process that dies inside that run leaves the folder. The supervisor (the runner's or the
+  plugin's parent process, which started the program as its child and waited for it) turns it
+  into a capture whose signature is the signal (`SIGSEGV`) or the exit status (`ExitStatus: 3`)
+  it died with, the names the worker's sandbox gives the same deaths (`CaptureSession.adopt`).
+  The supervisor then ends the way its child did: the same exit code, or the same signal.
+- Pending folders of processes that died with no supervisor watching (a pytest-xdist worker, a
+  run without the runner) are adopted by the next session that starts in DIR, with no signature
+  (the job takes the one its original run dies with).
+
+The parent imports no torch: it runs the program, waits, and moves files.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CRASH_ENV = "MINIFY_CAPTURE_CRASH"
+# Set in the program a supervisor runs: the program itself runs in-process and guards first runs.
+SUPERVISED_ENV = "MINIFY_CAPTURE_SUPERVISED"
+PENDING = ".pending"
+_META = "pending.json"
+_counter = itertools.count()
+
+
+def requested() -> bool:
+    return os.environ.get(CRASH_ENV) == "1"
+
+
+def supervised() -> bool:
+    return bool(os.environ.get(SUPERVISED_ENV))
+
+
+class CompiledCodeDied(Exception):
+    """Stands for the failure while a pending capture is written: the process has not died yet."""
+
+
+def watch_compiled(compiled: Callable[..., Any], listeners: Sequence[Any],
+                   describe: Callable[[Sequence[Any]], Any]) -> Callable[..., Any]:
+    """What torch_hooks' dynamo hook returns for a graph that compiled: `compiled` itself, or, when
+    a listener guards first runs (`crash` set), a wrapper that calls `before_first_run` (with
+    `describe(args)`: the FailedCompile of that run) and `after_first_run` around the first call.
+    Every listener with `on_compiled` hears that a graph compiled."""
+    for listener in listeners:
+        if hasattr(listener, "on_compiled"):
+            listener.on_compiled()
+    guards = [listener for listener in listeners if getattr(listener, "crash", False)]
+    if not guards:
+        return compiled
+    lock = threading.Lock()
+    first = [True]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not first[0]:
+            return compiled(*args, **kwargs)
+        with lock:
+            mine, first[0] = first[0], False
+        if not mine:
+            return compiled(*args, **kwargs)
+        pending = [(listener, listener.before_first_run(lambda: describe(args))) for listener in guards]
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            for listener, written in pending:
+                listener.after_first_run(written)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pending capture as `pending.json` describes it."""
+
+    folder: Path
+    pid: int
+    test: str
+    key: str  # the capture key of the graph; the adopted capture's key adds the signature
+    level: str
+    backend: str
+    static_reason: str | None
+
+
+def write_pending(directory: Path, program: Any, *, test: str, key: str, level: str, backend: str) -> Path:
+    """Write `program` (failed_graph.Program) as a pending capture under `directory/.pending`."""
+    import torch
+
+    folder = directory / PENDING / f"{os.getpid()}-{next(_counter)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program.program, folder / "program.pt2")
+    (folder / "spec.json").write_text(program.spec.model_dump_json(indent=2) + "\n")
+    torch.save((tuple(program.args), program.kwargs), folder / "inputs.pt")
+    meta = {"pid": os.getpid(), "test": test, "key": key, "level": level, "backend": backend,
+            "static_reason": program.static_reason}
+    temporary = folder / f"{_META}.tmp"
+    temporary.write_text(json.dumps(meta) + "\n")
+    temporary.replace(folder / _META)  # last: a folder without it was never complete
+    return folder
+
+
+def drop(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_own(directory: Path) -> None:
+    """Remove this process's pending folders (it is ending normally: none of them crashed)."""
+    prefix = f"{os.getpid()}-"
+    for folder in _folders(directory):
+        if folder.name.startswith(prefix):
+            drop(folder)
+
+
+def pending(directory: Path) -> Iterator[Pending]:
+    """The complete pending captures under `directory`."""
+    for folder in _folders(directory):
+        try:
+            meta = json.loads((folder / _META).read_text())
+            yield Pending(folder=folder, pid=int(meta["pid"]), test=str(meta["test"]), key=str(meta["key"]),
+                          level=str(meta["level"]), backend=str(meta["backend"]),
+                          static_reason=meta.get("static_reason"))
+        except (OSError, ValueError, KeyError, TypeError):
+            if not _alive(_pid_of(folder)):  # died while writing it: nothing to adopt
+                drop(folder)
+
+
+def _folders(directory: Path) -> list[Path]:
+    root = directory / PENDING
+    try:
+        return sorted(path for path in root.iterdir() if path.is_dir())
+    except OSError:
+        return []
+
+
+def _pid_of(folder: Path) -> int:
+    try:
+        return int(folder.name.split("-", 1)[0])
+    except ValueError:
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process with that pid
+        return True
+    return True
+
+
+def orphaned(entry: Pending) -> bool:
+    return entry.pid != os.getpid() and not _alive(entry.pid)
+
+
+def death_signature(returncode: int) -> str:
+    """How the worker's sandbox names the same death: the signal's name, or `ExitStatus: N`."""
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"SIG{-returncode}"
+    return f"ExitStatus: {returncode}"
+
+
+def adopted_key(key: str, signature: str | None) -> str:
+    return hashlib.sha256(f"{key} {signature}".encode()).hexdigest()[:16]
+
+
+def move_into(entry: Pending, destination: Path, name: str, signature: str | None) -> None:
+    """Make the pending folder the capture `destination/<name>.pt2` + spec.json + inputs.pt, the
+    spec's failure signature set to `signature`."""
+    spec = json.loads((entry.folder / "spec.json").read_text())
+    spec.setdefault("failure", {})["kind"] = "crash"
+    spec["failure"]["signature"] = signature
+    (entry.folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
+    (entry.folder / "program.pt2").rename(entry.folder / f"{name}.pt2")
+    (entry.folder / _META).unlink()
+    entry.folder.rename(destination)
+
+
+def supervise(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """Run `command` as a child with SUPERVISED_ENV set and wait for it: (its pid, its returncode,
+    -N for a signal). Ctrl-C reaches the child from the terminal, so it is ignored here meanwhile;
+    SIGTERM and SIGHUP sent to this process are passed on."""
+    environment = {**os.environ, SUPERVISED_ENV: str(os.getpid())}
+    child = subprocess.Popen(list(command), cwd=cwd, env=environment)
+    forwarded = {signal.SIGTERM: None, signal.SIGHUP: None}
+
+    def forward(signum: int, frame: Any) -> None:
+        child.send_signal(signum)
+
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in forwarded:
+        forwarded[signum] = signal.signal(signum, forward)
+    try:
+        returncode = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+        for signum, handler in forwarded.items():
+            signal.signal(signum, handler)
+    return child.pid, returncode
+
+
+def end_like(returncode: int) -> int:
+    """This process's exit status for a child that ended with `returncode`: the same code, or, for
+    a child killed by a signal, this process killed by it too (faulthandler first switched off,
+    so a dump of this process's own stack does not follow the child's)."""
+    if returncode >= 0:
+        return returncode
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if faulthandler.is_enabled():
+        faulthandler.disable()
+    signal.signal(-returncode, signal.SIG_DFL)
+    os.kill(os.getpid(), -returncode)
+    return 128 - returncode  # a signal that does not end the process (ignored by default): as a shell says it

@@ -1,0 +1,52 @@
+"""Test backends whose compiled code kills the process when it runs (not while it compiles), as a
+generated kernel that segfaults or a heap overrun that glibc aborts on does: the graph compiles,
+and its first run with the chosen op dies by SIGABRT (`os.abort`), SIGSEGV (a null pointer read
+through ctypes) or `os._exit(3)`. Graphs without the op run eagerly.
+
+Sandbox children import them by path (`tests.support.dying_backends:segfault_at_run_on_relu`)
+when `MINIFY_ALLOWED_BACKENDS` allows `tests.support`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+from torch import fx
+
+from tests.support.backends import Backend, has_op
+
+Death = Literal["abort", "segfault", "exit"]
+EXIT_CODE = 3
+
+
+def die(how: Death) -> None:
+    if how == "abort":
+        os.abort()
+    elif how == "segfault":
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    else:
+        os._exit(EXIT_CODE)
+
+
+def die_at_run_on(op: str, how: Death) -> Backend:
+    """Compile anything; a graph with `op` kills the process `how` when it runs."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        dies = has_op(gm, op)
+
+        def run(*args: Any) -> Any:
+            if dies:
+                die(how)
+            return gm(*args)
+
+        return run
+
+    return backend
+
+
+abort_at_run_on_relu = die_at_run_on("relu", "abort")
+segfault_at_run_on_relu = die_at_run_on("relu", "segfault")
+exit_at_run_on_relu = die_at_run_on("relu", "exit")
