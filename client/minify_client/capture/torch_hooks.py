@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from . import crash
 from .dynamic import symbolic_values
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,11 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
-        return compiled
+        # The first run guarded for crashes, described with its own inputs (capture/crash.py).
+        return crash.watch_compiled(compiled, list(_listeners), lambda args: FailedCompile(
+            level="dynamo", error=crash.CompiledCodeDied("the compiled graph's first run"),
+            backend=backend_name(self.compiler_fn), config=_config(self.compiler_fn), graph=_module(gm, graph),
+            inputs=list(args), symbolic=symbolic_values(graph, example_inputs)))
 
     return call_user_compiler
 
