@@ -11,6 +11,11 @@ exported static as before: the capture is never lost, a warning says why, the er
 `Program.static_reason` keeps the reason and the spec says `dynamic: static`. Floats dynamo made
 symbolic are passed as constants either way (`dynamic.specialize_floats`).
 
+A graph of `torch.func` transforms is exported lowered to the aten ops it computes
+(`transforms.lower`), with static shapes. A graph holding higher-order ops keeps them, and is saved
+and loaded back before it is kept (`higher_order`); where torch cannot export, save or load it,
+`CaptureRefused` says so at capture time, naming the ops.
+
 The spec records the backend, the settings that differ from torch's defaults, and the failure:
 its kind and its root-cause signature as `minify_client.signatures` computes it (the worker's
 oracle uses the same function), so the worker judges candidates against it from the first check.
@@ -34,7 +39,9 @@ from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
 from .dynamic import export_dynamic, is_symbolic, specialize_floats
+from .higher_order import CaptureRefused, check_round_trip, export_refused, for_export, higher_order_ops
 from .torch_hooks import FailedCompile
+from .transforms import lower, transform_calls
 from .whole_model import on_cuda
 
 logger = logging.getLogger(__name__)
@@ -98,16 +105,37 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
+    transforms = transform_calls(module.graph)
+    if transforms:
+        try:
+            module = lower(module, inputs, grad_enabled=failed.grad_enabled)
+        except Exception as error:
+            raise export_refused(error, [], transforms) from error
+        if is_symbolic(symbolic):
+            static_reason = "a graph of torch.func transforms is captured lowered to aten ops, with static shapes"
+            add_note(failed.error, f"minify: captured with static shapes: {static_reason}")
+        symbolic = []
+    module = for_export(module)
     if is_symbolic(symbolic):
         try:
             dynamic = export_dynamic(module, inputs, symbolic)
+            check_round_trip(dynamic.program)
             return Program(dynamic.program, dynamic.inputs, {}, spec_for(failed, spec), chain_of(failed))
+        except CaptureRefused:
+            raise
         except Exception as error:  # the static export below still captures the failure
             static_reason = _first_line(error)
             logger.warning("minify: the failing graph was compiled with dynamic shapes, but exporting it with "
                            "them failed (%s); it is captured with static shapes", static_reason)
             add_note(failed.error, f"minify: captured with static shapes, the dynamic export failed: {static_reason}")
-    program = torch.export.export(module, inputs, strict=False)
+    try:
+        program = torch.export.export(module, inputs, strict=False)
+    except Exception as error:
+        ops = higher_order_ops(module.graph)
+        if ops or transforms:
+            raise export_refused(error, ops, transforms) from error
+        raise
+    check_round_trip(program)
     if static_reason is not None:  # the job compiles what the program now is
         spec = {"dynamic": "static", **_given(spec)}
     return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)

@@ -54,6 +54,8 @@ class FailedCompile:
     kind: Literal["compile_error", "accuracy"] = "compile_error"
     # What each placeholder was compiled with (fake values, SymInt sizes), for a dynamic export.
     symbolic: list[Any] = field(default_factory=list)
+    # The grad mode of the compile: a graph of torch.func transforms is lowered in it (`transforms`).
+    grad_enabled: bool = True
 
 
 class Listener(Protocol):
@@ -159,7 +161,10 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def call_user_compiler(self: Any, gm: Any, example_inputs: list[Any]) -> Any:
         if not _listeners:
             return original(self, gm, example_inputs)
+        import torch
+
         graph = _copy_graph(gm)
+        grad_enabled = torch.is_grad_enabled()
         try:
             compiled = original(self, gm, example_inputs)
         except Exception as error:
@@ -167,7 +172,7 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 _report(lambda raised=error: FailedCompile(
                     level="dynamo", error=raised, backend=backend_name(self.compiler_fn),
                     config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
-                    symbolic=symbolic_values(graph, example_inputs)))
+                    symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
             raise
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
@@ -332,11 +337,26 @@ def from_metadata(value: Any) -> Any:
 
 def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> None:
     """MINIFY_CAPTURE_ACCURACY=1: the compiled graph's first outputs against eager, with the
-    worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict)."""
+    worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict).
+
+    It runs inside dynamo's compile of the user's frame, so whatever it does, the autograd and
+    functorch state dynamo guards on is put back (`transforms.preserved_state`). A graph of
+    torch.func transforms is judged lowered to the aten ops it computes (`transforms.lower`), and
+    its compiled code runs in the grad mode it was compiled in, as the user's program runs it."""
+    import torch
+
     from minify_client.accuracy import AccuracyError, compare_to_eager
 
+    from .transforms import lower, preserved_state, transform_calls
+
+    grad_enabled = torch.is_grad_enabled()
     try:
-        divergence = compare_to_eager(graph, snapshot(example_inputs), _run_compiled(compiled))
+        with preserved_state():
+            inputs = snapshot(example_inputs)
+            transforms = bool(transform_calls(graph.graph))
+            if transforms:
+                graph = lower(graph, inputs, grad_enabled=grad_enabled)
+            divergence = compare_to_eager(graph, inputs, _run_compiled(compiled, grad_enabled if transforms else None))
     except Exception:  # the check is best effort: a graph it cannot run is not the user's failure
         logger.debug("minify: accuracy check skipped", exc_info=True)
         return
@@ -344,13 +364,18 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
         _report(lambda: FailedCompile(
             level="dynamo", error=AccuracyError(divergence), backend=backend_name(compiler_fn),
             config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs), kind="accuracy",
-            symbolic=symbolic_values(graph.graph, example_inputs)))
+            symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=grad_enabled))
 
 
-def _run_compiled(compiled: Any) -> Callable[[list[Any]], Any]:
-    """Call a backend's result as dynamo's generated code does: with the inputs as *args."""
+def _run_compiled(compiled: Any, grad_enabled: bool | None = None) -> Callable[[list[Any]], Any]:
+    """Call a backend's result as dynamo's generated code does: with the inputs as *args; in the
+    grad mode `grad_enabled` when given (the check's own is no_grad)."""
+    import torch
 
     def run(inputs: list[Any]) -> Any:
-        return compiled(*inputs)
+        if grad_enabled is None:
+            return compiled(*inputs)
+        with torch.set_grad_enabled(grad_enabled):
+            return compiled(*inputs)
 
     return run
