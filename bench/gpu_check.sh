@@ -15,8 +15,10 @@ python3 -m pip install -q --no-index --find-links .whl -e . -r .whl/requirements
 
 set -o pipefail
 started=$SECONDS
-timeout "${GPU_TESTS_S:-200}" python3 -m pytest -q -ra -m gpu -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" --dist loadgroup \
-    --durations 15 2>&1 | tee "$OUT/gpu-tests.log"
+# -v names each test as it ends and --timeout fails a stuck one with its traceback, so a run cut
+# short by the outer cap still says which tests failed (a quiet -q log cut at 170 s said only ".F.F").
+timeout "${GPU_TESTS_S:-200}" python3 -m pytest -v -ra -m gpu -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" \
+    --dist loadgroup --timeout "${GPU_TEST_TIMEOUT_S:-150}" --tb short --durations 15 2>&1 | tee "$OUT/gpu-tests.log"
 echo "gpu tests: rc $? in $((SECONDS - started)) s" | tee -a "$OUT/gpu-tests.log"
 
 # bench NAME CAP ARGS...: one bench/run.py call on CUDA, capped at CAP seconds; its JSON grows run by run.
