@@ -23,6 +23,7 @@ import pytest
 
 from minify_client.models import CulpritState, JobState, ProgressEvent, Report
 from tests.support.backends import ALLOWED, PREFIX
+from tests.support.graphs import save_cos_sin_relu
 from tests.support.scripted_server import Exchange, ScriptedServer, job_status, serve_job
 from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
 from tests.test_client_cli import sigint_as_on_a_terminal
@@ -202,3 +203,46 @@ def test_the_offline_command_prints_the_result_first_and_the_culprit_after(
         artifacts = next(index for index, line in enumerate(lines) if line.startswith("artifacts in "))
         assert result < pending < artifacts and lines[-1].startswith("culprit: none (the custom backend")
     assert json.loads((out / "report.json").read_text())["culprit_state"] == "done"
+
+
+# -- the original's verdict follows the result too, where the failure was known (issue 40) --------
+
+SLOW_ORIGINAL = {"backend": f"{PREFIX}:fail_on_relu_slowly_when_whole",
+                 "failure": {"signature": "RuntimeError: injected failure on relu"}, "shrink": False}
+
+
+def test_the_originals_verdict_follows_the_delivered_result_into_the_record_and_the_stream(
+        service: Service, tmp_path: Path) -> None:
+    with service.client() as client:
+        job_id = submit(client, save_cos_sin_relu(tmp_path), SLOW_ORIGINAL)
+        delivered = wait_for_status(client, job_id, FINISHED)
+        done = wait_for_culprit(client, job_id)
+        report = client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
+        events = read_events(client, job_id, timeout_s=30)
+
+    assert delivered["status"] == "succeeded" and delivered["result"]["original_state"] == "running"
+    assert done["status"] == "succeeded" and done["result"]["original_state"] == "confirmed"
+    assert report["original_state"] == "confirmed" and report["culprit_state"] == "done"
+    steps = [(event.event, event.data.get("status"), event.data.get("milestone")) for event in events]
+    delivery = steps.index(("status", "succeeded", None))
+    assert delivery < steps.index(("progress", None, "original_confirmed")) < steps.index(
+        ("progress", None, "culprit_started"))
+
+
+def test_a_work_horse_killed_while_the_verdict_is_out_leaves_the_result_and_the_verdict_lost(
+        service: Service, tmp_path: Path) -> None:
+    with service.client() as client:
+        job_id = submit(client, save_cos_sin_relu(tmp_path), {**SLOW_ORIGINAL, "culprit": False})
+        running = wait_for_status(client, job_id, {"running"})
+        horse = work_horse_of(running)
+        delivered = wait_for_status(client, job_id, FINISHED)
+        os.kill(horse, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (after := client.get(f"/v1/jobs/{job_id}").json())["result"]["original_state"] == "running":
+            assert time.monotonic() < deadline, after
+            time.sleep(0.2)
+
+    assert delivered["status"] == "succeeded" and delivered["result"]["original_state"] == "running"
+    assert after["status"] == "succeeded" and after["culprit_state"] == "skipped"
+    assert after["result"]["original_state"] == "lost"
+    assert after["result"]["original_verdict"].startswith("lost: work horse killed by SIGKILL")

@@ -354,16 +354,18 @@ def _bisect(channel: JobChannel, out_dir: Path, report: Report, spec: JobSpec) -
 
 
 def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
-    """The delivered result with its culprit phase marked lost; report.json (and the bundle) rewritten
+    """The delivered result with what still ran after it marked lost (its culprit phase, its version
+    phase, its original's verdict); report.json (and the bundle) rewritten
     as the phase's own end rewrites them (`artifacts.rewrite_for_culprit`), when the result's files
     are there: repro.py's header says the phase was lost, not that it is pending."""
     reason = f"lost: {why}"
     versions_state = CulpritState.lost if report.versions_state is CulpritState.running else report.versions_state
     original = ({"original_state": OriginalState.lost, "original_verdict": reason}
                 if report.original_state is OriginalState.running else {})
-    lost = report.model_copy(update={"culprit_state": CulpritState.lost, "culprit": None,
-                                     "culprit_reason": reason, "workarounds": [], "workarounds_tried": {},
-                                     "versions_state": versions_state, **original})
+    culprit_fields = ({"culprit_state": CulpritState.lost, "culprit": None, "culprit_reason": reason,
+                       "workarounds": [], "workarounds_tried": {}}
+                      if report.culprit_state in (None, CulpritState.running) else {})  # a skipped phase stays so
+    lost = report.model_copy(update={**culprit_fields, "versions_state": versions_state, **original})
     if (out_dir / "report.json").is_file():
         # torch is behind these two: the worker preloaded it, and the server never calls this
         from minify_worker import artifacts, culprit
@@ -378,15 +380,18 @@ def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
 
 def record_worker_lost(redis: Redis, rq_job: Job, why: str) -> None:
     """The job's process died under it: re-queued while RQ has retries left, else failed. A job
-    that died in its culprit phase had delivered its result: it stays succeeded, the culprit lost."""
+    that died in its culprit phase, or while its original's verdict was out, had delivered its
+    result: it stays succeeded, what followed it lost."""
     ticket = JobTicket.from_wire(rq_job.args[0])
     channel = JobChannel(redis, ticket.keys)
     status = channel.status()
-    if status is JobState.succeeded and channel.culprit_running():
+    if status is JobState.succeeded:
+        # What followed the delivered result (the culprit phase, the original's verdict) is lost.
         raw = redis.hget(ticket.keys.record, "result")
-        if raw:
-            report = _culprit_lost(Report.model_validate_json(raw), ticket.out_dir, why)
-            channel.culprit_ended(report)
+        delivered = Report.model_validate_json(raw) if raw else None
+        if delivered is not None and (channel.culprit_running()
+                                      or delivered.original_state is OriginalState.running):
+            channel.culprit_ended(_culprit_lost(delivered, ticket.out_dir, why))
         return
     if status is None or status.finished:
         return

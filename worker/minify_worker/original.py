@@ -196,27 +196,26 @@ class OriginalRun:
         if the reduction restarts."""
         target = settled.signature
         self.facts.original_state = OriginalState.confirmed
-        if self.delivered:  # the verdict after the result: it confirms it, and changes nothing delivered
-            self.facts.original_failures = settled.failures
-            self.facts.flaky = settled.flaky
-            return
-        self.facts.signature = target
         self.facts.original_failures = settled.failures
         self.facts.flaky = settled.flaky
-        if self.facts.flaky:
-            self._say(Milestone.flaky, f"flaky: the original failed "
-                       f"{self.facts.original_failures} of {self.facts.original_runs} runs")
-        assert self.scheduler is not None
-        self.scheduler.remember(self.graph, Fails(target))
+        if not self.delivered:  # a verdict after the result confirms it and changes nothing delivered
+            self.facts.signature = target
+            if self.facts.flaky:
+                self._say(Milestone.flaky, f"flaky: the original failed "
+                           f"{self.facts.original_failures} of {self.facts.original_runs} runs")
+            assert self.scheduler is not None
+            self.scheduler.remember(self.graph, Fails(target))
         if target.kind == "timeout":
             if self.facts.candidate_timeout_s is None:  # else calibrated while the hang was a guess
                 self.facts.candidate_timeout_s = self.first_timeout()
             self.hang_watch.calibrate()
-        else:
+        else:  # the culprit phase's probes get it too, where the verdict followed the result
             calibrated = max(MIN_CANDIDATE_TIMEOUT_S, TIMEOUT_FACTOR * _duration(outcome))
             bound = self.spec.limits.candidate_timeout_s
             self.facts.candidate_timeout_s = round(min(calibrated, bound) if bound else calibrated, 2)
             self.evaluator.set_timeout(self.facts.candidate_timeout_s)
+        if self.delivered:
+            return
         self._reduce_phase()
         self._say(Milestone.reproduced, f"reproduced: {target}")
         if settled.restart is not None:
@@ -261,7 +260,8 @@ class OriginalRun:
         pool, best = self.evaluator.live_pool(), self.facts.best
         if not pool.reuse or best is None or best is self.graph or self.facts.signature is None:
             return None
-        future = pool.submit(self.program.to_wire(best), timeout_s=self.facts.candidate_timeout_s, fresh=True)
+        timeout_s = self.facts.candidate_timeout_s or self.first_timeout()  # not calibrated while the verdict is out
+        future = pool.submit(self.program.to_wire(best), timeout_s=timeout_s, fresh=True)
         if wait_unless_stopped(pool, [future], self._stop_reason):
             return None
         outcome = future.result()
