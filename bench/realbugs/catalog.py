@@ -5,7 +5,8 @@ Each script's docstring opens with a one-line summary, then `key: value` lines:
     issue:    https://github.com/pytorch/pytorch/issues/NNN
     checks:   what the script asserts (or runs)
     fails on: the torch versions it was seen failing on (2.13.0+cpu checked here)
-    kind:     wrong values (float) | wrong values (integer) | compile error | runtime error | crash | hang
+    kind:     wrong values (float) | wrong values (integer) | missing error (eager raises, compiled does not)
+              | compile error | runtime error | crash | hang
     feature:  the compiler layer and the feature it exercises
 
 Imports no torch: the runner reads the headers without running anything.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS_DIR = Path(__file__).resolve().parent
-KINDS = ("wrong values (float)", "wrong values (integer)", "compile error", "runtime error", "crash", "hang")
+KINDS = ("wrong values (float)", "wrong values (integer)", "missing error", "compile error", "runtime error", "crash",
+         "hang")
 _FIELD = re.compile(r"^(?P<key>issue|checks|fails on|kind|feature):\s*(?P<value>.*)$")
 
 
@@ -37,9 +39,10 @@ class Case:
     feature: str
 
     @property
-    def wrong_values(self) -> bool:
-        """The script asserts values: the capture needs MINIFY_CAPTURE_ACCURACY, torch's minifier level 4."""
-        return self.kind.startswith("wrong values")
+    def checks_values(self) -> bool:
+        """The script compares the compiled result with eager's (wrong values, or a result where eager
+        raises): the capture needs MINIFY_CAPTURE_ACCURACY, torch's minifier its accuracy level 4."""
+        return self.kind.startswith("wrong values") or self.kind == "missing error"
 
     @property
     def number(self) -> int:

@@ -6,15 +6,16 @@
 Per case (bench/realbugs/pt_*.py), each step a whole process with its own time limit:
 
 1. capture: `python -m minify_client.capture --dir CAPTURES script.py`, with `MINIFY_CAPTURE_ACCURACY=1`
-   for a case whose kind is wrong values;
+   where the script compares values (wrong values, missing error), `MINIFY_CAPTURE_CRASH=1` where it
+   dies (the opt-ins a user reaches for after seeing that failure);
 2. ours: `minify-worker minify CAPTURE.pt2 --spec spec.json --inputs inputs.pt --out OUT` (the capture's
    own spec and inputs; the version and culprit phases off, they do not change the repro);
 3. `python OUT/repro.py`: it must fail, and its "repro failed with:" line must equal its
    "minify expected:" line (the same signature); a crash must die by the same signal;
 4. torch: the same script with `TORCHDYNAMO_REPRO_AFTER=aot` (`TORCHDYNAMO_REPRO_LEVEL=4` for wrong
-   values, 3 for crashes: after_aot's levels for them), then `python minifier_launcher.py` as torch's
-   log says (its default: `minify`, every check isolated), then `python repro.py`: does it fail, and
-   how many ops are left.
+   values, 3 for crashes: after_aot's levels for them), then `python minifier_launcher.py minify
+   --no-isolate` (`--isolate`, torch's default, for crashes only: a fresh Python per check costs more
+   than this bench can give every case), then `python repro.py`: does it fail, and how many ops are left.
 
 Every case ends with a verdict per side: "minimal repro" or the exact reason it is not one. The
 results go to `--json` (every field) and `--markdown` (the table docs/bench.md quotes). Imports no torch.
@@ -23,6 +24,7 @@ results go to `--json` (every field) and `--markdown` (the table docs/bench.md q
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -137,7 +139,11 @@ def last_error_line(text: str) -> str:
 
 
 def capture_env(case: Case) -> dict[str, str]:
-    return {"MINIFY_CAPTURE_ACCURACY": "1"} if case.wrong_values else {}
+    """What a user switches on for the failure they saw: the accuracy check where values are wrong, the
+    crash-safe capture (docs/client.md) where the process died."""
+    if case.checks_values:
+        return {"MINIFY_CAPTURE_ACCURACY": "1"}
+    return {"MINIFY_CAPTURE_CRASH": "1"} if case.kind == "crash" else {}
 
 
 def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
@@ -199,7 +205,7 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
 
 
 def torch_env(case: Case) -> dict[str, str]:
-    level = {"crash": "3"}.get(case.kind, "4" if case.wrong_values else "2")
+    level = {"crash": "3"}.get(case.kind, "4" if case.checks_values else "2")
     return {"TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": level}
 
 
@@ -215,8 +221,11 @@ def run_torch(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> 
     if not launchers:
         side.verdict = f"no minifier_launcher.py written (the script ended: {step.error or 'passed'})"
         return
-    step = run_step("torch_minify", [PYTHON, str(launchers[-1])], work, scratch / "torch_minify.log",
-                    limits.minify_s)
+    # In-process checks (`--no-isolate`), except for a crash, which would kill the minifier: torch's
+    # default isolates every check in a fresh Python, which this bench cannot afford per case.
+    isolation = "--isolate" if case.kind == "crash" else "--no-isolate"
+    step = run_step("torch_minify", [PYTHON, str(launchers[-1]), "minify", isolation], work,
+                    scratch / "torch_minify.log", limits.minify_s)
     result.steps["torch_minify"] = step
     queries = re.search(r"^Made (\d+) queries", Path(step.log).read_text(errors="replace"), re.MULTILINE)
     side.queries = int(queries[1]) if queries else None
@@ -253,6 +262,12 @@ def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> Ca
     if "torch" in sides:
         run_torch(case, scratch, result, limits)
     return result
+
+
+def torch_results(path: Path) -> dict[str, Torch]:
+    """Torch's side of every case of an earlier run's --json."""
+    data = json.loads(path.read_text())
+    return {item["case"]: Torch(**item["torch"]) for item in data["results"]}
 
 
 def markdown(results: Sequence[CaseResult], revision: str) -> str:
@@ -304,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--script-limit", type=float, default=180, help="seconds for one run of a script")
     parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
     parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
+    parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each step is CPU-bound)")
+    parser.add_argument("--torch-from", type=Path, metavar="JSON",
+                        help="take torch's side from an earlier run's --json instead of running it again (torch's "
+                             "minifier does not change with this repository's commits; ours is run)")
     options = parser.parse_args(argv)
 
     cases = [case for case in all_cases()
@@ -316,15 +335,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
     os.environ.setdefault("MINIFY_CACHE_DIR", str(work / "minify-cache"))
     revision = git_revision()
-    results: list[CaseResult] = []
-    for case in cases:
+    earlier = torch_results(options.torch_from) if options.torch_from else {}
+    sides = [side for side in options.sides if not (side == "torch" and options.torch_from)]
+    finished: dict[str, CaseResult] = {}
+
+    def one(case: Case) -> CaseResult:
         started = time.monotonic()
-        result = run_case(case, work, options.sides, limits)
-        results.append(result)
+        result = run_case(case, work, sides, limits)
+        if case.name in earlier:
+            result.torch = earlier[case.name]
         print(f"{case.name}: ours: {result.ours.verdict} | torch: {result.torch.verdict} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
-        if options.json:
-            write_json(options.json, {"revision": revision, "results": [asdict(item) for item in results]})
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        for result in pool.map(one, cases):
+            finished[result.case] = result
+            if options.json:
+                write_json(options.json, {"revision": revision,
+                                          "results": [asdict(item) for item in finished.values()]})
+    results = [finished[case.name] for case in cases]
     table = markdown(results, revision)
     if options.markdown:
         options.markdown.write_text(table)

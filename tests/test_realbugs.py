@@ -1,0 +1,67 @@
+"""The real-bug corpus (bench/realbugs/): its scripts' shape, and a handful of its cases taken the user's
+way by the runner, one per class of issue 38, each asserted to end as the code on main ends it today:
+a minimal repro with the same signature, or its specific reason for not being one.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REALBUGS = Path(__file__).resolve().parents[1] / "bench" / "realbugs"
+sys.path.insert(0, str(REALBUGS))
+
+import catalog  # noqa: E402  (bench/realbugs is no package: its scripts run as `python pt_N.py`)
+
+
+def _load_runner():
+    """bench/realbugs/run.py under a name of its own (bench/run.py is another `run`)."""
+    spec = importlib.util.spec_from_file_location("realbugs_run", REALBUGS / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = _load_runner()
+CASES = {case.name: case for case in catalog.all_cases()}
+
+
+def test_the_corpus_holds_at_least_thirty_issues_each_its_own_script() -> None:
+    numbers = [case.number for case in CASES.values()]
+    assert len(numbers) >= 30
+    assert len(set(numbers)) == len(numbers)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_script_is_named_after_its_issue_and_runs_as_a_program_and_as_a_test(name: str) -> None:
+    case = CASES[name]
+    assert case.issue.startswith("https://github.com/pytorch/pytorch/issues/")
+    assert name.startswith(f"pt_{case.number}_")
+    assert "2.13.0" in case.fails_on
+    tree = ast.parse(case.path.read_text())
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert f"test_{name}" in functions
+    main_guard = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    assert main_guard and f"test_{name}()" in ast.unparse(main_guard[0])
+
+
+def test_a_header_without_its_kind_is_refused_with_the_file_named(tmp_path: Path) -> None:
+    script = tmp_path / "pt_1_missing.py"
+    script.write_text('"""Summary.\n\nissue:    https://github.com/pytorch/pytorch/issues/1\nchecks: x\n'
+                      'fails on: 2.13.0\nfeature: y\n"""\n')
+    with pytest.raises(ValueError, match=re.escape("pt_1_missing.py: header lacks kind")):
+        catalog.read_case(script)
+
+
+def test_an_unknown_kind_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "pt_2_odd.py"
+    script.write_text('"""Summary.\n\nissue:    https://github.com/pytorch/pytorch/issues/2\nchecks: x\n'
+                      'fails on: 2.13.0\nkind: slow\nfeature: y\n"""\n')
+    with pytest.raises(ValueError, match="kind 'slow' is not one of"):
+        catalog.read_case(script)
