@@ -105,11 +105,18 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
 
 
 def to_graph_module(graph: fx.Graph) -> fx.GraphModule:
-    """A runnable GraphModule over a copy of `graph`, its subgraphs installed as submodules."""
+    """A runnable GraphModule over a copy of `graph`, its subgraphs installed as submodules. One
+    that checkpoints (`tag_activation_checkpoint`) is made exportable as the capture makes it
+    (`minify_client.capture.higher_order.for_export`): minimized.pt2 and aot_inductor export it."""
     root = torch.nn.Module()
     for node in subgraphs(graph):
         root.add_module(str(node.target), to_graph_module(subgraph_of(node)))
-    return fx.GraphModule(root, copy_graph(graph))
+    module = fx.GraphModule(root, copy_graph(graph))
+    if any(node.target is torch.ops.higher_order.tag_activation_checkpoint for node in graph.nodes):
+        from minify_client.capture.higher_order import for_export
+
+        for_export(module)
+    return module
 
 
 def graph_code(graph: fx.Graph) -> str:

@@ -1,5 +1,5 @@
-"""Higher-order ops (cond, while_loop, invoke_subgraph): inlining a subgraph in place of the op,
-and editing one subgraph.
+"""Higher-order ops (cond, while_loop, invoke_subgraph, wrap, tag_activation_checkpoint): inlining a
+subgraph in place of the op, and editing one subgraph.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:
     """The subgraphs (get_attr names) that `inline_subgraph` can put in place of a higher-order op.
 
     cond: the branch the original run took first (`minify_taken`), then the other; while_loop:
-    its body (one iteration); invoke_subgraph: its subgraph. Others (map, scan, flex attention)
-    call their subgraphs on slices or scalars: none.
+    its body (one iteration); invoke_subgraph, wrap and tag_activation_checkpoint (a checkpointed
+    region: the same values, recomputed in the backward): their subgraph. Others (map, scan, flex
+    attention) call their subgraphs on slices or scalars: none.
     """
     node = _node(graph, node_name)
     if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -29,6 +30,8 @@ def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:
         "higher_order.cond": [1, 2] if node.meta.get(META_TAKEN) != 2 else [2, 1],
         "higher_order.while_loop": [1],
         "higher_order.invoke_subgraph": [0],
+        "higher_order.wrap": [0],
+        "higher_order.tag_activation_checkpoint": [0],
     }.get(target_name(node.target), [])
     return [node.args[position].name for position in positions
             if position < len(node.args) and isinstance(node.args[position], fx.Node)
@@ -42,6 +45,8 @@ def _subgraph_operands(node: fx.Node) -> list[Any]:
         return list(node.args[3])
     if name == "higher_order.while_loop":
         return list(node.args[2]) + list(node.args[3])
+    if name in ("higher_order.wrap", "higher_order.tag_activation_checkpoint"):
+        return list(node.args[1:])  # (subgraph, *operands)
     return list(node.args[2:])  # invoke_subgraph(subgraph, identifier, *operands)
 
 
