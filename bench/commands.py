@@ -56,6 +56,8 @@ def cli_command(program: Path, spec: dict[str, Any], out_dir: Path, parallelism:
         command += ["--backend", spec["backend"]]
     if spec["kind"] != "compile_error":
         command += ["--failure", spec["kind"]]
+    if spec.get("signature"):
+        command += ["--signature", spec["signature"]]
     if parallelism:
         command += ["--parallelism", str(parallelism)]
     if not culprit:
@@ -64,7 +66,8 @@ def cli_command(program: Path, spec: dict[str, Any], out_dir: Path, parallelism:
 
 
 def spec_from_args(spec_args: Sequence[str]) -> dict[str, Any]:
-    """The failure as the bench's children take it (`--config JSON --device D --backend B --kind K`)."""
+    """The failure as the bench's children take it (`--config JSON --device D --backend B --kind K`,
+    and `--signature TEXT` with run.py --given-signature)."""
     spec: dict[str, Any] = {"config": DEFAULT_CONFIG, "device": "cpu", "backend": "inductor", "kind": "compile_error"}
     for flag, value in zip(spec_args[::2], spec_args[1::2], strict=True):
         name = flag.removeprefix("--")

@@ -13,6 +13,9 @@ from typing import Any
 
 # The bug every case carries: inductor's C++ backend emits code that does not compile for relu.
 DEFAULT_CONFIG: dict[str, Any] = {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+# Its signature as a capture records it (`failure.signature`; run.py --given-signature), g++'s
+# quotes as it prints them under a UTF-8 locale.
+RELU_COMPILE_SIGNATURE = "CppCompileError: \u2018compile\u2019 was not declared in this scope"
 
 # The last two are the commands a user runs, whole processes (bench/commands.py).
 MINIFIERS = ("torch", "torch-isolate", "ours", "ours-spawn", "torch-script", "ours-cli")

@@ -1,7 +1,7 @@
 """Child process: run our engine on one .pt2, as `minify-worker minify` does offline.
 
     python bench/ours_side.py PROGRAM.pt2 --out DIR --result FILE [--config JSON] [--parallelism N]
-                              [--backend NAME] [--kind KIND]
+                              [--backend NAME] [--kind KIND] [--signature TEXT]
 
 The engine isolates every candidate by design (a fork server, one child per candidate), so there
 is no in-process variant to compare. The result file is rewritten on every progress event, so a
@@ -31,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", default=json.dumps(DEFAULT_CONFIG), help="inductor config, JSON")
     parser.add_argument("--backend", default="inductor", help="the job spec's backend")
     parser.add_argument("--kind", default="compile_error", help="the job spec's failure kind")
+    parser.add_argument("--signature", default=None,
+                        help="the job spec's failure.signature, as a capture gives it (run.py --given-signature)")
     parser.add_argument("--parallelism", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reuse", type=int, default=None, help="candidates per long-lived sandbox child")
@@ -61,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend=options.backend,
         device=options.device,
         config=json.loads(options.config),
-        failure={"kind": options.kind},
+        failure={"kind": options.kind, "signature": options.signature},
         limits={"parallelism": options.parallelism},
         shrink=False,  # torch's minifier does not shrink inputs: the bench compares the reductions
         culprit=options.culprit,  # on, as for users; its seconds are a column of their own (run.py)
@@ -81,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(options.result, result_to_json(result))
 
     def on_result(delivered: object) -> None:
-        """The result is delivered (artifacts written) before the culprit phase: what a user waits for."""
+        """The result is delivered (artifacts written) before the culprit phase, and before the
+        original's verdict where the failure is known (a given signature): what a user waits for."""
         result.repro_s = time.perf_counter() - minify_start
         result.delivered_at = time.clock_gettime(time.CLOCK_MONOTONIC)  # system-wide: the parent's clock too
         write_json(options.result, result_to_json(result))

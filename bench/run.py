@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import commands
-from common import DEFAULT_CONFIG, MINIFIERS, RunResult, result_to_json
+from common import DEFAULT_CONFIG, MINIFIERS, RELU_COMPILE_SIGNATURE, RunResult, result_to_json
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -617,6 +617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="run ours from this git revision (git archive of worker/ and client/), not the working tree",
     )
+    parser.add_argument("--given-signature", action="store_true",
+                        help="ours: the spec gives the signature the case fails with, as a capture does "
+                             "(failure.signature): the result goes out before the original's verdict")
     parser.add_argument("--no-culprit", dest="culprit", action="store_false",
                         help="ours: skip the culprit phase (by default it runs, and its seconds are a column)")
     parser.add_argument(
@@ -629,6 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         " a worker's steady state",
     )
     options = parser.parse_args(argv)
+    if options.given_signature and options.device != "cpu":
+        parser.error("--given-signature knows the CPU relu bug's signature only (C++'s, not Triton's)")
     options.work = options.work.resolve()  # children run in their own scratch folders
     options.ours_source = export_revision(options.ours_rev, options.work) if options.ours_rev else None
     options.commit = git_commit()  # at the start: the tree may move on while the benchmark runs
@@ -657,7 +662,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in options.cases:
             for minifier in options.minifiers:
                 scratch = options.work / "runs" / case / f"{minifier}-{repeat}"
-                run = run_once(case, programs[case], minifier, scratch, options, device_spec_args(options.device))
+                spec_args = device_spec_args(options.device)
+                if options.given_signature:
+                    spec_args += ["--signature", RELU_COMPILE_SIGNATURE]
+                run = run_once(case, programs[case], minifier, scratch, options, spec_args)
                 table[case][minifier].append(run)
                 if options.json:
                     write_record(options.json, table, ops, options, load_before, os.getloadavg())
@@ -715,6 +723,8 @@ def run_zoo(options: argparse.Namespace) -> int:
             case = f"{model}-{failure_name}"
             spec_args = ["--config", json.dumps(failure.config), "--backend", zoo.backend_for(model, failure),
                          "--kind", failure.kind]
+            if options.given_signature:
+                spec_args += ["--signature", zoo.signature_for(model, failure)]
             runs = {}
             for minifier in ("ours", "torch"):
                 scratch = options.work / "runs" / "zoo" / case / minifier

@@ -140,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="inductor", help='"inductor" or a "module:callable" torch.compile backend')
     parser.add_argument("--kind", default="compile_error", help="compile_error, or accuracy")
     parser.add_argument("--device", default="cpu", help="where the program lives (it was exported there)")
+    parser.add_argument("--signature", default=None,
+                        help="ignored: torch's minifier takes no signature (any failure of the check counts)")
     options = parser.parse_args(argv)
 
     process_start = time.perf_counter()

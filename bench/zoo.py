@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import RELU_COMPILE_SIGNATURE
 from torch import nn
 from torch.nn import functional as F
 
@@ -351,18 +352,21 @@ class Failure:
     config: dict[str, Any] = field(default_factory=dict)
     expected_ops: int | None = None  # the smallest answer there is, when known
     needs: str = ""  # an op every model of the case must have
+    signature: str | None = None  # what the original fails with, as a capture records it (two_ops: by model)
 
 
 FAILURES: dict[str, Failure] = {
     "relu_compile": Failure("relu_compile", "inductor", "compile_error", "inductor",
-                            {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, expected_ops=1, needs="relu"),
+                            {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, expected_ops=1, needs="relu",
+                            signature=RELU_COMPILE_SIGNATURE),
     # Inductor's C++ relu computes x + 1: the program compiles and runs, its results are wrong
     # (torch's side: after_aot's accuracy check against fp64; ours: failure kind accuracy).
     "relu_accuracy": Failure("relu_accuracy", "inductor", "accuracy", "inductor",
-                             {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}, expected_ops=1, needs="relu"),
+                             {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}, expected_ops=1, needs="relu",
+                             signature="AccuracyError"),
     "two_ops": Failure("two_ops", "", "compile_error", "core", expected_ops=2),  # backend: TWO_OPS
     "softmax_accuracy": Failure("softmax_accuracy", f"{TESTING}:wrong_on_softmax", "accuracy", "core",
-                                expected_ops=1, needs="_softmax"),
+                                expected_ops=1, needs="_softmax", signature="AccuracyError"),
 }
 
 
@@ -378,8 +382,25 @@ TWO_OPS = {
 }
 
 
+# The ops each two-op backend needs together (tests/support/backends.py's raise_on_all): its message.
+TWO_OPS_NEEDS = {
+    "fail_on_max_pool_and_mean": ("max_pool2d_with_indices", "mean"),
+    "fail_on_gelu_and_layer_norm": ("gelu", "native_layer_norm"),
+    "fail_on_clamp_and_mean": ("clamp", "mean"),
+    "fail_on_tanh_and_layer_norm": ("tanh", "native_layer_norm"),
+}
+
+
 def backend_for(model: str, failure: Failure) -> str:
     return failure.backend or TWO_OPS[model]
+
+
+def signature_for(model: str, failure: Failure) -> str:
+    """What the original fails with, as a capture records it (`failure.signature`)."""
+    if failure.signature:
+        return failure.signature
+    ops = TWO_OPS_NEEDS[backend_for(model, failure).rsplit(":", 1)[1]]
+    return f"RuntimeError: injected failure on {' and '.join(ops)} together"
 
 
 def has_op(program: torch.export.ExportedProgram, op: str) -> bool:
