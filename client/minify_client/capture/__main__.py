@@ -5,7 +5,9 @@ capture every failing torch.compile graph and aoti_compile_and_package call it m
 
 With `--crash` (or MINIFY_CAPTURE_CRASH=1) the script runs in a child process that this one
 supervises, so a compiled graph that kills it still leaves its capture (capture/crash.py); this
-process then ends as the child did.
+process then ends as the child did. With `--diagnose` (or MINIFY_CAPTURE_DIAGNOSE=1), a failing
+script that compiled something and left no capture is rerun to say which layer is to blame
+(capture/diagnose.py).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import argparse
 import os
 import runpy
 import sys
+import time
 import traceback
 
-from . import crash
+from minify_client import signatures
+
+from . import crash, diagnose
 from .session import CaptureSession, safe_name
 
 
@@ -33,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also capture a compiled graph whose first run kills the process (a segfault, an "
                              "abort): the script runs in a supervised child; each graph is exported before its "
                              "first run")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="when the script fails after compiling something and no graph was captured, rerun it "
+                             "with torch.compile off, then backends eager and aot_eager, to say which layer is to "
+                             "blame (dynamo, AOT autograd or the backend)")
     parser.add_argument("script", help="the script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     options = parser.parse_args(argv)
@@ -45,27 +54,51 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MINIFY_CAPTURE_ACCURACY"] = "1"
     if options.crash:
         os.environ[crash.CRASH_ENV] = "1"
+    if options.diagnose:
+        os.environ[diagnose.DIAGNOSE_ENV] = "1"
     if crash.requested() and not crash.supervised():
         return _supervise(sys.argv[1:] if argv is None else argv, safe_name(options.script))
     session = CaptureSession.from_environment()
     session.start()
-    session.begin(safe_name(options.script))
+    name = safe_name(options.script)
+    session.begin(name)
+    invoked_in = os.getcwd()
     sys.argv = [options.script, *options.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+    started = time.monotonic()
     try:
         runpy.run_path(options.script, run_name="__main__")
     except SystemExit as exit_:
-        session.finish()
-        return _exit_code(exit_.code)
+        code = _exit_code(exit_.code)
+        captured = session.finish()
+        if code != 0:
+            _diagnose(session, exit_, captured, options, name, invoked_in, time.monotonic() - started)
+        return code
     except BaseException as error:
-        session.finish(error)
+        captured = session.finish(error)
         traceback.print_exc()  # with the note saying where the capture went
+        if not isinstance(error, KeyboardInterrupt):
+            _diagnose(session, error, captured, options, name, invoked_in, time.monotonic() - started)
         return 130 if isinstance(error, KeyboardInterrupt) else 1
     else:
         session.finish()
         return 0
     finally:
         session.stop()
+
+
+def _diagnose(session: CaptureSession, error: BaseException, captured: list[object], options: argparse.Namespace,
+              name: str, invoked_in: str, seconds: float) -> None:
+    """--diagnose: a failure no graph was captured for, in a script that compiled something, rerun
+    to say which layer is to blame (capture/diagnose.py)."""
+    if not diagnose.requested() or captured or not session.compiled:
+        return
+    print("minify: no failing graph was captured; rerunning the script to find which layer of torch.compile "
+          "is to blame (--diagnose)", file=sys.stderr)
+    found = diagnose.diagnose(name, signatures.signature_line(error),
+                              diagnose.script_command(options.script, options.args), cwd=invoked_in,
+                              directory=session.directory, name=name, timeout_s=diagnose.rerun_timeout_s(seconds))
+    print(f"{found.message}\nminify: reruns and their logs: {session.directory / diagnose.MANIFEST}", file=sys.stderr)
 
 
 def _supervise(argv: list[str], name: str) -> int:

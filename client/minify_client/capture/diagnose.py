@@ -1,0 +1,229 @@
+"""A failure no captured graph holds, diagnosed (opt-in: `MINIFY_CAPTURE_DIAGNOSE=1`, or the
+runner's `--diagnose`): which layer of torch.compile is to blame, and what to do next.
+
+Some failures under torch.compile are in no graph a compiler receives: dynamo replaying a value it
+saw while tracing, a side effect it dropped, AOT autograd's runtime wrapper rebuilding an aliased
+input's view. The test fails, and nothing is captured. For such a test (or script), run after it
+failed and compiled something, it is run again in a child process, as torch's compiler bisector
+runs its stages, the backend of every `torch.compile` call overridden through the bisector's own
+variable (`TORCH_BISECT_BACKEND`, read by torch.compile itself):
+
+1. with `TORCHDYNAMO_DISABLE=1` (no torch.compile at all): fails → the program's own failure,
+   not the compiler's;
+2. with backend `eager` (dynamo alone): fails → dynamo;
+3. with backend `aot_eager` (dynamo and AOT autograd, no compiler): fails → AOT autograd;
+4. with the user's own backend again: fails → that backend's compiled code; passes → the failure
+   needs what ran before it in the process (another test's state), or is flaky.
+
+The reruns stop at the first that fails. The verdict, the next step and every rerun's outcome go
+to `DIR/diagnoses.json` (one entry per test, the latest), each rerun's output to
+`DIR/diagnoses/<name>/<setting>.log`, and the message to the runner's output or the plugin's
+summary. The user's own run has ended by then: its outcome is never changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .rerun import OUT_ENV
+
+logger = logging.getLogger(__name__)
+
+DIAGNOSE_ENV = "MINIFY_CAPTURE_DIAGNOSE"
+MANIFEST = "diagnoses.json"
+Layer = Literal["program", "dynamo", "aot_autograd", "backend", "not_alone"]
+Outcome = Literal["passes", "fails the same way", "fails differently", "timed out", "could not run"]
+
+# (setting, what it changes in the rerun's environment), in the order of torch's layers.
+_STAGES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("no torch.compile", {"TORCHDYNAMO_DISABLE": "1"}),
+    ("eager", {"TORCH_BISECT_BACKEND": "eager"}),
+    ("aot_eager", {"TORCH_BISECT_BACKEND": "aot_eager"}),
+    ("your backend", {}),
+)
+_BLAME: dict[str, Layer] = {"no torch.compile": "program", "eager": "dynamo", "aot_eager": "aot_autograd",
+                            "your backend": "backend"}
+_NEXT: dict[Layer, str] = {
+    "program": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1): the failure is the program's own, "
+               "not the compiler's; there is nothing for minify to shrink.",
+    "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
+              "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
+              "effect it dropped). No graph holds such a failure, so there is nothing for minify to shrink. "
+              "Next: TORCH_LOGS=guards,recompiles,graph_code shows what dynamo traced and guarded; report it to "
+              "PyTorch (module: dynamo) with this test or script as the repro.",
+    "aot_autograd": "it passes with backend 'eager' and fails with 'aot_eager' (dynamo and AOT autograd, no "
+                    "compiler), so AOT autograd is to blame: functionalization, or its runtime wrappers (input "
+                    "mutations written back, aliased inputs and outputs rebuilt as views), which are in no graph. "
+                    "Next: TORCH_LOGS=aot_graphs shows its graphs; if the wrong values are in one, "
+                    "MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 captures it; else report it to PyTorch "
+                    "(module: aotdispatch) with this test or script as the repro.",
+    "backend": "it passes with backends 'eager' and 'aot_eager' and fails with yours, so your backend's compiled "
+               "code is to blame, though no graph was captured: the failure is not an error while compiling. "
+               "Next: MINIFY_CAPTURE_ACCURACY=1 captures a graph whose outputs are wrong (with "
+               "MINIFY_CAPTURE_LEVEL=aot, the graph after AOT autograd), MINIFY_CAPTURE_CRASH=1 one whose run "
+               "kills the process; for inductor, `python -m torch._inductor.compiler_bisector` names the pass.",
+    "not_alone": "it passes when it runs again alone with your backend: it needs what ran before it in the same "
+                 "process (state another test or call left behind), or it is flaky. Next: run it alone; if it "
+                 "passes, find the test that must run before it.",
+}
+
+
+@dataclass
+class Rerun:
+    setting: str
+    outcome: Outcome
+    signature: str | None
+    seconds: float
+    log: str  # relative to the capture directory
+
+
+@dataclass
+class Diagnosis:
+    test: str
+    signature: str
+    layer: Layer | None  # None: no rerun could say (each timed out or could not run)
+    message: str
+    reruns: list[Rerun] = field(default_factory=list)
+
+
+def requested() -> bool:
+    return os.environ.get(DIAGNOSE_ENV) == "1"
+
+
+def rerun_timeout_s(seconds: float) -> float:
+    """How long one rerun may take: three times the user's run, and a minute more (its compiles)."""
+    return 3 * seconds + 60
+
+
+def script_command(script: str, args: Sequence[str]) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "minify_client.capture.rerun", script, *args]
+
+
+def pytest_command(nodeid: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "pytest", nodeid, "-p", "minify_client.capture.rerun", "-p", "no:cacheprovider",
+            "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+
+
+def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os.PathLike[str], directory: Path,
+             name: str, timeout_s: float) -> Diagnosis:
+    """Rerun `command` (script_command or pytest_command) stage by stage until one fails; the
+    verdict, written to `directory`."""
+    logs = directory / "diagnoses" / name
+    logs.mkdir(parents=True, exist_ok=True)
+    reruns: list[Rerun] = []
+    for setting, environment in _STAGES:
+        rerun = _rerun(setting, environment, command, cwd=cwd, log=logs / f"{setting.replace(' ', '-')}.log",
+                       directory=directory, expected=signature, timeout_s=timeout_s)
+        reruns.append(rerun)
+        if rerun.outcome in ("fails the same way", "fails differently"):
+            break
+    diagnosis = _verdict(test, signature, reruns)
+    _record(directory, diagnosis)
+    return diagnosis
+
+
+def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
+    last = reruns[-1]
+    if last.outcome in ("fails the same way", "fails differently"):
+        layer: Layer | None = _BLAME[last.setting]
+    elif last.setting == "your backend" and last.outcome == "passes":
+        layer = "not_alone"
+    else:
+        layer = None
+    if layer is None:
+        text = ("minify: no graph captured holds this failure, and the reruns that would say which layer of "
+                f"torch.compile is to blame did not finish ({last.setting}: {last.outcome}).")
+    else:
+        differently = (f" (with {last.setting} it fails differently: {last.signature})"
+                       if last.outcome == "fails differently" else "")
+        text = f"minify: no graph captured holds this failure ({signature}); {_NEXT[layer]}{differently}"
+    return Diagnosis(test=test, signature=signature, layer=layer, message=text, reruns=reruns)
+
+
+def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *, cwd: str | os.PathLike[str],
+           log: Path, directory: Path, expected: str, timeout_s: float) -> Rerun:
+    handle, out = tempfile.mkstemp(prefix="minify-rerun-", suffix=".json")
+    os.close(handle)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST",
+                                  "TORCH_BISECT", "TORCHDYNAMO_DISABLE"))}
+    env.update(environment)
+    env[OUT_ENV] = out
+    started = time.monotonic()
+    try:
+        with open(log, "w") as output:
+            try:
+                done = subprocess.run(list(command), cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, timeout=timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                return Rerun(setting, "timed out", None, time.monotonic() - started, _relative(log, directory))
+            except OSError as error:
+                output.write(f"minify: could not start {command[0]}: {error}\n")
+                return Rerun(setting, "could not run", None, time.monotonic() - started, _relative(log, directory))
+        seconds = time.monotonic() - started
+        outcome, signature = _outcome(done.returncode, out, expected)
+        return Rerun(setting, outcome, signature, seconds, _relative(log, directory))
+    finally:
+        os.unlink(out)
+
+
+def _outcome(returncode: int, out: str, expected: str) -> tuple[Outcome, str | None]:
+    try:
+        written = json.loads(Path(out).read_text())
+    except (OSError, ValueError):
+        written = None
+    if written is None:
+        # Nothing written: a script that ended without a word, or pytest with no failing test.
+        if returncode == 0:
+            return "passes", None
+        if returncode < 0:
+            from .crash import death_signature
+
+            return "fails differently", death_signature(returncode)
+        return "could not run", None  # pytest's usage errors, no test collected, an internal error
+    if not written.get("failed"):
+        return "passes", None
+    signature = written.get("signature")
+    return ("fails the same way" if signature == expected else "fails differently"), signature
+
+
+def _relative(path: Path, directory: Path) -> str:
+    try:
+        return str(path.relative_to(directory))
+    except ValueError:
+        return str(path)
+
+
+def _record(directory: Path, diagnosis: Diagnosis) -> None:
+    """Put `diagnosis` in DIR/diagnoses.json (replacing that test's earlier one), under the capture
+    directory's lock, as the capture manifest is written."""
+    from .session import _directory_lock
+
+    with _directory_lock(directory):
+        entries = [entry for entry in read_diagnoses(directory) if entry.get("test") != diagnosis.test]
+        entries.append(asdict(diagnosis))
+        path = directory / MANIFEST
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"diagnoses": entries}, indent=2) + "\n")
+        temporary.replace(path)
+
+
+def read_diagnoses(directory: str | os.PathLike[str]) -> list[dict]:
+    """The entries of `directory`'s diagnoses.json (empty when there is none)."""
+    try:
+        return list(json.loads((Path(directory) / MANIFEST).read_text()).get("diagnoses", []))
+    except (OSError, ValueError):
+        return []

@@ -1,0 +1,59 @@
+"""What runs inside one rerun of a failure no captured graph holds (capture/diagnose.py): the
+program or test runs as the user ran it, and how it ended is written as JSON to `$MINIFY_RERUN_OUT`:
+`{"failed": bool, "signature": "Type: key" | null}` (the signature as `signatures.signature_line`
+writes it, so it compares with the user's own failure).
+
+- `python -m minify_client.capture.rerun script.py args...`: the script as `python script.py`
+  runs it (runpy, as `__main__`, its argv and exit code);
+- `pytest -p minify_client.capture.rerun NODEID`: the test's error, as a plugin (no test that
+  passes writes anything: the parent reads pytest's exit status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+from minify_client import signatures
+
+OUT_ENV = "MINIFY_RERUN_OUT"
+
+
+def record(error: BaseException | None) -> None:
+    path = os.environ.get(OUT_ENV)
+    if not path:
+        return
+    signature = signatures.signature_line(error) if error is not None else None
+    with open(path, "w") as out:
+        json.dump({"failed": error is not None, "signature": signature}, out)
+
+
+def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
+    if report.when == "call" and call.excinfo is not None:
+        record(call.excinfo.value)
+
+
+def main(argv: list[str]) -> int:
+    script, *args = argv
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        failed = exit_.code not in (None, 0)
+        record(exit_ if failed else None)
+        return exit_.code if isinstance(exit_.code, int) else int(failed)
+    except BaseException as error:
+        record(error)
+        traceback.print_exc()
+        return 1
+    record(None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
