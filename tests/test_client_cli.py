@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobState, ProgressEvent
+from minify_client.models import JobState, OriginalState, ProgressEvent
 from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
@@ -220,6 +220,27 @@ def test_status_shows_the_jobs_warnings(server: ScriptedServer):
     server.route("GET", "/v1/jobs/j1", lambda e: e.send_json(200, status.model_dump(mode="json")))
     result = run_cli("status", "j1", "--server", server.url)
     assert "warning:   no worker has served cuda" in result.stdout.splitlines()
+
+
+@pytest.mark.parametrize(("state", "verdict", "row"), [
+    (OriginalState.running, None, "original:  running (its verdict follows the delivered result)"),
+    (OriginalState.confirmed, None, "original:  confirmed (failed 1 of 3 runs)"),
+    (OriginalState.not_reproduced, "passes 3x", "original:  not_reproduced: passes 3x (the result is kept)"),
+])
+def test_status_shows_where_the_originals_verdict_stands(server: ScriptedServer, state: OriginalState,
+                                                         verdict: str | None, row: str):
+    status = job_status("j1", JobState.succeeded)
+    assert status.result is not None
+    status.result = status.result.model_copy(update={"original_state": state, "original_verdict": verdict,
+                                                     "original_runs": 3, "original_failures": 1})
+    server.route("GET", "/v1/jobs/j1", lambda e: e.send_json(200, status.model_dump(mode="json")))
+    result = run_cli("status", "j1", "--server", server.url)
+    assert row in result.stdout.splitlines()
+
+
+def test_status_of_a_report_without_a_verdict_has_no_original_row(server: ScriptedServer):
+    serve_finished_job(server, JobState.succeeded)
+    assert "original:" not in run_cli("status", "j1", "--server", server.url).stdout
 
 
 def test_submit_json_prints_the_created_job(server: ScriptedServer, program: Path):
