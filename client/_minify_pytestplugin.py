@@ -19,6 +19,15 @@ def capture_requested() -> bool:
     return bool(os.environ.get("MINIFY_CAPTURE_DIR")) or os.environ.get("MINIFY_CAPTURE") == "1"
 
 
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """MINIFY_CAPTURE_CRASH=1: the run supervised, so a crash in compiled code leaves its capture."""
+    if capture_requested() and os.environ.get("MINIFY_CAPTURE_CRASH") == "1":
+        from minify_client.pytest_plugin import supervise
+
+        return supervise(config)
+    return None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if capture_requested():
         from minify_client.pytest_plugin import register

@@ -6,23 +6,67 @@ captured into the capture directory (`CaptureSession.from_environment`), named a
 once per bug with every test that hit it in `captures.json`. A test's outcome and error stay what
 they were; a note on the error says where its capture went. torch's compiler entry points are
 patched once torch has been imported by the suite; before that, nothing of torch is touched.
+
+With `MINIFY_CAPTURE_CRASH=1` the run is supervised (`pytest_cmdline_main`): pytest runs again as
+a child of this process, and a compiled graph whose first run kills it still leaves its capture
+(capture/crash.py); this process then ends as the child did. With `MINIFY_CAPTURE_DIAGNOSE=1`, a
+test that failed after compiling something and left no capture is rerun at the end of the session
+to say which layer of torch.compile is to blame (capture/diagnose.py), in the summary.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from minify_client.capture.session import CaptureSession
+from minify_client import signatures
+from minify_client.capture import crash, diagnose
+from minify_client.capture.session import CaptureSession, safe_name
 
 PLUGIN_NAME = "minify-capture"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     register(config)  # loaded with -p: capture was asked for explicitly
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    return supervise(config)
+
+
+def supervise(config: pytest.Config) -> int | None:
+    """MINIFY_CAPTURE_CRASH=1: run this pytest command again as a supervised child and end as it
+    did, after adopting what it left pending if it died (None: run here, as usual). A pytest run
+    in-process (`pytest.main()`) is not re-run: its pending captures wait for the next session."""
+    if not crash.requested() or crash.supervised():
+        return None
+    command = _pytest_command(config)
+    if command is None:
+        return None
+    session = CaptureSession.from_environment()
+    session.adopt()  # what earlier runs left
+    pid, returncode = crash.supervise(command, cwd=config.invocation_params.dir)
+    for entry in session.adopt(pid=pid, returncode=returncode):
+        session.begin(entry.tests[0] if entry.tests else "run")
+        print(f"{session.describe(entry)} (the test process died: {entry.signature})", file=sys.stderr)
+    return crash.end_like(returncode)
+
+
+def _pytest_command(config: pytest.Config) -> list[str] | None:
+    """The command line that started this pytest, to run again: `python -m pytest` or the
+    `pytest` script."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    by_module = spec is not None and spec.name in ("pytest", "pytest.__main__")
+    if not by_module and Path(sys.argv[0]).name not in ("pytest", "py.test"):
+        return None
+    return [sys.executable, "-m", "pytest", *config.invocation_params.args]
 
 
 def register(config: pytest.Config) -> None:
@@ -35,6 +79,7 @@ class CapturePlugin:
     def __init__(self) -> None:
         self.session = CaptureSession.from_environment()
         self._started = False
+        self._undiagnosed: list[tuple[str, str, float]] = []  # (test id, signature, seconds) to rerun
 
     def _start_once_torch_is_imported(self) -> bool:
         if not self._started and "torch" in sys.modules:
@@ -42,14 +87,18 @@ class CapturePlugin:
             self._started = True
         return self._started
 
-    def _around(self, item: pytest.Item) -> Generator[None, Any, Any]:
+    def _around(self, item: pytest.Item, phase: str = "") -> Generator[None, Any, Any]:
         if not self._start_once_torch_is_imported():
             return (yield)
         self.session.begin(item.nodeid)
+        started = time.monotonic()
         try:
             result = yield
         except BaseException as error:
-            self.session.finish(error)  # notes where the capture went; the error itself is re-raised
+            captured = self.session.finish(error)  # notes where the capture went; the error itself is re-raised
+            if (phase == "call" and diagnose.requested() and not captured and self.session.compiled
+                    and _diagnosable(item, error)):
+                self._undiagnosed.append((item.nodeid, signatures.signature_line(error), time.monotonic() - started))
             raise
         self.session.finish()
         return result
@@ -60,13 +109,30 @@ class CapturePlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        return (yield from self._around(item))
+        return (yield from self._around(item, "call"))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield from self._around(item))
 
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """The failing tests no capture holds, rerun to say which layer is to blame (diagnose.py);
+        under pytest-xdist each worker reruns its own."""
+        undiagnosed, self._undiagnosed = self._undiagnosed, []
+        for test, signature, seconds in undiagnosed:
+            diagnose.diagnose(test, signature, diagnose.pytest_command(test), cwd=session.config.rootpath,
+                              directory=self.session.directory, name=safe_name(test),
+                              timeout_s=diagnose.rerun_timeout_s(seconds))
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.session.crash:
+            self.session.adopt()  # an xdist worker that died in a compiled graph: its pending captures
+        found = diagnose.read_diagnoses(self.session.directory) if diagnose.requested() else []
+        if found:
+            terminalreporter.write_sep("-", "minify: failures no captured graph holds")
+            for entry in found:
+                terminalreporter.write_line(f"{entry['test']}: {entry['message']}")
+            terminalreporter.write_line(f"reruns and their logs: {self.session.directory / diagnose.MANIFEST}")
         self.session.load_manifest()  # under pytest-xdist this process ran no test: its workers captured
         if self.session.entries:
             terminalreporter.write_sep("-", "minify captures")
@@ -77,3 +143,10 @@ class CapturePlugin:
 
     def pytest_unconfigure(self) -> None:
         self.session.stop()
+
+
+def _diagnosable(item: pytest.Item, error: BaseException) -> bool:
+    """A test failure worth rerunning: an error or a failed assertion, not a skip or an xfail."""
+    if item.get_closest_marker("xfail") is not None:
+        return False
+    return isinstance(error, (Exception, pytest.fail.Exception))
