@@ -468,7 +468,7 @@ def _recorder(module: Any, prefix: str, recorded: dict[str, Any]) -> Any:
             else:
                 result = super().run_node(node)
             if node.op == "call_function":
-                if isinstance(result, torch.Tensor):
+                if isinstance(result, torch.Tensor) and result.device.type != "meta":  # no data to keep
                     recorded[prefix + node.name] = result.detach().to("cpu").clone()
                 elif isinstance(result, bool | int | float):
                     recorded[prefix + node.name] = result

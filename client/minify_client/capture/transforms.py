@@ -12,8 +12,8 @@ pushed: dynamo's functorch guard then fails on the frame being compiled ("Guard 
 frame it was created"), so a capture that ran it changed the user's program.
 
 `lower` traces such a graph with `make_fx` (fake tensors, in the grad mode of the compile): the
-transforms run and what is recorded is the aten ops they compute, the graph AOT autograd hands
-inductor before its decompositions. It exports, saves and loads as any graph does. `preserved_state`
+transforms run and what is recorded is the aten ops they compute (dead ones dropped), the graph AOT
+autograd hands inductor before its decompositions. It exports, saves and loads as any graph does. `preserved_state`
 puts back the state a graph run may change (functorch levels, forward-AD level, grad modes, saved-
 tensor hooks, in-place requires_grad) whatever happened inside.
 
@@ -61,7 +61,12 @@ def lower(module: Any, inputs: Sequence[Any], *, grad_enabled: bool) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     with preserved_state(), _disable_current_modes(), torch.set_grad_enabled(grad_enabled):
-        return make_fx(module, tracing_mode="fake")(*inputs)
+        lowered = make_fx(module, tracing_mode="fake")(*inputs)
+    # Dead code goes: forward AD's zero tangents leave products computed on the meta device and
+    # never read, which a run that keeps every value (the worker's) cannot copy.
+    lowered.graph.eliminate_dead_code()
+    lowered.recompile()
+    return lowered
 
 
 @contextlib.contextmanager
