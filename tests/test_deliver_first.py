@@ -11,6 +11,9 @@ parts fail at once, so the order of events is the point of each test.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import pytest
 
 from minify_client.models import JobSpec, JobState, Milestone, OriginalState, ProgressEvent
 from minify_worker.engine import MinifyResult, minify
-from tests.support.backends import PREFIX
+from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import ops_of, save_chain, save_cos_sin_relu
 
 RELU = "RuntimeError: injected failure on relu"
@@ -150,3 +153,17 @@ def test_a_cancel_while_the_verdict_is_out_stops_it_and_the_result_stays(
     assert result.report.original_state is OriginalState.stopped
     assert "cancelled" in (result.report.original_verdict or "")
     assert report_json(tmp_path)["original_state"] == "stopped"
+
+
+def test_the_offline_command_prints_the_result_then_the_originals_verdict(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "minify_worker.cli", "minify", str(save_cos_sin_relu(tmp_path)),
+         "--out", str(tmp_path / "out"), "--backend", f"{PREFIX}:fail_on_relu_slowly_when_whole",
+         "--signature", RELU, "--no-shrink", "--no-culprit", "--quiet"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **ALLOWED})
+
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    result = next(index for index, line in enumerate(lines) if line.startswith("status: succeeded"))
+    assert lines[result + 1:].index("original: running (its verdict follows the delivered result)") >= 0
+    assert lines[-1] == "original: confirmed (failed 1 of 1 runs)"  # no culprit line follows: no phase ran
