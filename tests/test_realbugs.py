@@ -65,3 +65,30 @@ def test_an_unknown_kind_is_refused(tmp_path: Path) -> None:
                       'fails on: 2.13.0\nkind: slow\nfeature: y\n"""\n')
     with pytest.raises(ValueError, match="kind 'slow' is not one of"):
         catalog.read_case(script)
+
+
+# One case per class of issue 38, the cheap ones (an eager or aot_eager backend, or one small inductor
+# graph), through the runner's own steps (capture, minify-worker minify, repro.py), ours only.
+LIMITS = runner.Limits(script_s=240, minify_s=180, repro_s=120)
+
+
+def take(name: str, tmp_path: Path):
+    return runner.run_case(CASES[name], tmp_path, ["ours"], LIMITS)
+
+
+def test_integer_wrong_values_from_inductor_are_captured_and_minimized(tmp_path: Path) -> None:
+    result = take("pt_175966_arange_int64_mul", tmp_path)
+    assert result.original_error.startswith("AssertionError: compiled [0, 1000000000, 2000000000, -1294967296")
+    assert result.ours.verdict == "nothing captured (no note)"
+
+
+def test_a_failure_dynamo_guards_hold_leaves_no_graph_to_capture(tmp_path: Path) -> None:
+    result = take("pt_139789_mutation_aliasing_recompile", tmp_path)
+    assert result.original_error.startswith("AssertionError: compiled [3.0, 3.0, 3.0, 3.0]")
+    assert result.ours.verdict == "nothing captured (no note)"
+
+
+def test_a_higher_order_op_that_dynamo_refuses_leaves_no_graph_to_capture(tmp_path: Path) -> None:
+    result = take("pt_156724_cond_nonzero", tmp_path)
+    assert result.original_error.startswith("torch._dynamo.exc.UncapturedHigherOrderOpError")
+    assert result.ours.verdict == "nothing captured (no note)"

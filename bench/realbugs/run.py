@@ -70,6 +70,7 @@ class Step:
 class Ours:
     captured: bool = False
     capture_note: str = ""  # the capture's own "minify: ..." line on the error
+    diagnosis: str = ""  # nothing captured: the layer the capture's diagnosis blames, and why
     captures: int = 0
     status: str = ""  # report.json's status, or "timeout"
     reason: str = ""
@@ -140,22 +141,40 @@ def last_error_line(text: str) -> str:
 
 def capture_env(case: Case) -> dict[str, str]:
     """What a user switches on for the failure they saw: the accuracy check where values are wrong, the
-    crash-safe capture (docs/client.md) where the process died."""
+    crash-safe capture (docs/client.md) where the process died; and the diagnosis of a failure that
+    leaves no capture (it reruns the script only then)."""
+    env = {"MINIFY_CAPTURE_DIAGNOSE": "1"}
     if case.checks_values:
-        return {"MINIFY_CAPTURE_ACCURACY": "1"}
-    return {"MINIFY_CAPTURE_CRASH": "1"} if case.kind == "crash" else {}
+        env["MINIFY_CAPTURE_ACCURACY"] = "1"
+    elif case.kind == "crash":
+        env["MINIFY_CAPTURE_CRASH"] = "1"
+    return env
+
+
+def diagnosis_of(captures: Path) -> str:
+    """The capture's diagnosis of a failure no graph held: the layer to blame and its first sentence."""
+    manifest = captures / "diagnoses.json"
+    if not manifest.exists():
+        return ""
+    entries = json.loads(manifest.read_text()).get("diagnoses", [])
+    if not entries:
+        return ""
+    entry = entries[-1]
+    message = entry.get("message", "").split(". ")[0]
+    return f"{entry.get('layer') or 'undecided'}: {message}"
 
 
 def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
     ours = result.ours
     captures = scratch / "captures"
+    # The diagnosis reruns the script up to four times, each within the capture's own process.
     step = run_step("capture", [PYTHON, "-m", "minify_client.capture", "--dir", str(captures), str(case.path)],
-                    REPO, scratch / "capture.log", limits.script_s, capture_env(case))
+                    REPO, scratch / "capture.log", limits.script_s * 5, capture_env(case))
     result.steps["capture"] = step
     result.original_error = step.error
     text = Path(step.log).read_text(errors="replace")
     notes = [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
-    ours.capture_note = notes[-1][:300] if notes else ""
+    ours.capture_note = notes[0][:300] if notes else ""  # the first: why the capture failed
     manifest = captures / "captures.json"
     entries = json.loads(manifest.read_text())["captures"] if manifest.exists() else []
     ours.captures = len(entries)
@@ -164,7 +183,10 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
         ours.verdict = "the script passed under the capture: no failure to minimize"
         return
     if not entries:
+        ours.diagnosis = diagnosis_of(captures)
         ours.verdict = "nothing captured" + (f": {ours.capture_note}" if ours.capture_note else " (no note)")
+        if ours.diagnosis:
+            ours.verdict += f"; diagnosed: {ours.diagnosis}"
         return
     entry = entries[0]
     out = scratch / "ours"
@@ -265,9 +287,9 @@ def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> Ca
 
 
 def torch_results(path: Path) -> dict[str, Torch]:
-    """Torch's side of every case of an earlier run's --json."""
+    """Torch's side of every case of an earlier run's --json where that run ran it."""
     data = json.loads(path.read_text())
-    return {item["case"]: Torch(**item["torch"]) for item in data["results"]}
+    return {item["case"]: Torch(**item["torch"]) for item in data["results"] if item["torch"]["verdict"]}
 
 
 def markdown(results: Sequence[CaseResult], revision: str) -> str:
@@ -320,9 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
     parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each step is CPU-bound)")
-    parser.add_argument("--torch-from", type=Path, metavar="JSON",
-                        help="take torch's side from an earlier run's --json instead of running it again (torch's "
-                             "minifier does not change with this repository's commits; ours is run)")
+    parser.add_argument("--torch-from", type=Path, nargs="+", metavar="JSON",
+                        help="take torch's side from earlier runs' --json instead of running it again (torch's "
+                             "minifier does not change with this repository's commits; ours is run); a case none "
+                             "of them holds is run on both sides")
     options = parser.parse_args(argv)
 
     cases = [case for case in all_cases()
@@ -335,12 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
     os.environ.setdefault("MINIFY_CACHE_DIR", str(work / "minify-cache"))
     revision = git_revision()
-    earlier = torch_results(options.torch_from) if options.torch_from else {}
-    sides = [side for side in options.sides if not (side == "torch" and options.torch_from)]
+    earlier: dict[str, Torch] = {}
+    for path in options.torch_from or []:
+        earlier.update(torch_results(path))
     finished: dict[str, CaseResult] = {}
 
     def one(case: Case) -> CaseResult:
         started = time.monotonic()
+        sides = [side for side in options.sides if not (side == "torch" and case.name in earlier)]
         result = run_case(case, work, sides, limits)
         if case.name in earlier:
             result.torch = earlier[case.name]
