@@ -245,4 +245,4 @@ def test_a_work_horse_killed_while_the_verdict_is_out_leaves_the_result_and_the_
     assert delivered["status"] == "succeeded" and delivered["result"]["original_state"] == "running"
     assert after["status"] == "succeeded" and after["culprit_state"] == "skipped"
     assert after["result"]["original_state"] == "lost"
-    assert after["result"]["original_verdict"].startswith("lost: work horse killed by SIGKILL")
+    assert after["result"]["original_verdict"].startswith("no verdict: work horse killed by SIGKILL")

@@ -269,10 +269,10 @@ class _Run:
         except Stopped as stopped:
             self.original.cancel()
             self.facts.original_state = OriginalState.stopped
-            self.facts.original_verdict = f"stopped before its verdict: {stopped.reason}"
+            self.facts.original_verdict = f"the wait for its verdict ended: {stopped.reason}"
         except SandboxError as error:
             self.facts.original_state = OriginalState.lost
-            self.facts.original_verdict = f"lost: the sandbox failed before its verdict: {error}"
+            self.facts.original_verdict = f"the sandbox failed before its verdict: {error}"
         self.facts.phase_s["original"] = round(time.monotonic() - started, 3)
         report = after_verdict(delivered.report, self.facts)
         lines = ([f"Original:         {report.original_state.value}: {self.facts.original_verdict}"]
@@ -281,11 +281,15 @@ class _Run:
             artifacts.rewrite_with_header_lines(self.out_dir, report, lines)
         except (OSError, artifacts.ArtifactWriteError) as error:
             log.warning("could not rewrite the artifacts with the original's verdict: %s", error)
-        confirmed = report.original_state is OriginalState.confirmed
-        self.progress.say(Milestone.original_confirmed if confirmed else Milestone.original_not_reproduced,
-                          f"the original's verdict: {report.original_state.value}" + (
-                              f" ({self.facts.original_failures} of {self.facts.original_runs} runs failed)"
-                              if confirmed else f": {self.facts.original_verdict}; the result is kept"))
+        state = report.original_state
+        if state is OriginalState.confirmed:
+            self.progress.say(Milestone.original_confirmed, f"the original's verdict: confirmed "
+                              f"({self.facts.original_failures} of {self.facts.original_runs} runs failed)")
+        else:  # not reproduced: a milestone; stopped or lost: no verdict to mark
+            self.progress.emit(force=True, milestone=Milestone.original_not_reproduced
+                               if state is OriginalState.not_reproduced else None,
+                               message=f"the original's verdict: {state.value}: {self.facts.original_verdict}; "
+                                       "the result is kept")
         result = MinifyResult(delivered.status, report.reason, report, dict(delivered.artifacts))
         if self.on_update is not None:
             try:
@@ -298,8 +302,11 @@ class _Run:
         """No verdict will follow a result delivered without it (the job was cut short)."""
         if self.facts.original_state is OriginalState.running:
             self.original.cancel()
-            self.facts.original_state = OriginalState.stopped
-            self.facts.original_verdict = "stopped before its verdict: the job ended first"
+            self._mark_original_stopped()
+
+    def _mark_original_stopped(self) -> None:
+        self.facts.original_state = OriginalState.stopped
+        self.facts.original_verdict = "the job ended before its verdict"
 
     def _reduce_phase(self) -> None:
         """The original's verdict came while candidates were judged against the guess: the
@@ -388,6 +395,8 @@ class _Run:
         root cause."""
         self.progress.enter("done")
         self._environment()
+        if status is not JobState.succeeded and self.facts.original_state is OriginalState.running:
+            self._mark_original_stopped()  # the sandbox's end stops its run (evaluator.close)
         self.facts.hang_confirm_timeout_s = self.original.hang_watch.confirm_timeout_s
         culprit_fields = (culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
                           else culprit.report_fields(None, self.spec))

@@ -360,7 +360,7 @@ def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
     are there: repro.py's header says the phase was lost, not that it is pending."""
     reason = f"lost: {why}"
     versions_state = CulpritState.lost if report.versions_state is CulpritState.running else report.versions_state
-    original = ({"original_state": OriginalState.lost, "original_verdict": reason}
+    original = ({"original_state": OriginalState.lost, "original_verdict": f"no verdict: {why}"}
                 if report.original_state is OriginalState.running else {})
     culprit_fields = ({"culprit_state": CulpritState.lost, "culprit": None, "culprit_reason": reason,
                        "workarounds": [], "workarounds_tried": {}}
