@@ -490,3 +490,66 @@ def _slow_culprit_screen(seconds: float) -> Backend:
 
 fail_on_relu_slow_culprit = _slow_culprit_screen(4.0)
 fail_on_relu_slower_culprit = _slow_culprit_screen(120.0)
+
+
+# -- Integer results, data-dependent sizes, shared size symbols (issue 38) -----------------------
+
+
+def wrong_integers_on(op: str) -> Backend:
+    """Run eagerly but add one to every integer result of `op` and negate every boolean one (an
+    integer accuracy bug: floating-point results are left exact)."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        class Wrong(fx.Interpreter):
+            def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+                result = super().call_function(target, args, kwargs)
+                if op_name(target) != op or not isinstance(result, torch.Tensor):
+                    return result
+                if result.dtype == torch.bool:
+                    return ~result
+                return result if result.is_floating_point() or result.is_complex() else result + 1
+
+        def run(*args: Any) -> Any:
+            return Wrong(gm).run(*args)
+
+        return run
+
+    return backend
+
+
+def _after_aot(inner: Backend) -> Backend:
+    """`inner` as the forward compiler of AOT autograd, as aot_eager and inductor receive graphs:
+    aten ops traced under fake tensors (which need dynamo's ShapeEnv for data-dependent sizes). A
+    function, not AOT's backend object, so that a capture names it by its import path."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=inner)(gm, example_inputs)
+
+    return backend
+
+
+wrong_integers_on_bitwise_xor = wrong_integers_on("bitwise_xor")
+wrong_integers_on_xor_after_aot = _after_aot(wrong_integers_on("bitwise_xor"))
+fail_on_relu_after_aot = _after_aot(raise_on("relu"))
+
+
+def _symbolic_dims_of(gm: fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
+    values = [node.meta.get("example_value", node.meta.get("val")) for node in gm.graph.nodes
+              if node.op == "placeholder"]
+    values = [value if value is not None else given for value, given in zip(values, example_inputs, strict=False)]
+    return [size.node.expr for value in values if isinstance(value, torch.Tensor)
+            for size in value.shape if isinstance(size, torch.SymInt) and size.node.expr.free_symbols]
+
+
+def fail_naming_symbol_sharing(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Fails compiling a graph with relu whose inputs have symbolic sizes, saying whether two dims
+    share one symbol or each has its own: a failure that depends on how symbols are shared (as
+    `torch.compile(dynamic=True)` shares a symbol between equal dims and `mark_dynamic` does not)."""
+    dims = _symbolic_dims_of(gm, example_inputs)
+    if not has_op(gm, "relu") or not dims:
+        return _eager(gm)
+    if len(set(dims)) < len(dims):
+        raise RuntimeError("injected failure on relu: two input dims share one size symbol")
+    raise RuntimeError("injected failure on relu: each input dim has a size symbol of its own")

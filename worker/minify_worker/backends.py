@@ -33,6 +33,7 @@ public calls. `aot_inductor` exports with `dynamic_shapes` instead (`export_dyna
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -47,6 +48,8 @@ from minify_client.config_keys import config_setting
 from minify_client.models import BUILTIN_BACKENDS
 
 from .allowlist import allowed_prefixes
+
+logger = logging.getLogger(__name__)
 
 Compiled = Callable[..., Any]
 Backend = Callable[[fx.GraphModule, list[Any]], Compiled]
@@ -275,12 +278,34 @@ class DynamicShapes:
 
 
 def dynamic_shapes_of(graph: fx.Graph, mode: str) -> DynamicShapes | None:
-    """What `graph`'s placeholders record as dynamic, or None when nothing is (or `mode` is "static")."""
-    if mode == "static":
-        return None
-    dims = tuple({int(axis): dim for axis, dim in (node.meta.get("minify_tensor") or {}).get("dynamic", {}).items()}
-                 for node in graph.nodes if node.op == "placeholder")
-    return DynamicShapes(mode, dims) if any(dims) else None
+    """What `graph`'s placeholders record as dynamic (nothing when `mode` is "static"), or None
+    when the candidate compiles without dynamo: nothing is dynamic and the graph is not
+    `data_dependent`. A data-dependent graph with static inputs goes through dynamo all the same,
+    every dim marked static: its sizes read from data need the ShapeEnv dynamo makes."""
+    placeholder_nodes = [node for node in graph.nodes if node.op == "placeholder"]
+    dims = tuple({} if mode == "static" else
+                 {int(axis): dim for axis, dim in (node.meta.get("minify_tensor") or {}).get("dynamic", {}).items()}
+                 for node in placeholder_nodes)
+    return DynamicShapes(mode, dims) if any(dims) or data_dependent(graph) else None
+
+
+def data_dependent(graph: fx.Graph) -> bool:
+    """Whether `graph` reads a size or a scalar from tensor data: an op torch tags
+    `data_dependent_output` (`.item()`, `_local_scalar_dense`, `equal`), or a node whose size is an
+    unbacked symbol (`nonzero`, a boolean mask, `masked_select`: its shape is recorded as `u0`).
+
+    A user compiles such a graph under dynamo with `capture_scalar_outputs` /
+    `capture_dynamic_output_shape_ops`; inductor and aot_autograd given a plain graph make a fake
+    mode without a ShapeEnv, in which these ops raise `DynamicOutputShapeException` or
+    `DataDependentOutputException` before the backend sees the graph: not the user's failure."""
+    data_tag = torch.Tag.data_dependent_output
+    for node in graph.nodes:
+        if node.op == "call_function" and data_tag in getattr(node.target, "tags", ()):
+            return True
+        shape = (node.meta.get("minify_tensor") or {}).get("shape", ())
+        if any(not isinstance(size, int) for size in shape):
+            return True
+    return False
 
 
 def size_range(dim: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -290,10 +315,12 @@ def size_range(dim: dict[str, Any]) -> tuple[int | None, int | None]:
     return (None if low is None else scale * low + offset, None if high is None else scale * high + offset)
 
 
-def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> None:
+def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> bool:
     """Mark the dims of `inputs` for dynamo as the program has them: each dynamic one with its
     range (`as_exported`), or as automatic dynamic marks a dim it saw change, which the graph may
-    still specialize (`auto`); every other dim of a tensor static.
+    still specialize (`auto`); every other dim of a tensor static. True when some dims are left
+    unmarked to share one symbol (`shared_dims`): the compile must then run with
+    `assume_static_by_default=False`.
 
     Static by a mark, not by dynamo's default: a capture of `torch.compile(dynamic=True)` records
     the `assume_static_by_default=False` that it sets, which would make every unmarked dim
@@ -301,17 +328,48 @@ def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> None:
     are plain inputs). Such a candidate is another program than the one exported, and inductor may
     fail on it where the program compiles (a ResNet's strided conv over symbolic kernel sizes:
     "ValueError: Exponent must be non-negative.")."""
-    for value, dims in zip(inputs, shapes.dims, strict=True):
+    shared = shared_dims(inputs, shapes)
+    for position, (value, dims) in enumerate(zip(inputs, shapes.dims, strict=True)):
         if isinstance(value, torch.Tensor):
             for axis in range(value.dim()):
                 if axis not in dims:
                     torch._dynamo.mark_static(value, axis)
         for axis, dim in dims.items():
+            if (position, axis) in shared:
+                continue
             if shapes.mode == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, axis)
             else:
                 low, high = dynamo_range(*size_range(dim))
                 torch._dynamo.mark_dynamic(value, axis, min=low, max=high)
+    return bool(shared)
+
+
+def shared_dims(inputs: Sequence[Any], shapes: DynamicShapes) -> set[tuple[int, int]]:
+    """The (input, dim) pairs to leave unmarked so that dynamo gives them one symbol, as the user's
+    compile did: the plain dims (no scale, no offset) of each symbol that sizes more than one dim.
+
+    A dim dynamo is told about (`mark_dynamic`, `maybe_mark_dynamic`) always gets a symbol of its
+    own; only an unmarked dim under `assume_static_by_default=False` is duck-sized, given the
+    symbol of an equal size seen before, which is how `torch.compile(dynamic=True)` shared one
+    symbol between two equal dims. Two shared symbols of equal sizes would merge into one, so such
+    symbols are marked as before (each dim its own symbol) and logged."""
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for position, dims in enumerate(shapes.dims):
+        for axis, dim in dims.items():
+            if dim.get("scale", 1) == 1 and dim.get("offset", 0) == 0 and "expr" not in dim:
+                groups.setdefault(dim["name"], []).append((position, axis))
+    sizes: dict[str, int] = {}
+    for name, members in groups.items():
+        values = {int(inputs[position].shape[axis]) for position, axis in members
+                  if isinstance(inputs[position], torch.Tensor)}
+        if len(members) > 1 and len(values) == 1:
+            sizes[name] = values.pop()
+    clashing = {name for name, size in sizes.items() if list(sizes.values()).count(size) > 1}
+    if clashing:
+        logger.info("symbols %s have equal sizes: duck sizing would merge them, each dim "
+                    "gets a symbol of its own", sorted(clashing))
+    return {member for name in sizes if name not in clashing for member in groups[name]}
 
 
 def dynamo_range(low: int | None, high: int | None) -> tuple[int | None, int | None]:
@@ -369,8 +427,10 @@ def _through_dynamo(backend: Backend, shapes: DynamicShapes) -> Backend:
         optimized = torch.compile(gm.forward, backend=traced, fullgraph=True)
 
         def run(*args: Any) -> Any:
-            mark_dynamic(args, shapes)
-            return optimized(*args)
+            if not mark_dynamic(args, shapes):
+                return optimized(*args)
+            with torch._dynamo.config.patch(assume_static_by_default=False):
+                return optimized(*args)
 
         try:
             run(*inputs)
