@@ -139,11 +139,11 @@ def last_error_line(text: str) -> str:
     return lines[-1][:240] if lines else ""
 
 
-def capture_env(case: Case) -> dict[str, str]:
+def capture_env(case: Case, diagnose: bool) -> dict[str, str]:
     """What a user switches on for the failure they saw: the accuracy check where values are wrong, the
     crash-safe capture (docs/client.md) where the process died; and the diagnosis of a failure that
     leaves no capture (it reruns the script only then)."""
-    env = {"MINIFY_CAPTURE_DIAGNOSE": "1"}
+    env = {"MINIFY_CAPTURE_DIAGNOSE": "1"} if diagnose else {}
     if case.checks_values:
         env["MINIFY_CAPTURE_ACCURACY"] = "1"
     elif case.kind == "crash":
@@ -160,8 +160,11 @@ def diagnosis_of(captures: Path) -> str:
     if not entries:
         return ""
     entry = entries[-1]
-    message = entry.get("message", "").split(". ")[0]
-    return f"{entry.get('layer') or 'undecided'}: {message}"
+    # "minify: no graph captured holds this failure (...); it passes with backend 'eager' and fails
+    # with 'aot_eager' (...), so AOT autograd is to blame: ...": the layer, and the evidence for it.
+    parts = entry.get("message", "").split("; ", 1)
+    evidence = parts[-1].split(", so ")[0].split(": ")[0]
+    return f"{entry.get('layer') or 'no layer'} ({evidence})"
 
 
 def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
@@ -169,11 +172,13 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     captures = scratch / "captures"
     # The diagnosis reruns the script up to four times, each within the capture's own process.
     step = run_step("capture", [PYTHON, "-m", "minify_client.capture", "--dir", str(captures), str(case.path)],
-                    REPO, scratch / "capture.log", limits.script_s * 5, capture_env(case))
+                    REPO, scratch / "capture.log", limits.script_s * (5 if limits.diagnose else 1),
+                    capture_env(case, limits.diagnose))
     result.steps["capture"] = step
     result.original_error = step.error
     text = Path(step.log).read_text(errors="replace")
-    notes = [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
+    notes = [line.strip() for line in text.splitlines()
+             if _OUR_NOTE.match(line.strip()) and "--diagnose" not in line and "holds this failure" not in line]
     ours.capture_note = notes[0][:300] if notes else ""  # the first: why the capture failed
     manifest = captures / "captures.json"
     entries = json.loads(manifest.read_text())["captures"] if manifest.exists() else []
@@ -184,7 +189,10 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
         return
     if not entries:
         ours.diagnosis = diagnosis_of(captures)
-        ours.verdict = "nothing captured" + (f": {ours.capture_note}" if ours.capture_note else " (no note)")
+        if ours.capture_note:
+            ours.verdict = f"nothing captured: {ours.capture_note}"
+        else:
+            ours.verdict = "nothing captured" + ("" if ours.diagnosis else " (no note)")
         if ours.diagnosis:
             ours.verdict += f"; diagnosed: {ours.diagnosis}"
         return
@@ -272,6 +280,7 @@ class Limits:
     script_s: float  # a script run (the capture's, torch's dump)
     minify_s: float  # one minifier run (ours' job timeout; torch's launcher)
     repro_s: float  # a repro.py run
+    diagnose: bool = True  # MINIFY_CAPTURE_DIAGNOSE on the capture: a failure nothing captured, rerun to blame a layer
 
 
 def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> CaseResult:
@@ -342,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
     parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each step is CPU-bound)")
+    parser.add_argument("--no-diagnose", dest="diagnose", action="store_false",
+                        help="no MINIFY_CAPTURE_DIAGNOSE (it reruns a script that failed with nothing captured)")
     parser.add_argument("--torch-from", type=Path, nargs="+", metavar="JSON",
                         help="take torch's side from earlier runs' --json instead of running it again (torch's "
                              "minifier does not change with this repository's commits; ours is run); a case none "
@@ -352,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              if not options.cases or any(case.name.startswith(prefix) for prefix in options.cases)]
     if not cases:
         parser.error(f"no case matches {options.cases}")
-    limits = Limits(options.script_limit, options.minify_limit, options.repro_limit)
+    limits = Limits(options.script_limit, options.minify_limit, options.repro_limit, options.diagnose)
     work = options.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
