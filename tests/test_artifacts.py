@@ -173,7 +173,7 @@ def test_a_program_torch_export_refuses_still_gets_inputs_and_repro(tmp_path):
 
     result = _write(graph, values, tmp_path)
 
-    assert sorted(result["files"]) == [artifacts.INPUTS, artifacts.REPRO]
+    assert sorted(result["files"]) == [artifacts.INPUTS, artifacts.REPRO, artifacts.SIGNATURE_RULES]
     assert result["errors"][artifacts.MINIMIZED].startswith("RuntimeError")
 
 
@@ -190,7 +190,7 @@ def test_write_program_artifacts_is_a_sandbox_call_with_json_arguments(seed_aoti
     result = artifacts.write_program_artifacts(SimpleNamespace(values=values), **kwargs)
 
     assert json.loads(json.dumps(result)) == {
-        "files": [artifacts.INPUTS, artifacts.REPRO, artifacts.MINIMIZED], "errors": {}}
+        "files": [artifacts.INPUTS, artifacts.REPRO, artifacts.SIGNATURE_RULES, artifacts.MINIMIZED], "errors": {}}
     assert "# Signature:        CppCompileError: C++ compile error" in (tmp_path / artifacts.REPRO).read_text()
 
 
@@ -395,6 +395,124 @@ def test_repro_moves_inputs_to_the_spec_device(relu_cos, tmp_path):
     assert torch.load(tmp_path / artifacts.INPUTS, weights_only=True)[0].device.type == "cpu"
 
 
+# --- repro.py with its inputs inline --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [
+    torch.tensor([0.1, -2.5, 3e-8, float("nan"), float("inf"), float("-inf"), -0.0], dtype=torch.float32),
+    torch.tensor([[0.1, 1 / 3], [2.0, -7.25]], dtype=torch.float64),
+    torch.tensor([0.1, 65504.0, 6e-8], dtype=torch.float16),
+    torch.tensor([0.1, 3.0e38, -1.5], dtype=torch.bfloat16),
+    torch.tensor(2.5, dtype=torch.float32),
+    torch.tensor([[1, -2], [3, 2**40]], dtype=torch.int64),
+    torch.tensor([255, 0], dtype=torch.uint8),
+    torch.tensor([True, False]),
+    torch.empty(0, 3),
+])
+def test_inline_inputs_give_back_every_value_bit_for_bit(value: torch.Tensor) -> None:
+    written = artifacts.repro.inline_inputs([value, 3, 0.5, True])
+    assert written is not None
+    read = eval(f"[{written}]", {"torch": torch})
+
+    assert read[1:] == [3, 0.5, True]
+    assert read[0].dtype == value.dtype and read[0].shape == value.shape
+    assert torch.equal(read[0].reshape(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("inputs", [
+    [torch.ones(65)],  # more elements than a reader reads
+    [torch.ones(40), torch.ones(40)],
+    [torch.ones(4, 4).t()],  # a view's strides, which a layout-sensitive bug may need
+    [torch.arange(8.0)[2:]],  # a storage offset
+    [torch.ones(2, dtype=torch.complex64)],
+    [torch.ones(2).requires_grad_()],
+    [float("nan")],
+])
+def test_inputs_a_literal_would_not_keep_stay_in_inputs_pt(inputs: list[Any]) -> None:
+    assert artifacts.repro.inline_inputs(inputs) is None
+
+
+SMALL_X = torch.tensor([-1.5, 0.25, 2.0, -0.0])
+
+
+def test_a_one_op_repro_with_small_inputs_holds_them_and_reads_top_to_bottom(relu_cos):
+    signature = Signature("compile_error", "CppCompileError", "'tmpN' was not declared in this scope")
+    spec = JobSpec(backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+
+    text = artifacts.render_repro(_relu_only(relu_cos), spec, signature, "2.13.0", {"OS": "Linux"},
+                                  inputs=[SMALL_X])
+
+    assert len(text.splitlines()) < 40
+    assert "    torch.tensor([-1.5, 0.25, 2.0, -0.0], dtype=torch.float32),\n" in text
+    assert "inputs.pt" not in text and "argparse" not in text and "def exception_chain" not in text
+    assert "Linux" not in text  # the environment is report.json's and the bug report's
+    order = [text.index(part) for part in ("# Signature: CppCompileError: 'tmpN'", "inject_relu_bug_TESTING_ONLY = ",
+                                           "class Repro", "inputs = [", "compile_fx(gm, inputs)(*inputs)",
+                                           'print(f"repro passed')]
+    assert order == sorted(order)
+    compile(text, "repro.py", "exec")
+
+
+def test_an_aot_inductor_repro_reads_inputs_pt_whatever_their_size(relu_cos):
+    text = artifacts.render_repro(_relu_only(relu_cos), JobSpec(backend="aot_inductor"), None, "2.13.0",
+                                  inputs=[SMALL_X])
+    assert "def load_inputs(path):" in text and "aoti_compile_and_package" in text
+
+
+def test_a_small_repro_runs_alone_and_with_its_signature_rules(relu_cos, tmp_path):
+    backends, out, alone_dir = tmp_path / "backends", tmp_path / "out", tmp_path / "alone"
+    for folder in (backends, alone_dir):
+        folder.mkdir()
+    (backends / "relu_backends.py").write_text(RELU_BACKENDS)
+    _write(_relu_only(relu_cos), {**relu_cos[1], "x": SMALL_X}, out, backend="relu_backends:fail_on_relu")
+    (alone_dir / "repro.py").write_text((out / "repro.py").read_text())
+    beside = run_repro(out / "repro.py", PYTHONPATH=str(backends))
+    alone = run_repro(alone_dir / "repro.py", PYTHONPATH=str(backends))
+
+    assert "inputs = [" in (out / "repro.py").read_text()
+    assert beside.returncode == alone.returncode == 1
+    assert _failure_line(beside.stderr) == "ReluNotSupported: relu is not supported by this backend"
+    assert "relu_backends.ReluNotSupported: relu is not supported by this backend" in alone.stderr
+    assert "repro failed with:" not in alone.stderr  # pasted alone: the traceback says it all
+
+
+def test_a_small_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
+    graph = _cos_only(relu_cos)
+    _write(graph, {**relu_cos[1], "relu": SMALL_X}, tmp_path, backend="relu_backends:fail_on_relu")
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+
+    assert "inputs = [" in (tmp_path / "repro.py").read_text()
+    assert run.returncode == 0, run.stderr
+    assert "repro passed" in run.stdout
+
+
+def test_a_repro_with_big_inputs_reads_inputs_pt(relu_cos, tmp_path):
+    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
+    text = (tmp_path / "repro.py").read_text()
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+
+    assert "def load_inputs(path):" in text and "--inputs" in text
+    assert _failure_line(run.stderr) == "ReluNotSupported: relu is not supported by this backend"
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("compile_error", "CppCompileError: \u2018compile\u2019 was not declared in this scope"),
+    ("accuracy", "AccuracyError"),
+])
+def test_a_small_inductor_repro_fails_as_the_job_did(relu_cos, tmp_path, kind, expected):
+    _write(_relu_only(relu_cos), {**relu_cos[1], "x": SMALL_X}, tmp_path, Signature(kind, expected.split(":")[0], ""),
+           backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": kind}, failure={"kind": kind})
+
+    run = run_repro(tmp_path / "repro.py")
+
+    assert "inputs = [" in (tmp_path / "repro.py").read_text()
+    assert run.returncode == 1
+    assert _failure_line(run.stderr) == expected
+
+
 # --- report.json and bundle.tar.gz --------------------------------------------------------------
 
 
@@ -422,7 +540,8 @@ def test_bundle_holds_every_artifact_under_one_folder(seed_aoti, tmp_path):
         inputs = bundle.extractfile(f"{artifacts.BUNDLE_FOLDER}/{artifacts.INPUTS}").read()
 
     assert names == sorted(f"{artifacts.BUNDLE_FOLDER}/{name}" for name in
-                           (artifacts.MINIMIZED, artifacts.INPUTS, artifacts.REPRO, artifacts.REPORT))
+                           (artifacts.MINIMIZED, artifacts.INPUTS, artifacts.REPRO, artifacts.SIGNATURE_RULES,
+                            artifacts.REPORT))
     assert inputs == (tmp_path / artifacts.INPUTS).read_bytes()
 
 

@@ -22,8 +22,8 @@ DYNAMIC_MODES = ("as_exported", "auto", "static")
 # or a portable VHLO artifact) or HLO text as XLA dumps it (docs/hlo.md).
 PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
 # A StableHLO job's minimal module, its HLO text and inputs stand where a .pt2 job's .pt2 and inputs.pt do.
-ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "minimized.mlir", "minimized.hlo", "inputs.npz",
-                  "report.json", "bundle.tar.gz")
+ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "signature_rules.py", "minimized.mlir", "minimized.hlo",
+                  "inputs.npz", "report.json", "bundle.tar.gz")
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A name torch.compile backends are registered under (`torch._dynamo.list_backends()`): "tensorrt",

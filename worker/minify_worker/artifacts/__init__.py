@@ -1,14 +1,16 @@
-"""What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py, report.json, bundle.tar.gz.
+"""What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py (and signature_rules.py
+beside it), report.json, bundle.tar.gz.
 
 By concept: `repro` renders repro.py (pure: `render_repro`); `files` writes the files, the
 program's in a sandbox child (`write_program_artifacts`: it needs the value store and
 torch.export), report.json and the bundle in the engine's process (`write_report`,
 `write_bundle`). The bug a result files under is report.json's (report.py `build_report`).
 
-repro.py always reads its inputs from inputs.pt rather than embedding them: torch.save keeps
-exact bits, dtypes, strides and scalar types for any size, and an accuracy or data-dependent
-failure may hinge on the exact values (torch's own repros regenerate random inputs and can
-lose the failure that way).
+repro.py holds its inputs inline when they are a few elements, each written exactly (a repro that
+fits in an issue); else it reads them from inputs.pt, which keeps exact bits, dtypes, strides and
+scalar types for any size. Either way the values are the job's: an accuracy or data-dependent
+failure may hinge on them (torch's own repros regenerate random inputs and can lose the failure
+that way).
 
 Sandbox call targets name this package ("minify_worker.artifacts:write_program_artifacts"):
 keep what they name re-exported here.
@@ -21,6 +23,7 @@ from .files import (
     MINIMIZED,
     REPORT,
     REPRO,
+    SIGNATURE_RULES,
     STORAGE_ERRNOS,
     ArtifactWriteError,
     InputValue,
@@ -43,6 +46,7 @@ __all__ = [
     "MINIMIZED",
     "REPORT",
     "REPRO",
+    "SIGNATURE_RULES",
     "STORAGE_ERRNOS",
     "ArtifactWriteError",
     "InputValue",

@@ -1,7 +1,8 @@
-"""The files a job delivers, and writing them: minimized.pt2, inputs.pt and repro.py in a sandbox
-child (`write_program_artifacts`: it needs the value store and torch.export); report.json and
-bundle.tar.gz in the engine's process (`write_report`, `write_bundle`, `rewrite_for_culprit`).
-A write the storage refuses (a full disk) is an `ArtifactWriteError`, and leaves no partial file.
+"""The files a job delivers, and writing them: minimized.pt2, inputs.pt, repro.py and
+signature_rules.py in a sandbox child (`write_program_artifacts`: it needs the value store and
+torch.export); report.json and bundle.tar.gz in the engine's process (`write_report`,
+`write_bundle`, `rewrite_for_culprit`). A write the storage refuses (a full disk) is an
+`ArtifactWriteError`, and leaves no partial file.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from ..backends import as_torch_functions, dynamic_shapes_of, export_dynamic_sha
 from ..graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, to_graph_module
 from ..outcomes import Signature, signature_from_dict
 from ..shrink import narrowed
-from .repro import render_repro
+from .repro import SIGNATURE_RULES_MODULE, render_repro, signature_rules_module
 
 MINIMIZED = "minimized.pt2"
 INPUTS = "inputs.pt"
 REPRO = "repro.py"
+SIGNATURE_RULES = f"{SIGNATURE_RULES_MODULE}.py"  # imported by repro.py where it is beside it
 REPORT = "report.json"
 BUNDLE = "bundle.tar.gz"
 BUNDLE_FOLDER = "minify-repro"
@@ -138,9 +140,12 @@ def write_program_files(
     files.append(INPUTS)
     # A registered backend receives candidates as dynamo's form (torch functions): so does the repro's.
     shown = as_torch_functions(to_graph_module(graph), inputs).graph if uses_torch_functions(spec.backend) else graph
-    repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines)
+    repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines, inputs=inputs)
     _write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
+    rules = signature_rules_module()
+    _write_artifact(out_dir / SIGNATURE_RULES, lambda path: path.write_text(rules))
+    files.append(SIGNATURE_RULES)
     try:
         program = export_minimized(graph, inputs, spec.device, dynamic=spec.dynamic)
         write_minimized = _saved(torch.export.save, program)
@@ -212,7 +217,7 @@ def write_bundle(out_dir: Path) -> Path:
 
 
 def _bundle_bytes(out_dir: Path) -> bytes:
-    names = [name for name in (MINIMIZED, INPUTS, REPRO, REPORT) if (out_dir / name).is_file()]
+    names = [name for name in (MINIMIZED, INPUTS, REPRO, SIGNATURE_RULES, REPORT) if (out_dir / name).is_file()]
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as compressed, \
             tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:

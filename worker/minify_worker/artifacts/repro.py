@@ -1,13 +1,21 @@
 """repro.py: the standalone script (plain torch, no minify import) that compiles and runs the
-minimized graph as the worker does. `render_repro` is pure: a graph and a JobSpec in, the script's
-text out; `files.write_program_files` writes it beside inputs.pt, which it always reads its inputs
-from rather than embedding them (see the package's docstring).
+minimized graph as the worker does. `render_repro` is pure: a graph, a JobSpec and (optionally)
+the inputs in, the script's text out; `files.write_program_files` writes it beside inputs.pt and
+signature_rules.py.
+
+It reads top to bottom as the bug: a short header, the settings, the minimal program, its inputs,
+the call. Inputs small enough to read (`inline_inputs`: a few elements, each exactly written,
+plainly laid out) are written into it, so that it fits in an issue; others are read from
+inputs.pt, which keeps exact bits, strides and scalar types. minify's signature rules (how the
+failure is named, for the 'repro failed with:' line the version checks read) are not in it but
+beside it, in signature_rules.py, which it uses where it finds it.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -26,17 +34,25 @@ from ..outcomes import Signature
 
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
-                 environment: Mapping[str, str] | None = None, culprit_lines: list[str] | None = None) -> str:
+                 environment: Mapping[str, str] | None = None, culprit_lines: list[str] | None = None,
+                 inputs: Sequence[Any] | None = None) -> str:
     """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
 
     `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
     crash's signal) while the bug is there, and 0 once it is fixed. The failure kind is the
-    signature's (what was observed) when there is one, else the spec's. The header lists
-    `environment` (the worker's, as `torch.utils.collect_env` reports it), ready for a bug report.
+    signature's (what was observed) when there is one, else the spec's. With `inputs` (the
+    graph's input values, in order) that `inline_inputs` can write, a straight script that holds
+    them (`_render_inline`); else one that reads inputs.pt and whose header lists `environment`
+    (the worker's, as `torch.utils.collect_env` reports it), ready for a bug report.
     """
     kind = signature.kind if signature is not None else spec.failure.kind
     shapes = dynamic_shapes_of(graph, spec.dynamic)
+    plain = shapes is None and not subgraphs(graph) and spec.backend != "aot_inductor"
+    inline = inline_inputs(inputs) if inputs is not None and plain else None
+    if inline is not None:
+        return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline)
     classes, imports = _module_classes(graph, "Repro")
+    cuda = torch.device(spec.device).type == "cuda"
     preamble = [
         _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or []),
         _IMPORTS,
@@ -50,11 +66,123 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *classes,
         _trace_function(graph),
         *_compile_functions(spec.backend, shapes),
-        _signature_rules(),
-        _RUN_FUNCTIONS,
+        _LOAD_INPUTS,
+        *([_SYNCHRONIZE] if cuda else []),
+        *([_CHECK_ACCURACY] if kind == "accuracy" else []),
+        _main(kind, cuda),
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
+
+
+def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
+                   culprit_lines: list[str], inline: str) -> str:
+    """The repro of a plain graph (no subgraph, static shapes, not AOTInductor) with small inputs, as
+    a script without functions: its settings, the program, its inputs, the call."""
+    expected = str(signature) if signature is not None else "(not recorded)"
+    cuda = torch.device(spec.device).type == "cuda"
+    classes, imports = _module_classes(graph, "Repro")
+    compiler_import, compiled = _inline_compile(spec.backend)
+    header = [
+        f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
+        f"with {spec.backend} on {spec.device}, minimized on torch {torch_version}.",
+        f"Signature: {expected}",
+        *_backend_notes(spec),
+    ]
+    header += header_tail(culprit_lines, {}, "", "Run: python repro.py")
+    accuracy = kind == "accuracy"
+    lines = [
+        "\n".join(f"# {line}".rstrip() for line in header),
+        "\n".join(["import torch", "import torch._inductor.config",
+                   *(["import copy", "import sys", "from torch._dynamo.debug_utils import AccuracyError, cast_to_fp64",
+                      "from torch._dynamo.utils import clone_inputs, same"] if accuracy else []),
+                   *([compiler_import] if compiler_import else [])]),
+        *_op_module_imports(spec.op_modules),
+        *([imports] if imports else []),
+        *([_config_lines(spec.config)] if spec.config else []),
+        *([f"TOLERANCE = {spec.failure.tolerance!r}\nSTRICT_ACCURACY = {spec.failure.strict_accuracy!r}"]
+          if accuracy else []),
+    ]
+    call = [
+        f"inputs = [\n{inline}]",
+        *([f"inputs = [value.to({spec.device!r}) if isinstance(value, torch.Tensor) else value for value in inputs]"]
+          if cuda else []),
+        f"try:  # {SIGNATURE_RULES_MODULE}.py, beside this file from minify, names the failure as minify does",
+        f"    __import__({SIGNATURE_RULES_MODULE!r}).install({expected!r})",
+        "except ModuleNotFoundError:",
+        "    pass",
+        "gm = torch.fx.symbolic_trace(Repro())",
+        *compiled,
+        *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda else []),
+        *(["check_accuracy(gm, inputs, result)"] if accuracy else []),
+        f'print(f"repro passed: no failure ({spec.backend} on {spec.device}, torch {{torch.__version__}})")',
+    ]
+    definitions = [*(part.replace("        super().__init__()\n\n", "").replace(
+        "    def __init__(self) -> None:\n", "") for part in classes), *([_CHECK_ACCURACY] if accuracy else [])]
+    text = "\n\n".join(part.strip("\n") for part in lines)
+    return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n\n\n" + "\n".join(call) + "\n"
+
+
+def _inline_compile(backend: str) -> tuple[str | None, list[str]]:
+    """The import and the lines that compile `gm` as the worker does and run it on `inputs` (`result`)."""
+    if backend == "inductor":
+        return "from torch._inductor.compile_fx import compile_fx", [
+            "with torch.no_grad():", "    result = compile_fx(gm, inputs)(*inputs)"]
+    if ":" in backend:
+        module, attribute = backend.split(":")
+        return f"from {module} import {attribute}", [f"result = {attribute}(gm, inputs)(*inputs)"]
+    return None, [f"result = torch._dynamo.lookup_backend({backend!r})(gm, inputs)(*inputs)"]
+
+
+# Inputs written into repro.py: at most this many elements in all, each exactly representable.
+INLINE_ELEMENTS_MAX = 64
+_INLINE_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                  torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def inline_inputs(inputs: Sequence[Any]) -> str | None:
+    """The inputs as Python expressions (`torch.tensor([...], dtype=...)`, scalars as literals), one
+    per line, or None where they are better read from inputs.pt: too many elements, or a dtype or
+    a layout the literal would not keep (a view's strides or offset, a non-CPU tensor)."""
+    if sum(value.numel() for value in inputs if isinstance(value, torch.Tensor)) > INLINE_ELEMENTS_MAX:
+        return None
+    lines = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in _INLINE_DTYPES or value.device.type != "cpu" or value.requires_grad or \
+                    not value.is_contiguous() or value.storage_offset() != 0 or value.layout != torch.strided:
+                return None
+            lines.append(_tensor_literal(value))
+        elif isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+            lines.append(repr(value))
+        else:
+            return None
+    return "".join(f"    {line},\n" for line in lines)
+
+
+def _tensor_literal(value: torch.Tensor) -> str:
+    dtype = str(value.dtype)
+    if value.numel() == 0:
+        return f"torch.empty({list(value.shape)}, dtype={dtype})"
+    if not value.is_floating_point():
+        return f"torch.tensor({value.tolist()!r}, dtype={dtype})"
+    flat = [_float_literal(number, value.dtype) for number in value.reshape(-1).tolist()]
+    text = f"[{', '.join(flat)}]" if value.dim() else flat[0]
+    reshape = f".reshape({list(value.shape)})" if value.dim() > 1 else ""
+    return f"torch.tensor({text}, dtype={dtype}){reshape}"
+
+
+def _float_literal(number: float, dtype: torch.dtype) -> str:
+    """The shortest decimal that gives back `number` in `dtype` (nan and the infinities spelled out)."""
+    if math.isnan(number):
+        return "float('nan')"
+    if math.isinf(number):
+        return "float('inf')" if number > 0 else "float('-inf')"
+    for digits in range(1, 18):
+        text = f"{number:.{digits}g}"
+        if torch.tensor(float(text), dtype=dtype).item() == number:
+            return text if any(mark in text for mark in ".en") else f"{text}.0"
+    return repr(number)
 
 
 _MAX_HEADER_TEXT = 300
@@ -89,18 +217,26 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if kind == "accuracy":
         compared = "every output (strict)" if failure.strict_accuracy else "floating-point outputs"
         lines.append(f"Accuracy:         tolerance {failure.tolerance}, {compared} compared")
-    if ":" in spec.backend:
-        module = spec.backend.split(":")[0]
-        lines.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
-    elif spec.backend not in BUILTIN_BACKENDS:
-        lines.append(f"Backend package:  the one that registers {spec.backend!r} with torch.compile must be "
-                     "installed (torch._dynamo.list_backends())")
-    if spec.op_modules:
-        lines.append(f"Custom ops:       registered by importing {', '.join(spec.op_modules)}: must be importable "
-                     "(PYTHONPATH)")
+    lines += _backend_notes(spec)
     lines += header_tail(culprit_lines, environment, "torch.utils.collect_env, on the worker",
                          "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)")
     return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
+
+
+def _backend_notes(spec: JobSpec) -> list[str]:
+    """What a reader must have beside torch: the custom backend's module, the package that registers
+    the backend, the modules that register the custom ops."""
+    notes = []
+    if ":" in spec.backend:
+        module = spec.backend.split(":")[0]
+        notes.append(f"Custom backend:   imported by path: {module} must be importable (PYTHONPATH)")
+    elif spec.backend not in BUILTIN_BACKENDS:
+        notes.append(f"Backend package:  the one that registers {spec.backend!r} with torch.compile must be "
+                     "installed (torch._dynamo.list_backends())")
+    if spec.op_modules:
+        notes.append(f"Custom ops:       registered by importing {', '.join(spec.op_modules)}: must be importable "
+                     "(PYTHONPATH)")
+    return notes
 
 
 def header_tail(culprit_lines: list[str] | None, environment: Mapping[str, str] | None, environment_source: str,
@@ -117,9 +253,8 @@ def header_tail(culprit_lines: list[str] | None, environment: Mapping[str, str] 
         *lines,
         "",
         run_line,
-        "While the bug is there it exits non-zero: the exception's traceback on stderr, then a",
-        "'repro failed with:' line to hold against the signature above (a crash: the process dies",
-        "by that signal). Once fixed it prints 'repro passed' and exits 0.",
+        "While the bug is there it exits non-zero with the exception's traceback (a crash: the",
+        "process dies by that signal); once fixed it prints 'repro passed' and exits 0.",
     ]
 
 
@@ -221,17 +356,18 @@ _COMPILE_BODIES = {
 """,
 }
 
-_RUN_FUNCTIONS = '''
+_LOAD_INPUTS = """
 def load_inputs(path):
     inputs = torch.load(path, weights_only=True)
     return [value.to(DEVICE) if isinstance(value, torch.Tensor) else value for value in inputs]
+"""
 
-
+_SYNCHRONIZE = """
 def synchronize():
-    if torch.device(DEVICE).type == "cuda":
-        torch.cuda.synchronize()  # surface asynchronous errors and crashes here
+    torch.cuda.synchronize()  # surface asynchronous errors and crashes here
+"""
 
-
+_CHECK_ACCURACY = '''
 def check_accuracy(gm, inputs, result):
     """torch's accuracy minifier semantics: compare with eager, judged against an fp64 reference."""
     reference = copy.deepcopy(gm)(*clone_inputs(inputs))
@@ -247,46 +383,62 @@ def check_accuracy(gm, inputs, result):
     if not same(reference, result, fp64_reference, tol=TOLERANCE, equal_nan=True,
                 ignore_non_fp=not STRICT_ACCURACY):
         raise AccuracyError("Bad accuracy detected")
-
-
-def main():
-    parser = argparse.ArgumentParser(description="Run the minimized repro.")
-    parser.add_argument("--inputs", type=Path, default=Path(__file__).resolve().with_name("inputs.pt"))
-    inputs = load_inputs(parser.parse_args().inputs)
-    gm = trace_repro(Repro(), inputs)
-    compiled = compile_repro(gm, list(inputs))
-    result = compiled(*clone_inputs(inputs))
-    synchronize()
-    if FAILURE_KIND == "accuracy":
-        check_accuracy(gm, inputs, result)
-    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")
-
-
-def explain_failure(exc_type, error, traceback):
-    """After the usual traceback, the exception chain down to its root cause, and the signature in
-    the form minify recorded it (same rules, above), to hold against the expected one."""
-    sys.__excepthook__(exc_type, error, traceback)
-    print(file=sys.stderr)
-    chain = exception_chain(error)
-    if len(chain) > 1:
-        print("exception chain:   " + "\\n                   <- ".join(describe_chain(chain)), file=sys.stderr)
-    # An accuracy failure's signature is its type alone, as minify records it.
-    observed = exc_type.__name__ if isinstance(error, AccuracyError) else signature_line(error)
-    print(f"repro failed with: {observed}", file=sys.stderr)
-    print(f"minify expected:   {EXPECTED_SIGNATURE}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    sys.excepthook = explain_failure
-    main()
 '''
 
+# The module beside repro.py that names a failure as minify records it (files.SIGNATURE_RULES).
+SIGNATURE_RULES_MODULE = "signature_rules"
 
-def _signature_rules() -> str:
-    """minify_client/signatures.py, verbatim: how the repro names its failure, as minify does."""
+
+def _main(kind: str, cuda: bool) -> str:
+    head = ["def main():",
+            '    parser = argparse.ArgumentParser(description="Run the minimized repro.")',
+            '    parser.add_argument("--inputs", type=Path, '
+            'default=Path(__file__).resolve().with_name("inputs.pt"))',
+            "    inputs = load_inputs(parser.parse_args().inputs)"]
+    body = ["    gm = trace_repro(Repro(), inputs)",
+            "    compiled = compile_repro(gm, list(inputs))",
+            "    result = compiled(*clone_inputs(inputs))",
+            *(["    synchronize()"] if cuda else []),
+            *(["    check_accuracy(gm, inputs, result)"] if kind == "accuracy" else []),
+            '    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")']
+    tail = ["", "",
+            'if __name__ == "__main__":',
+            f"    try:  # {SIGNATURE_RULES_MODULE}.py beside this file (from minify) names the failure as minify does",
+            f"        import {SIGNATURE_RULES_MODULE}",
+            "    except ImportError:",
+            "        pass",
+            "    else:",
+            f"        {SIGNATURE_RULES_MODULE}.install(EXPECTED_SIGNATURE)",
+            "    main()"]
+    return "\n".join([*head, *body, *tail])
+
+
+def signature_rules_module() -> str:
+    """signature_rules.py: minify_client/signatures.py verbatim, and the excepthook repro.py installs
+    with it: after the traceback, the exception chain and a 'repro failed with:' line in the form
+    report.json records (what the version checks read), then the signature expected."""
     source = inspect.getsource(signatures).replace("from __future__ import annotations\n", "")
-    return "# " + "-" * 20 + " minify's signature rules (minify_client/signatures.py, verbatim) " + "-" * 7 + \
-        "\n" + source.strip("\n") + "\n\n# " + "-" * 93
+    return source.rstrip("\n") + "\n\n" + _INSTALL_EXCEPTHOOK
+
+
+_INSTALL_EXCEPTHOOK = '''
+def install(expected_signature):
+    """After a failure's traceback, print its exception chain and its signature as minify records it."""
+    import sys
+
+    def explain_failure(exc_type, error, traceback):
+        sys.__excepthook__(exc_type, error, traceback)
+        print(file=sys.stderr)
+        chain = exception_chain(error)
+        if len(chain) > 1:
+            print("exception chain:   " + "\\n                   <- ".join(describe_chain(chain)), file=sys.stderr)
+        # An accuracy failure's signature is its type alone, as minify records it.
+        observed = exc_type.__name__ if exc_type.__name__ == "AccuracyError" else signature_line(error)
+        print(f"repro failed with: {observed}", file=sys.stderr)
+        print(f"minify expected:   {expected_signature}", file=sys.stderr)
+
+    sys.excepthook = explain_failure
+'''
 
 
 def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
@@ -316,16 +468,10 @@ def _dynamic_constants(shapes: DynamicShapes | None) -> list[str]:
     if shapes is None:
         return []
     dims = ",\n".join(f"    {dims!r}" for dims in shapes.dims)
-    data_dependent = [] if any(shapes.dims) else [
-        "# No dim is dynamic, but the graph reads sizes or scalars from data (nonzero, .item()): it",
-        "# compiles under torch.compile, every dim static, for the ShapeEnv dynamo gives such a graph.",
-    ]
     return ["\n".join([
-        *data_dependent,
         "# The dims the program keeps dynamic, per input: {dim: {name, min, max[, scale, offset]}}; a",
         "# dim's size is scale * name + offset, name in [min, max] (None: unbounded). DYNAMIC says how:",
-        "# as_exported (with these ranges) or auto (as torch.compile's automatic dynamic). Dims of one",
-        "# name share one symbol.",
+        "# as_exported (with these ranges) or auto (as torch.compile's automatic dynamic).",
         f"DYNAMIC = {shapes.mode!r}",
         f"DYNAMIC_DIMS = [\n{dims},\n]",
     ])]
@@ -336,18 +482,13 @@ _DYNAMIC_FUNCTIONS = {
 def mark_dynamic(inputs):
     """Mark DYNAMIC_DIMS on the inputs for dynamo: with their range, or (auto) as automatic dynamic
     marks a dim it saw change; every other dim static, as the program has it, whatever dynamo's
-    config assumes (assume_static_by_default=False would make a weight's dims symbolic too).
-    The dims of a symbol that sizes several dims stay unmarked, to share one symbol (dynamo's duck
-    sizing, as torch.compile(dynamic=True) gave them): True when there are such dims."""
-    shared = shared_dims(inputs)
-    for position, (value, dims) in enumerate(zip(inputs, DYNAMIC_DIMS)):
+    config assumes (assume_static_by_default=False would make a weight's dims symbolic too)."""
+    for value, dims in zip(inputs, DYNAMIC_DIMS):
         if isinstance(value, torch.Tensor):
             for dim in range(value.dim()):
                 if dim not in dims:
                     torch._dynamo.mark_static(value, dim)
         for dim, spec in dims.items():
-            if (position, dim) in shared:
-                continue
             if DYNAMIC == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, dim)
                 continue
@@ -357,23 +498,6 @@ def mark_dynamic(inputs):
             if (low is None) != (high is None):  # torch takes both ends or neither
                 low, high = (0 if low is None else low), (sys.maxsize - 1 if high is None else high)
             torch._dynamo.mark_dynamic(value, dim, min=low, max=high)
-    return bool(shared)
-
-
-def shared_dims(inputs):
-    """The (input, dim) pairs of each symbol that sizes several plain dims (a marked dim always gets
-    a symbol of its own); not those of two such symbols with equal sizes, which would merge."""
-    groups, sizes = {}, {}
-    for position, dims in enumerate(DYNAMIC_DIMS):
-        for dim, spec in dims.items():
-            if spec.get("scale", 1) == 1 and spec.get("offset", 0) == 0 and "expr" not in spec:
-                groups.setdefault(spec["name"], []).append((position, dim))
-    for name, members in groups.items():
-        values = {int(inputs[position].shape[dim]) for position, dim in members}
-        if len(members) > 1 and len(values) == 1:
-            sizes[name] = values.pop()
-    kept = [name for name, size in sizes.items() if list(sizes.values()).count(size) == 1]
-    return {member for name in kept for member in groups[name]}
 
 
 def compile_repro(gm, inputs):
@@ -387,10 +511,8 @@ def compile_repro(gm, inputs):
     compiled = torch.compile(gm.forward, backend=backend_repro, fullgraph=True)
 
     def run(*args):
-        if not mark_dynamic(args):
-            return compiled(*args)
-        with torch._dynamo.config.patch(assume_static_by_default=False):
-            return compiled(*args)
+        mark_dynamic(args)
+        return compiled(*args)
 
     return run
 ''',
@@ -420,8 +542,8 @@ def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
         f"BACKEND = {spec.backend!r}",
         f"DEVICE = {spec.device!r}",
         f"FAILURE_KIND = {kind!r}",
-        f"TOLERANCE = {spec.failure.tolerance!r}",
-        f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}",
+        *([f"TOLERANCE = {spec.failure.tolerance!r}", f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}"]
+          if kind == "accuracy" else []),
         f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",
     ])
 
