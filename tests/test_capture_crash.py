@@ -1,0 +1,138 @@
+"""Crash-safe capture (capture/crash.py): compiled code that kills the process still leaves its
+capture, under the capture runner and under a real pytest run; the program ends as it would have
+without the capture; the capture reproduces as the same crash in the worker's engine.
+
+The deaths are real: a test backend whose compiled callable calls os.abort(), reads address 0
+through ctypes (SIGSEGV) or calls os._exit(3) when its graph has relu
+(tests/support/dying_backends.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from minify_client.capture import crash
+from minify_client.capture.session import CaptureSession
+from tests.support.graphs import ops_of
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = REPO / "tests" / "crash_suite"
+DEATHS = {"abort": (-signal.SIGABRT, "SIGABRT"), "segfault": (-signal.SIGSEGV, "SIGSEGV"),
+          "exit": (3, "ExitStatus: 3")}
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from tests.support import dying_backends
+
+    backend = getattr(dying_backends, sys.argv[1] + "_at_run_on_relu")
+    print("sin", torch.compile(torch.sin, backend=backend)(torch.ones(2)).tolist(), flush=True)
+    torch.compile(lambda x: torch.tanh(torch.relu(x) * 2), backend=backend)(torch.randn(4, 3))
+    print("survived", flush=True)
+""")
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("MINIFY_", "PYTEST_"))}
+    environment["PYTHONPATH"] = str(REPO)
+    environment.update(extra)
+    return environment
+
+
+def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, env=_environment(**extra), capture_output=True, text=True, timeout=600)
+
+
+def _only_entry(directory: Path) -> dict:
+    entries = json.loads((directory / "captures.json").read_text())["captures"]
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def _no_pending(directory: Path) -> None:
+    assert not list((directory / crash.PENDING).glob("*")), "a pending capture was left behind"
+
+
+@pytest.mark.parametrize("how", sorted(DEATHS))
+def test_runner_captures_a_graph_whose_first_run_kills_the_script(tmp_path: Path, how: str) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    captured = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py", how],
+                    tmp_path)
+    returncode, signature = DEATHS[how]  # what `python script.py` ends with (the plugin's test compares them)
+    assert captured.returncode == returncode, captured.stderr[-3000:]  # the capture observes
+    assert "sin [" in captured.stdout and "survived" not in captured.stdout
+    entry = _only_entry(tmp_path / "caps")
+    assert (entry["kind"], entry["signature"], entry["tests"]) == ("crash", signature, ["script.py"])
+    assert f"first run killed the process ({signature})" in captured.stderr
+    spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
+    assert spec["failure"] == {**spec["failure"], "kind": "crash", "signature": signature}
+    assert spec["backend"] == f"tests.support.dying_backends:{how}_at_run_on_relu"
+    assert "relu" in ops_of(torch.export.load(tmp_path / "caps" / entry["program"]).graph)
+    _no_pending(tmp_path / "caps")
+
+
+def test_runner_with_crash_capture_leaves_nothing_when_nothing_dies(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import sys
+        import torch
+        print(torch.compile(lambda x: torch.relu(x) + 1, backend="eager")(torch.ones(2)).tolist())
+        sys.exit(4)
+    """))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == 4 and "[2.0, 2.0]" in done.stdout
+    assert not (tmp_path / "caps" / "captures.json").exists()
+    _no_pending(tmp_path / "caps")
+
+
+@pytest.mark.parametrize("how", ["abort", "segfault"])
+def test_pytest_plugin_captures_a_test_whose_compiled_code_kills_pytest(tmp_path: Path, how: str) -> None:
+    command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_crash.py"), "-v"]
+    plain = _run(command, REPO, CRASH_HOW=how)
+    captured = _run(command, REPO, CRASH_HOW=how, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"),
+                    MINIFY_CAPTURE_CRASH="1")
+    assert plain.returncode == captured.returncode == DEATHS[how][0], captured.stderr[-3000:]
+    assert "test_compiles_and_runs PASSED" in captured.stdout
+    entry = _only_entry(tmp_path / "caps")
+    assert entry["tests"] == ["case_crash.py::test_dies_in_compiled_code"]
+    assert (entry["kind"], entry["signature"]) == ("crash", DEATHS[how][1])
+    _no_pending(tmp_path / "caps")
+
+
+def test_a_death_no_supervisor_saw_is_adopted_by_the_next_session(tmp_path: Path) -> None:
+    """A process that captured unsupervised (as an xdist worker does) leaves its pending capture;
+    the next session in the directory adopts it, with no signature: nobody saw how it died."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    done = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py", "exit"],
+                tmp_path, **{crash.SUPERVISED_ENV: "1"})
+    assert done.returncode == 3
+    assert len(list((tmp_path / "caps" / crash.PENDING).iterdir())) == 1
+    adopted = CaptureSession(tmp_path / "caps", crash=True).adopt()
+    assert [(entry.kind, entry.tests) for entry in adopted] == [("crash", ["script.py"])]
+    spec = json.loads((tmp_path / "caps" / adopted[0].spec).read_text())
+    assert spec["failure"]["kind"] == "crash" and spec["failure"]["signature"] is None
+    _no_pending(tmp_path / "caps")
+
+
+def test_the_capture_of_a_crash_reproduces_as_that_crash(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py", "segfault"],
+         tmp_path)
+    entry = _only_entry(tmp_path / "caps")
+    spec = {**json.loads((tmp_path / "caps" / entry["spec"]).read_text()), "culprit": False, "versions": False}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    done = _run([sys.executable, "-m", "minify_worker.cli", "minify", str(tmp_path / "caps" / entry["program"]),
+                 "--spec", str(tmp_path / "spec.json"), "--inputs", str(tmp_path / "caps" / entry["inputs"]),
+                 "--out", str(tmp_path / "out"), "--quiet"], REPO, MINIFY_ALLOWED_BACKENDS="tests.support")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (report["status"], report["signature"]) == ("succeeded", "SIGSEGV")
+    assert ops_of(torch.export.load(tmp_path / "out" / "minimized.pt2").graph) == ["relu"]
