@@ -319,3 +319,8 @@ def test_a_config_the_workers_torch_takes_is_queued(client: httpx.Client, progra
     response = submit(client, programs["relu_cos"], {**FAIL_ON_RELU, "config": config})
     assert response.status_code == 201, response.text
     client.delete(f"/v1/jobs/{response.json()['id']}")
+
+
+def test_an_unknown_artifact_name_is_404_quoted_whole(client: httpx.Client, finished_job: dict) -> None:
+    response = client.get(f"/v1/jobs/{finished_job['id']}/artifacts/nope.txt")
+    assert_error(response, 404, "'nope.txt' is not an artifact name; one of minimized.pt2, repro.py")

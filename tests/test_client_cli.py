@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobState, OriginalState, ProgressEvent
+from minify_client.models import JobState, JobStatus, OriginalState, ProgressEvent
 from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
@@ -464,7 +464,82 @@ def test_cancel_prints_the_new_status(server: ScriptedServer):
     server.route("DELETE", "/v1/jobs/j1", lambda e: e.send_json(200, cancelled.model_dump(mode="json")))
     result = run_cli("cancel", "j1", "--server", server.url)
     assert result.returncode == 0
-    assert result.stdout == "j1: cancelled\n"
+    assert result.stdout == "job j1: cancelled\n"
+
+
+def test_cancel_of_a_running_job_says_it_is_being_cancelled_not_running(server: ScriptedServer):
+    running = job_status("j1", JobState.running)
+    server.route("DELETE", "/v1/jobs/j1", lambda e: e.send_json(202, running.model_dump(mode="json")))
+    result = run_cli("cancel", "j1", "--server", server.url)
+    assert result.returncode == 0
+    assert result.stdout.startswith("job j1: cancelling (it was running; it stops within seconds")
+
+
+def _finished(state: JobState, reason: str | None = None, signature: str | None = None,
+              config: dict | None = None, phase: str = "culprit") -> JobStatus:
+    status = job_status("j1", state, reason=reason)
+    status.progress.phase = phase
+    status.spec = status.spec.model_copy(update={"config": config or {}})
+    if status.result is not None:
+        status.result = status.result.model_copy(update={"signature": signature})
+    return status
+
+
+@pytest.mark.parametrize(("status", "shown", "hidden"), [
+    (_finished(JobState.succeeded, signature="CppCompileError: 'tmpN' was not declared in this scope"),
+     ["signature: CppCompileError: 'tmpN' was not declared in this scope"], ["phase:", "reason:", "note:"]),
+    (_finished(JobState.failed, reason="job timed out"), ["reason:    job timed out"], ["phase:", "signature:"]),
+    (_finished(JobState.not_reproducible, reason="the original passes 3 of 3 runs"),
+     ["reason:    the original passes 3 of 3 runs"], ["phase:"]),
+    (_finished(JobState.succeeded, config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_errr"},
+               signature="AssertionError: unrecognized config cpp.inject_relu_bug_TESTING_ONLY = 'compile_errr'"),
+     ["note:      torch refused the spec's own setting cpp.inject_relu_bug_TESTING_ONLY='compile_errr': a mistake "
+      "in the spec, not a compiler bug"], ["phase:"]),
+    (_finished(JobState.running, phase="shrink"), ["phase:     shrink"], ["signature:", "reason:"]),
+])
+def test_status_leads_with_what_the_job_found_or_why_it_did_not(server: ScriptedServer, status: JobStatus,
+                                                                shown: list[str], hidden: list[str]):
+    server.route("GET", "/v1/jobs/j1", lambda e: e.send_json(200, status.model_dump(mode="json")))
+    result = run_cli("status", "j1", "--server", server.url)
+    assert result.returncode == 0, result.stderr
+    for line in shown:
+        assert line in result.stdout
+    for label in hidden:
+        assert label not in result.stdout
+    labels = [line.split(":")[0] for line in result.stdout.splitlines()]
+    assert labels[:2] == ["job", "status"]
+
+
+def test_list_says_what_each_finished_job_found_or_why_it_did_not(server: ScriptedServer):
+    jobs = [_finished(JobState.failed, reason="no worker took it in 600 s\nsecond line"),
+            _finished(JobState.succeeded, signature="CppCompileError: 'tmpN' was not declared in this scope"),
+            _finished(JobState.not_reproducible, reason="x" * 300), job_status("j4", JobState.running)]
+    server.route("GET", "/v1/jobs", lambda e: e.send_json(
+        200, {"jobs": [j.model_dump(mode="json") for j in jobs], "total": 4, "offset": 0, "limit": 20}))
+    result = run_cli("list", "--server", server.url)
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("SIGNATURE OR REASON")
+    assert lines[1].endswith("no worker took it in 600 s second line")
+    assert lines[2].endswith("CppCompileError: 'tmpN' was not declared in this scope")
+    assert lines[3].endswith("x" * 99 + "…")
+    assert lines[4].split()[1] == "running" and lines[4].rstrip() == lines[4]
+
+
+def test_list_into_a_reader_that_stops_early_ends_quietly(server: ScriptedServer):
+    jobs = [job_status(f"j{index}", JobState.succeeded) for index in range(400)]
+    server.route("GET", "/v1/jobs", lambda e: e.send_json(
+        200, {"jobs": [j.model_dump(mode="json") for j in jobs], "total": 400, "offset": 0, "limit": 400}))
+    done = subprocess.run(f"{sys.executable} -m minify_client.cli list --limit 400 --server {server.url} | head -2",
+                          shell=True, capture_output=True, text=True, timeout=60, env=_env(None))
+    assert done.stdout.splitlines()[1].startswith("j0 ")
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_download_and_job_timeout_have_help(server: ScriptedServer):
+    download = run_cli("download", "--help").stdout
+    submit = run_cli("submit", "--help").stdout
+    assert "Download a finished job's artifacts" in download and "the job (as submit printed it)" in download
+    assert "--job-timeout SECONDS\n" in submit and "the whole job's limit" in submit
 
 
 def test_list_prints_a_table_and_filters_by_status(server: ScriptedServer):
@@ -474,7 +549,7 @@ def test_list_prints_a_table_and_filters_by_status(server: ScriptedServer):
     result = run_cli("list", "--status", "running", "--limit", "2", "--server", server.url)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED"]
+    assert lines[0].split() == ["ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED", "SIGNATURE", "OR", "REASON"]
     assert lines[1].split()[:3] == ["j2", "running", "relu_cos.pt2"]
     assert lines[-1] == "(2 of 7 jobs)"
     assert "status=running" in server.requests_to("GET", "/v1/jobs")[0].query

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import zipfile
@@ -23,6 +24,7 @@ from minify_client.client import (
     parse_retry_for,
     retry_for_from_environment,
 )
+from minify_client.config_schema import config_mistake
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import (
     Bug,
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
+    except BrokenPipeError:  # `minify-client list | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return EXIT_OK
     except (UsageError, SpecError) as error:
         return _fail(str(error), EXIT_USAGE)
     except BadRequest as error:
@@ -127,11 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wait_culprit_argument(watch)
     watch.set_defaults(run=_watch)
 
-    download = commands.add_parser("download", parents=[connection], help="download a job's artifacts")
-    download.add_argument("job_id", metavar="ID")
-    download.add_argument("--out", type=Path, metavar="DIR", help="default: ./minify-JOB_ID")
+    download = commands.add_parser("download", parents=[connection], help="download a job's artifacts",
+                                   description="Download a finished job's artifacts into a folder: minimized.pt2, "
+                                   "repro.py (with signature_rules.py beside it), inputs.pt and report.json by "
+                                   "default, bundle.tar.gz (all of them in one file) when named.")
+    download.add_argument("job_id", metavar="ID", help="the job (as submit printed it)")
+    download.add_argument("--out", type=Path, metavar="DIR", help="where the files go (default: ./minify-JOB_ID)")
     download.add_argument("--name", action="append", metavar="NAME",
-                          help="one artifact (minimized.pt2, repro.py, inputs.pt, report.json, "
+                          help="one artifact (minimized.pt2, repro.py, signature_rules.py, inputs.pt, report.json, "
                           "bundle.tar.gz); repeatable; default: all but the bundle")
     download.set_defaults(run=_download)
 
@@ -311,17 +319,20 @@ def _status(args: argparse.Namespace) -> int:
             _print_json({**status.model_dump(mode="json"), "dashboard": client.dashboard_url(status)})
             return EXIT_OK
         progress = status.progress
+        result = status.result
         rows = [
             ("job", status.id),
             ("status", status.status.value),
+            ("reason", _reason(status)),
+            ("signature", result.signature if result is not None and status.status is JobState.succeeded else None),
+            ("note", _spec_mistake_note(status)),
             ("program", status.program_name),
             ("backend", f"{status.spec.backend} on {status.spec.device}"),
-            ("phase", progress.phase or None),
+            ("phase", None if status.status.finished else progress.phase or None),
             ("nodes", _nodes(progress.nodes_original, progress.nodes_current)),
             ("checks", f"{progress.checks_total} ({progress.checks_cached} cached)"
              if progress.checks_total else None),
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
-            ("reason", status.reason),
             ("original", (original_summary(status.result) or "").removeprefix("original: ") if status.result else None),
             ("culprit", _culprit_row(status)),
             ("versions", (versions_summary(status.result) or "").removeprefix("versions: ") if status.result else None),
@@ -332,6 +343,23 @@ def _status(args: argparse.Namespace) -> int:
             if value:
                 print(f"{label + ':':<11}{value}")
     return EXIT_OK
+
+
+def _reason(status: JobStatus) -> str | None:
+    """Why a job did not succeed: its own reason, or its report's."""
+    if status.status is JobState.succeeded:
+        return None
+    return status.reason or (status.result.reason if status.result is not None else None)
+
+
+def _spec_mistake_note(status: JobStatus) -> str | None:
+    """For a job whose failure is torch refusing the job's own setting: the user's mistake, not a bug."""
+    result = status.result
+    key = config_mistake(result.signature, status.spec.config) if result is not None else None
+    if key is None:
+        return None
+    return (f"torch refused the spec's own setting {key}={status.spec.config[key]!r}: a mistake in the spec, "
+            "not a compiler bug (not filed); fix the value and submit again")
 
 
 def _culprit_row(status: JobStatus) -> str | None:
@@ -385,8 +413,13 @@ def _cancel(args: argparse.Namespace) -> int:
         status = client.cancel(args.job_id)
     if args.json:
         _print_json(status.model_dump(mode="json"))
+    elif status.status.finished and status.culprit_state is CulpritState.running:
+        print(f"job {status.id}: stopping its culprit phase (the job stays {status.status.value})")
+    elif status.status.finished:
+        print(f"job {status.id}: {status.status.value}")
     else:
-        print(f"{status.id}: {status.status.value}")
+        print(f"job {status.id}: cancelling (it was {status.status.value}; it stops within seconds, "
+              f"`minify-client status {status.id}` shows it cancelled)")
     return EXIT_OK
 
 
@@ -404,16 +437,29 @@ def _list(args: argparse.Namespace) -> int:
             _nodes(job.progress.nodes_original, job.progress.nodes_current) or "",
             str(job.progress.checks_total),
             job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            _outcome(job),
         )
         for job in jobs.jobs
     ]
-    header = ("ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    header = ("ID", "STATUS", "PROGRAM", "NODES", "CHECKS", "CREATED", "SIGNATURE OR REASON")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip())
     if jobs.total > len(jobs.jobs):
         print(f"({len(jobs.jobs)} of {jobs.total} jobs)")
     return EXIT_OK
+
+
+LIST_OUTCOME_CHARS = 100
+
+
+def _outcome(job: JobStatus) -> str:
+    """What a listed job found (its signature) or why it did not (its reason), on one line."""
+    text = (job.result.signature if job.status is JobState.succeeded and job.result is not None else None) or \
+        _reason(job) or ""
+    line = " ".join(text.split())
+    return line if len(line) <= LIST_OUTCOME_CHARS else line[:LIST_OUTCOME_CHARS - 1] + "…"
 
 
 def _bugs(args: argparse.Namespace) -> int:
@@ -502,7 +548,8 @@ def _wait_for_culprit(client: Client, job_id: str, events: Iterator[ProgressEven
     `out_dir`. The final report, or None when Ctrl-C stopped the wait."""
     line = _LiveLine(_progress_stream(args))
     try:
-        line.show("culprit: bisecting the compiler on the minimal program… (Ctrl-C stops waiting; the repro is saved)")
+        line.show("culprit: bisecting the compiler on the minimal program…",
+                  hint=" (Ctrl-C stops waiting; the repro is saved)")
         for event in events:
             if event.type == "progress" and event.message:
                 line.show(f"culprit: {event.message.removeprefix('culprit: ')}…")
@@ -537,14 +584,15 @@ class _LiveLine:
         self.tty = stream.isatty()
         self.text = ""
 
-    def show(self, text: str) -> None:
+    def show(self, text: str, hint: str = "") -> None:
+        """Show `text` (and `hint` after it) unless `text` is what is shown already."""
         if text == self.text:
             return
         self.text = text
         if self.tty:
-            self.stream.write(f"\r\x1b[2K{text}")
+            self.stream.write(f"\r\x1b[2K{text}{hint}")
         else:
-            self.stream.write(f"{text}\n")
+            self.stream.write(f"{text}{hint}\n")
         self.stream.flush()
 
     def end(self) -> None:

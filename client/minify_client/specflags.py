@@ -42,7 +42,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                        help="upper bound on one run of the original (default: 10 minutes)")
     group.add_argument("--memory-limit", type=int, metavar="MIB",
                        help="memory bound of one candidate (default: the machine's memory over the parallelism)")
-    group.add_argument("--job-timeout", type=float, metavar="SECONDS")
+    group.add_argument("--job-timeout", type=float, metavar="SECONDS",
+                       help="the whole job's limit: a job still running then ends failed, 'job timed out' "
+                       "(default 3600, at most 604800, a week)")
     group.add_argument("--parallelism", type=int, help="candidates in flight at once")
     group.add_argument("--dynamic", choices=DYNAMIC_MODES,
                        help="dims the program marks dynamic: as_exported (default: symbolic, with their "

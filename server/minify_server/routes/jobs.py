@@ -157,7 +157,7 @@ async def get_artifact(request: Request, job_id: str, name: str) -> FileResponse
     try:
         path = await run_in_threadpool(_store(request).artifact, job_id, name)
     except UnknownArtifact as error:
-        raise ApiError(404, str(error).strip("'\"")) from error
+        raise ApiError(404, str(error)) from error
     media_type = "text/x-python" if name.endswith(".py") else (
         "application/json" if name.endswith(".json") else "application/octet-stream")
     return FileResponse(path, media_type=media_type, filename=name)
