@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobState, JobStatus, OriginalState, ProgressEvent
+from minify_client.models import JobSpec, JobState, JobStatus, OriginalState, ProgressEvent
 from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
@@ -573,3 +573,81 @@ def test_submit_warns_before_uploading_a_program_whose_members_would_run_code(se
     assert "minify-client: warning: pickled_weight.pt2:" in result.stderr
     assert "data/weights/weight_0" in result.stderr and "MINIFY_ALLOW_PICKLE=1" in result.stderr
     assert not marker.exists()
+
+
+# ---- mistakes caught before a job exists --------------------------------------------------------
+
+
+def _serve_config_schema(server: ScriptedServer) -> None:
+    from minify_client.config_schema import ConfigSchema, ConfigSchemas, KeyRule
+
+    schema = ConfigSchema(torch="2.13.0+cpu", keys={
+        "cpp.inject_relu_bug_TESTING_ONLY": KeyRule(kinds=["null", "str"],
+                                                    choices=["compile_error", "runtime_error", "accuracy", None]),
+        "max_autotune": KeyRule(kinds=["bool"])})
+    server.route("GET", "/v1/config", lambda e: e.send_json(200, ConfigSchemas(schemas=[schema]).model_dump()))
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("cpp.inject_relu_bug_TESTING_ONLY=compile_errr",
+     "config cpp.inject_relu_bug_TESTING_ONLY='compile_errr' is not one of 'compile_error', 'runtime_error', "
+     "'accuracy', null (torch 2.13.0+cpu)"),
+    ("cpp.no_such_key=1", "config key 'cpp.no_such_key' is not a setting of torch 2.13.0+cpu"),
+    ("max_autotune=yes", "config max_autotune='yes' is a str; torch 2.13.0+cpu takes bool"),
+])
+def test_a_config_the_servers_torch_does_not_take_is_refused_before_uploading(server: ScriptedServer, program: Path,
+                                                                              config: str, says: str):
+    _serve_config_schema(server)
+    serve_job(server, job_status("j1", JobState.queued), [])
+
+    result = run_cli("submit", program, "--config", config, "--server", server.url)
+
+    assert result.returncode == 2
+    assert result.stderr == f"minify-client: error: the server refused the request (422): {says}\n"
+    assert server.requests_to("POST", "/v1/jobs") == []
+
+
+def test_a_config_the_servers_torch_takes_is_submitted(server: ScriptedServer, program: Path):
+    _serve_config_schema(server)
+    serve_job(server, job_status("j1", JobState.queued), [])
+
+    result = run_cli("submit", program, "--config", "cpp.inject_relu_bug_TESTING_ONLY=compile_error",
+                     "--config", "max_autotune=true", "--server", server.url)
+
+    assert result.returncode == 0, result.stderr
+    assert len(server.requests_to("POST", "/v1/jobs")) == 1
+
+
+def test_submit_captures_of_a_folder_that_does_not_exist_is_a_usage_error(tmp_path: Path):
+    result = run_cli("submit-captures", tmp_path / "nonexistent", "--server", closed_port_url())
+    assert result.returncode == 2
+    assert result.stderr == f"minify-client: error: no such capture directory: {tmp_path / 'nonexistent'}\n"
+
+
+def test_submit_captures_of_a_folder_with_nothing_captured_is_fine(tmp_path: Path):
+    result = run_cli("submit-captures", tmp_path, "--server", closed_port_url())
+    assert result.returncode == 0
+    assert "no captures in" in result.stderr
+
+
+def test_submit_captures_records_each_job_in_captures_json(server: ScriptedServer, program: Path, tmp_path: Path):
+    captures = tmp_path / "caps"
+    entries = []
+    for name in ("test_a", "test_b"):
+        (captures / name).mkdir(parents=True)
+        (captures / name / f"{name}.pt2").write_bytes(program.read_bytes())
+        (captures / name / "spec.json").write_text(JobSpec().model_dump_json())
+        (captures / name / "inputs.pt").write_bytes(b"inputs")
+        entries.append({"name": name, "key": name, "level": "aot", "kind": "compile_error", "backend": "inductor",
+                        "signature": "E: x", "chain": [], "program": f"{name}/{name}.pt2",
+                        "spec": f"{name}/spec.json", "inputs": f"{name}/inputs.pt", "tests": [f"t.py::{name}"],
+                        "job": None, "dashboard": None, "static_reason": None})
+    (captures / "captures.json").write_text(json.dumps({"captures": entries}))
+    serve_job(server, job_status("j1", JobState.queued), [])
+
+    result = run_cli("submit-captures", captures, "--server", server.url)
+
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads((captures / "captures.json").read_text())["captures"]
+    assert [(entry["name"], entry["job"]) for entry in recorded] == [("test_a", "j1"), ("test_b", "j1")]
+    assert all(entry["dashboard"] == f"{server.url}/#/jobs/j1" for entry in recorded)
