@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ def preserved_state() -> Iterator[None]:
     with transform calls may leave changed when it raises half way."""
     import torch
 
-    restore = [_grad_modes(torch), _functorch_levels(torch), _dual_level(torch), _saved_tensor_hooks(torch),
-               _inplace_requires_grad(torch)]
+    restore = [_saved(read, torch) for read in (_grad_modes, _functorch_levels, _dual_level, _saved_tensor_hooks,
+                                                 _inplace_requires_grad)]
     try:
         yield
     finally:
@@ -85,6 +85,16 @@ def preserved_state() -> Iterator[None]:
                 put_back()
             except Exception:  # a state this torch keeps differently: nothing more to restore
                 logger.debug("minify: restoring torch state failed", exc_info=True)
+
+
+def _saved(read: Callable[[Any], Callable[[], None]], torch: Any) -> Callable[[], None]:
+    """`read(torch)`, which saves one piece of state and returns what puts it back; nothing to put
+    back where this torch keeps that state differently."""
+    try:
+        return read(torch)
+    except (AttributeError, RuntimeError):
+        logger.debug("minify: cannot save torch state with %s", read.__name__, exc_info=True)
+        return lambda: None
 
 
 def _grad_modes(torch: Any) -> Any:
