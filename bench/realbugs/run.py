@@ -336,8 +336,12 @@ def torch_version() -> str:
 
 
 def git_revision() -> str:
-    probe = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return probe.stdout.strip() or "unknown"
+    """HEAD, and how many tracked files the working tree changes (others' work in progress runs too)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                             capture_output=True, text=True).stdout.splitlines()
+    revision = head.stdout.strip() or "unknown"
+    return f"{revision} + {len(changed)} uncommitted files" if changed else revision
 
 
 def main(argv: Sequence[str] | None = None) -> int:
