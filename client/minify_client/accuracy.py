@@ -1,16 +1,37 @@
 """The accuracy oracle: when a compiled graph's outputs count as wrong. One implementation, used by
-the worker (a candidate of an `accuracy` job) and by the capture helper (MINIFY_CAPTURE_ACCURACY=1).
+the worker (a candidate of an `accuracy` job), by the capture helper (MINIFY_CAPTURE_ACCURACY=1)
+and, copied verbatim beside it, by repro.py. Only the standard library and torch (imported when a
+function is called, never at import).
 
-As torch's accuracy minifier judges (`same_two_models` / `backend_accuracy_fails` in
-torch/_dynamo/debug_utils.py): forward only, against eager, with an fp64 reference when
-`torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref, tol, equal_nan=True,
-ignore_non_fp=not strict)`. torch is imported when a function is called, never at import.
+Floating-point outputs are judged as torch's accuracy minifier judges them (`same_two_models` /
+`backend_accuracy_fails` in torch/_dynamo/debug_utils.py): forward only, against eager, with an
+fp64 reference when `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref,
+tol, equal_nan=True, ignore_non_fp=not strict)`.
+
+Integer and boolean outputs have no rounding, and torch's `ignore_non_fp` skips them (its strict
+mode compares them with the float tolerance): here they are compared exactly, strict or not
+(`integer_divergence`). A value passes where it equals eager's, or the fp64 reference's (eager's
+own result hinged on rounding there: a comparison or an index of floats that fp64 decides
+otherwise). Where an op's integer result is legitimately ambiguous, what it means is compared
+instead (`output_rules`, from the graph; checked with eager's intermediate values, computed only
+when the values differ):
+- the indices of ties (`argmax`, `argmin`, `max`/`min`/`median`/`mode`/`kthvalue` along a dim,
+  `sort`, `argsort`, `topk`, `cummax`, `cummin`): an index passes where the value it selects equals
+  the value eager's index selects (within the tolerance for floats);
+- an unsorted `unique`: its values and counts as multisets, its inverse as a relabelling (one
+  label of the compiled result for each label of eager's, and back);
+- a last-writer-wins scatter (`scatter` without a reduction, `index_put` without accumulation,
+  `index_copy`): positions written more than once, where which write wins is unspecified, are not
+  compared.
+Each rule applies to the op's output as the graph returns it (through reshapes and copies); an
+index used in further computation is compared exactly.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 ACCURACY_EXC_TYPE = "AccuracyError"
@@ -47,8 +68,10 @@ def fp64_reference(gm: Any, inputs: list[Any]) -> Any:
 
 
 def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEFAULT_TOLERANCE,
-               strict: bool = False) -> str | None:
-    """None when `result` passes for `reference`, else what differs."""
+               strict: bool = False, gm: Any = None, inputs: Sequence[Any] | None = None) -> str | None:
+    """None when `result` passes for `reference`, else what differs: floating-point outputs by
+    torch's rule, integer and boolean ones exactly (`integer_divergence`, with the rules of `gm`'s
+    ops when the graph and its `inputs` are given)."""
     from torch._dynamo.utils import same
 
     found: list[str] = []
@@ -56,9 +79,87 @@ def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEF
     def log_error(message: str, *args: Any) -> None:
         found.append(message % args if args else message)
 
-    if same(reference, result, fp64, tol=tolerance, equal_nan=True, ignore_non_fp=not strict, log_error=log_error):
+    floats_pass = same(reference, result, fp64, tol=tolerance, equal_nan=True, ignore_non_fp=not strict,
+                       log_error=log_error)
+    integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
+    if floats_pass and integers is None:
         return None
-    return "; ".join(found)[:2000] or "compiled result differs from eager"
+    return "; ".join([*found, *([integers] if integers else [])])[:2000] or "compiled result differs from eager"
+
+
+def integer_divergence(reference: Any, result: Any, fp64: Any = None, *, tolerance: float = DEFAULT_TOLERANCE,
+                       gm: Any = None, inputs: Sequence[Any] | None = None) -> str | None:
+    """None when every integer and boolean output of `result` passes for `reference` (see the
+    module's docstring), else what differs. Outputs are matched in order, as pytree leaves (a
+    compiled graph may return a list where eager returns a tuple); a different number of outputs
+    is left to torch's rule, which names it."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    references, results = tree_leaves(reference), tree_leaves(result)
+    if len(references) != len(results):
+        return None
+    fp64s = tree_leaves(fp64) if fp64 is not None else []
+    fp64s = fp64s if len(fp64s) == len(references) else [None] * len(references)
+    rules = output_rules(gm, len(references)) if gm is not None else [None] * len(references)
+    intermediates = _Intermediates(gm, inputs)
+    found = []
+    for position, (expected, got, precise, rule) in enumerate(zip(references, results, fp64s, rules, strict=True)):
+        if isinstance(expected, bool | int) and not isinstance(expected, torch.SymInt):
+            if got != expected and got != precise:
+                found.append(f"output {position}: {got!r}, eager {expected!r}")
+            continue
+        if not isinstance(expected, torch.Tensor) or expected.is_floating_point() or expected.is_complex():
+            continue
+        problem = _tensor_divergence(expected, got, precise, rule, intermediates, tolerance)
+        if problem is not None:
+            found.append(f"output {position}: {problem}")
+    return "; ".join(found) if found else None
+
+
+def _tensor_divergence(expected: Any, got: Any, precise: Any, rule: Rule | None, intermediates: _Intermediates,
+                       tolerance: float) -> str | None:
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        return f"{type(got).__name__}, eager a {expected.dtype} tensor"
+    if got.dtype != expected.dtype:
+        return f"dtype {got.dtype}, eager {expected.dtype}"
+    got = got.detach().to(expected.device)
+    if rule is not None and rule.kind == "unique":
+        return _unique_divergence(expected, got, rule)
+    if got.shape != expected.shape:
+        return f"shape {tuple(got.shape)}, eager {tuple(expected.shape)}"
+    agrees = got == expected
+    if isinstance(precise, torch.Tensor) and precise.shape == expected.shape and precise.dtype == expected.dtype:
+        agrees |= got == precise.to(got.device)
+    if bool(agrees.all()):
+        return None
+    if rule is not None:
+        agrees |= rule.accepted(expected, got, intermediates, tolerance)
+    wrong = int((~agrees).sum())
+    if wrong == 0:
+        return None
+    first = tuple(int(index) for index in (~agrees).nonzero()[0])
+    return (f"{wrong} of {expected.numel()} {str(expected.dtype).removeprefix('torch.')} values differ from eager "
+            f"(exactly compared), first at {list(first)}: {got[first].item()!r}, eager {expected[first].item()!r}")
+
+
+def _unique_divergence(expected: Any, got: Any, rule: Rule) -> str | None:
+    """An unsorted `unique`'s output: values and counts as multisets, the inverse as a relabelling."""
+    import torch
+
+    if rule.output == 1:
+        if got.shape != expected.shape:
+            return f"shape {tuple(got.shape)}, eager {tuple(expected.shape)}"
+        pairs = torch.stack([expected.reshape(-1), got.reshape(-1)]).unique(dim=1)
+        if pairs.shape[1] == expected.unique().numel() == got.unique().numel():
+            return None
+        return "the inverse of an unsorted unique is not a relabelling of eager's"
+    if got.numel() == expected.numel() and torch.equal(got.reshape(-1).sort().values,
+                                                       expected.reshape(-1).sort().values):
+        return None
+    return "an unsorted unique's " + ("counts" if rule.output == 2 else "values") + " differ from eager's as multisets"
 
 
 def compare_to_eager(gm: Any, inputs: list[Any], run_compiled: Callable[[list[Any]], Any], *,
@@ -76,10 +177,222 @@ def compare_to_eager(gm: Any, inputs: list[Any], run_compiled: Callable[[list[An
                 return None
             fp64 = None
         result = run_compiled(clone_inputs(inputs))
-    return divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
+        return divergence(reference, result, fp64, tolerance=tolerance, strict=strict, gm=gm, inputs=inputs)
 
 
 def clone_inputs(inputs: list[Any]) -> list[Any]:
     import torch
 
     return [value.clone() if isinstance(value, torch.Tensor) else value for value in inputs]
+
+
+# ---------------------------------------------------------------------------------------------
+# What an op's integer output means: the rules for ambiguous ones
+
+# Ops whose indices select among ties: where their dim is (position, default), whether they keep
+# the reduced dim (or a keepdim position), and which output holds the indices (None: the op's own).
+_TIE_OPS: dict[str, tuple[int, int | None, int | bool, int | None]] = {
+    "argmax": (1, None, 2, None), "argmin": (1, None, 2, None),
+    "max": (1, None, 2, 1), "min": (1, None, 2, 1), "median": (1, None, 2, 1), "nanmedian": (1, None, 2, 1),
+    "mode": (1, -1, 2, 1), "kthvalue": (2, -1, 3, 1),
+    "sort": (1, -1, True, 1), "argsort": (1, -1, True, None), "topk": (2, -1, True, 1),
+    "cummax": (1, None, True, 1), "cummin": (1, None, True, 1),
+}
+_UNIQUE_OPS = ("unique", "_unique2", "_unique")
+# Scatters where the last write to a position wins: which one is unspecified when several write it.
+_SCATTER_OPS = ("scatter", "scatter_", "index_put", "index_put_", "_unsafe_index_put", "index_copy", "index_copy_")
+# The named outputs (torch.return_types) of the ops above.
+_FIELDS = {"values": 0, "indices": 1}
+# Ops an output may pass through and still be the op's result, its elements in the same order.
+_SAME_ORDER = ("clone", "contiguous", "alias", "detach", "view", "_unsafe_view", "reshape", "flatten",
+               "squeeze", "unsqueeze", "lift_fresh_copy")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one integer output is compared: `kind` "ties" (indices of `node`), "unique" (output
+    `output` of an unsorted unique) or "scatter" (the result of a last-writer-wins scatter `node`)."""
+
+    kind: str
+    node: Any  # torch.fx.Node: the op that made the output
+    output: int = 0
+    dim: int | None = None
+    keeps_dim: bool = True
+
+    def accepted(self, expected: Any, got: Any, intermediates: _Intermediates, tolerance: float) -> Any:
+        """Where `got` differs from `expected` but means the same (a bool tensor of their shape)."""
+        import torch
+
+        try:
+            if self.kind == "ties":
+                return self._ties(expected, got, intermediates, tolerance)
+            if self.kind == "scatter":
+                return self._written_more_than_once(intermediates).reshape(expected.shape)
+        except (RuntimeError, IndexError, ValueError, TypeError):  # an index out of range: not the same
+            pass
+        return torch.zeros_like(expected, dtype=torch.bool)
+
+    def _ties(self, expected: Any, got: Any, intermediates: _Intermediates, tolerance: float) -> Any:
+        import torch
+
+        (values,) = intermediates.arguments(self.node, 0)
+        shape = intermediates.shape(self.node, self.output)
+        picked_by_eager = _select(values, expected.reshape(shape), self.dim, self.keeps_dim)
+        picked = _select(values, got.reshape(shape), self.dim, self.keeps_dim)
+        if values.is_floating_point() or values.is_complex():
+            same = torch.isclose(picked, picked_by_eager, rtol=tolerance, atol=tolerance, equal_nan=True)
+        else:
+            same = picked == picked_by_eager
+        return same.reshape(expected.shape)
+
+    def _written_more_than_once(self, intermediates: _Intermediates) -> Any:
+        import torch
+
+        name = _op_name(self.node)
+        if name.startswith("scatter"):
+            target, dim, index = intermediates.arguments(self.node, 0, 1, 2)
+            counts = torch.zeros(target.shape, dtype=torch.int64, device=target.device)
+            return counts.scatter_add(dim, index, torch.ones_like(index, dtype=torch.int64)) > 1
+        if name.startswith("index_copy"):
+            target, dim, index, source = intermediates.arguments(self.node, 0, 1, 2, 3)
+            counts = torch.zeros(target.shape, dtype=torch.int64, device=target.device)
+            return counts.index_add(dim, index, torch.ones(source.shape, dtype=torch.int64, device=target.device)) > 1
+        target, indices = intermediates.arguments(self.node, 0, 1)
+        counts = torch.zeros(target.shape, dtype=torch.int64, device=target.device)
+        one = torch.ones((), dtype=torch.int64, device=target.device)
+        return counts.index_put(tuple(indices), one, accumulate=True) > 1
+
+
+def _select(values: Any, indices: Any, dim: int | None, keeps_dim: bool) -> Any:
+    """The elements of `values` that `indices` pick along `dim` (None: of the flattened tensor)."""
+    if dim is None:
+        return values.reshape(-1)[indices.reshape(-1)].reshape(indices.shape)
+    if values.dim() == 0:
+        return values.expand(indices.shape)
+    dim = dim % values.dim()
+    return values.gather(dim, indices if keeps_dim else indices.unsqueeze(dim))
+
+
+def output_rules(gm: Any, count: int) -> list[Rule | None]:
+    """The rule of each of `gm`'s `count` outputs (None: compared exactly); none when its output
+    node does not hold `count` values one for one."""
+    from torch.utils._pytree import tree_leaves
+
+    output = next((node for node in gm.graph.nodes if node.op == "output"), None)
+    leaves = tree_leaves(output.args[0]) if output is not None and output.args else []
+    if len(leaves) != count:
+        return [None] * count
+    return [_rule_of(leaf) for leaf in leaves]
+
+
+def _rule_of(value: Any) -> Rule | None:
+    import operator
+
+    import torch.fx as fx
+
+    node = value
+    while isinstance(node, fx.Node) and _op_name(node) in _SAME_ORDER:
+        node = node.args[0] if node.args else None
+    if not isinstance(node, fx.Node):
+        return None
+    output = None
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        node, output = node.args[0], node.args[1]
+    elif node.op == "call_function" and node.target is getattr and node.args[1] in _FIELDS:  # `.indices`
+        node, output = node.args[0], _FIELDS[node.args[1]]
+    name = _op_name(node)
+    if name in _TIE_OPS:
+        dim_at, default, keeps, indices = _TIE_OPS[name]
+        if output != indices:
+            return None
+        dim = _argument(node, dim_at, "dim", default)
+        keeps_dim = keeps if isinstance(keeps, bool) else bool(_argument(node, keeps, "keepdim", False))
+        if dim is None and name not in ("argmax", "argmin"):
+            return None  # max(x), cummax without a dim ...: no indices, or none to compare
+        return Rule("ties", node, output or 0, dim, keeps_dim)
+    if name in _UNIQUE_OPS and not _argument(node, 1, "sorted", True):
+        return Rule("unique", node, _unique_output(node, name, output))
+    if name in _SCATTER_OPS and output is None and _last_writer_wins(node, name):
+        return Rule("scatter", node)
+    return None
+
+
+def _unique_output(node: Any, name: str, output: int | None) -> int:
+    """Which of (values, inverse, counts) output `output` of a unique is: torch.unique returns only
+    those it was asked for, aten's _unique2 all three."""
+    if output is None or name != "unique":
+        return output or 0
+    asked = [0, *([1] if _argument(node, 2, "return_inverse", False) else []),
+             *([2] if _argument(node, 3, "return_counts", False) else [])]
+    return asked[output] if output < len(asked) else 0
+
+
+def _last_writer_wins(node: Any, name: str) -> bool:
+    if name.startswith("scatter"):
+        return _argument(node, 4, "reduce", None) is None
+    if name.startswith("index_put") or name == "_unsafe_index_put":
+        return not _argument(node, 3, "accumulate", False)
+    return True
+
+
+def _op_name(node: Any) -> str:
+    """An op's name whatever form the graph has: `argmax` for `aten.argmax.default`, `torch.argmax`
+    and the method `x.argmax()`."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function":
+        return ""
+    packet = getattr(node.target, "overloadpacket", None)
+    return getattr(packet if packet is not None else node.target, "__name__", "")
+
+
+def _argument(node: Any, position: int, keyword: str, default: Any) -> Any:
+    if keyword in node.kwargs:
+        return node.kwargs[keyword]
+    return node.args[position] if len(node.args) > position else default
+
+
+class _Intermediates:
+    """The eager values of a graph's nodes, computed at the first question (one interpreted run)."""
+
+    def __init__(self, gm: Any, inputs: Sequence[Any] | None) -> None:
+        self._gm, self._inputs = gm, inputs
+        self._values: dict[Any, Any] | None = None
+
+    def arguments(self, node: Any, *positions: int) -> list[Any]:
+        values = self._run()
+        arguments = [node.args[position] if len(node.args) > position else None for position in positions]
+        return [_resolved(argument, values) for argument in arguments]
+
+    def shape(self, node: Any, output: int) -> Any:
+        value = self._run()[node]
+        return (value[output] if isinstance(value, tuple | list) else value).shape
+
+    def _run(self) -> dict[Any, Any]:
+        import torch
+        import torch.fx as fx
+
+        if self._values is None:
+            if self._gm is None or self._inputs is None:
+                raise ValueError("no graph to compute intermediate values with")
+            by_name: dict[str, Any] = {}
+
+            class Recording(fx.Interpreter):
+                def run_node(self, node: fx.Node) -> Any:
+                    by_name[node.name] = super().run_node(node)
+                    return by_name[node.name]
+
+            with torch.no_grad():  # on a copy, as the reference runs: a graph may write into its buffers
+                Recording(copy.deepcopy(self._gm)).run(*clone_inputs(list(self._inputs)))
+            self._values = {node: by_name[node.name] for node in self._gm.graph.nodes if node.name in by_name}
+        return self._values
+
+
+def _resolved(argument: Any, values: dict[Any, Any]) -> Any:
+    import torch.fx as fx
+
+    if isinstance(argument, fx.Node):
+        return values[argument]
+    if isinstance(argument, list | tuple):
+        return type(argument)(_resolved(item, values) for item in argument)
+    return argument

@@ -553,3 +553,43 @@ def fail_naming_symbol_sharing(gm: fx.GraphModule, example_inputs: list[Any]) ->
     if len(set(dims)) < len(dims):
         raise RuntimeError("injected failure on relu: two input dims share one size symbol")
     raise RuntimeError("injected failure on relu: each input dim has a size symbol of its own")
+
+
+def other_ties(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Runs eagerly, but breaks ties the other way: `argmax`/`argmin` and `max`/`min` along a dim
+    pick the last of equal values, `sort` (stable) and `topk` order equal values last to first. Right results, other
+    indices than eager's wherever values tie."""
+
+    def reversed_ties(function: Callable[..., Any], x: torch.Tensor, dim: int, *args: Any) -> Any:
+        flipped = function(x.flip(dim), dim, *args)
+        last = x.shape[dim] - 1
+        if isinstance(flipped, torch.Tensor):
+            return last - flipped
+        return type(flipped)((flipped[0], last - flipped[1]))
+
+    def other_tie(name: str, args: Any, kwargs: Any) -> Any:
+        x, *rest = args
+        dim = kwargs.get("dim", rest[0] if name in ("argmax", "argmin", "max", "min", "sort") and rest else None)
+        if name in ("argmax", "argmin", "max", "min") and isinstance(dim, int):
+            return reversed_ties(getattr(torch, name), x, dim % x.dim(), *rest[1:])
+        if name == "sort":
+            dim = -1 if dim is None else dim
+            return reversed_ties(lambda t, d: torch.sort(t, dim=d, stable=True), x, dim % x.dim())
+        if name == "topk":
+            k, dim = rest[0], (rest[1] if len(rest) > 1 else kwargs.get("dim", -1)) % x.dim()
+            return reversed_ties(lambda t, d: torch.topk(t, k, dim=d), x, dim)
+        return None
+
+    class OtherTies(fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            result = other_tie(op_name(target), args, kwargs) if args else None
+            return result if result is not None else super().call_function(target, args, kwargs)
+
+        def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+            result = other_tie(str(target), args, kwargs)
+            return result if result is not None else super().call_method(target, args, kwargs)
+
+    def run(*args: Any) -> Any:
+        return OtherTies(gm).run(*args)
+
+    return run

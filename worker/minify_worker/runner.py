@@ -12,7 +12,8 @@ classified by the parent.
   `same_two_models` in torch/_dynamo/debug_utils.py, with `ACCURACY_FAILS` of
   torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
   `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref, tol, equal_nan=True,
-  ignore_non_fp=not strict)`, fp64 required unless strict → `Fails(accuracy, "AccuracyError")`;
+  ignore_non_fp=not strict)`, fp64 required unless strict, and integer and boolean outputs compared
+  exactly (ties and other ambiguous integer results by what they mean) → `Fails(accuracy, "AccuracyError")`;
 - a candidate that cannot be built, or whose eager reference cannot run → `Invalid`.
 """
 
@@ -268,7 +269,8 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
             _synchronize(spec.device)
         except Exception as error:
             return _failure(error, "runtime_error", run_started)
-        detail = divergence(reference, result, fp64, tolerance=spec.failure.tolerance, strict=strict)
+        detail = divergence(reference, result, fp64, tolerance=spec.failure.tolerance, strict=strict, gm=gm,
+                            inputs=inputs)
         duration = time.monotonic() - run_started
         if detail is None:
             return Passes(duration_s=duration)
