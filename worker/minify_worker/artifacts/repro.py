@@ -468,10 +468,16 @@ def _dynamic_constants(shapes: DynamicShapes | None) -> list[str]:
     if shapes is None:
         return []
     dims = ",\n".join(f"    {dims!r}" for dims in shapes.dims)
+    data_dependent = [] if any(shapes.dims) else [
+        "# No dim is dynamic, but the graph reads sizes or scalars from data (nonzero, .item()): it",
+        "# compiles under torch.compile, every dim static, for the ShapeEnv dynamo gives such a graph.",
+    ]
     return ["\n".join([
+        *data_dependent,
         "# The dims the program keeps dynamic, per input: {dim: {name, min, max[, scale, offset]}}; a",
         "# dim's size is scale * name + offset, name in [min, max] (None: unbounded). DYNAMIC says how:",
-        "# as_exported (with these ranges) or auto (as torch.compile's automatic dynamic).",
+        "# as_exported (with these ranges) or auto (as torch.compile's automatic dynamic). Dims of one",
+        "# name share one symbol.",
         f"DYNAMIC = {shapes.mode!r}",
         f"DYNAMIC_DIMS = [\n{dims},\n]",
     ])]
@@ -482,13 +488,18 @@ _DYNAMIC_FUNCTIONS = {
 def mark_dynamic(inputs):
     """Mark DYNAMIC_DIMS on the inputs for dynamo: with their range, or (auto) as automatic dynamic
     marks a dim it saw change; every other dim static, as the program has it, whatever dynamo's
-    config assumes (assume_static_by_default=False would make a weight's dims symbolic too)."""
-    for value, dims in zip(inputs, DYNAMIC_DIMS):
+    config assumes (assume_static_by_default=False would make a weight's dims symbolic too).
+    The dims of a symbol that sizes several dims stay unmarked, to share one symbol (dynamo's duck
+    sizing, as torch.compile(dynamic=True) gave them): True when there are such dims."""
+    shared = shared_dims(inputs)
+    for position, (value, dims) in enumerate(zip(inputs, DYNAMIC_DIMS)):
         if isinstance(value, torch.Tensor):
             for dim in range(value.dim()):
                 if dim not in dims:
                     torch._dynamo.mark_static(value, dim)
         for dim, spec in dims.items():
+            if (position, dim) in shared:
+                continue
             if DYNAMIC == "auto":
                 torch._dynamo.maybe_mark_dynamic(value, dim)
                 continue
@@ -498,6 +509,23 @@ def mark_dynamic(inputs):
             if (low is None) != (high is None):  # torch takes both ends or neither
                 low, high = (0 if low is None else low), (sys.maxsize - 1 if high is None else high)
             torch._dynamo.mark_dynamic(value, dim, min=low, max=high)
+    return bool(shared)
+
+
+def shared_dims(inputs):
+    """The (input, dim) pairs of each symbol that sizes several plain dims (a marked dim always gets
+    a symbol of its own); not those of two such symbols with equal sizes, which would merge."""
+    groups, sizes = {}, {}
+    for position, dims in enumerate(DYNAMIC_DIMS):
+        for dim, spec in dims.items():
+            if spec.get("scale", 1) == 1 and spec.get("offset", 0) == 0 and "expr" not in spec:
+                groups.setdefault(spec["name"], []).append((position, dim))
+    for name, members in groups.items():
+        values = {int(inputs[position].shape[dim]) for position, dim in members}
+        if len(members) > 1 and len(values) == 1:
+            sizes[name] = values.pop()
+    kept = [name for name, size in sizes.items() if list(sizes.values()).count(size) == 1]
+    return {member for name in kept for member in groups[name]}
 
 
 def compile_repro(gm, inputs):
@@ -511,8 +539,10 @@ def compile_repro(gm, inputs):
     compiled = torch.compile(gm.forward, backend=backend_repro, fullgraph=True)
 
     def run(*args):
-        mark_dynamic(args)
-        return compiled(*args)
+        if not mark_dynamic(args):
+            return compiled(*args)
+        with torch._dynamo.config.patch(assume_static_by_default=False):
+            return compiled(*args)
 
     return run
 ''',
