@@ -15,10 +15,10 @@ variable (`TORCH_BISECT_BACKEND`, read by torch.compile itself):
 4. with the user's own backend again: fails → that backend's compiled code; passes → the failure
    needs what ran before it in the process (another test's state), or is flaky.
 
-The reruns stop at the first that fails. The verdict, the next step and every rerun's outcome go
-to `DIR/diagnoses.json` (one entry per test, the latest), each rerun's output to
-`DIR/diagnoses/<name>/<setting>.log`, and the message to the runner's output or the plugin's
-summary. The user's own run has ended by then: its outcome is never changed.
+The reruns stop at the first that fails (or times out, or cannot run: then no layer is named).
+The verdict, the next step and every rerun's outcome go to `DIR/diagnoses.json` (one entry per
+test, the latest), each rerun's output to `DIR/diagnoses/<name>/<setting>.log`, and the message
+to the runner's output or the plugin's summary. The user's own run has ended by then: its outcome is never changed.
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def requested() -> bool:
 
 
 def rerun_timeout_s(seconds: float) -> float:
-    """How long one rerun may take: three times the user's run, and a minute more (its compiles)."""
-    return 3 * seconds + 60
+    """How long one rerun may take: five times the user's run, and five minutes more (a loaded
+    machine's torch import and compiles vary that much)."""
+    return 5 * seconds + 300
 
 
 def script_command(script: str, args: Sequence[str]) -> list[str]:
@@ -128,7 +129,7 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
         rerun = _rerun(setting, environment, command, cwd=cwd, log=logs / f"{setting.replace(' ', '-')}.log",
                        directory=directory, expected=signature, timeout_s=timeout_s)
         reruns.append(rerun)
-        if rerun.outcome in ("fails the same way", "fails differently"):
+        if rerun.outcome != "passes":  # a rerun that fails names the layer; one that did not finish ends it
             break
     diagnosis = _verdict(test, signature, reruns)
     _record(directory, diagnosis)
