@@ -136,3 +136,30 @@ def test_the_capture_of_a_crash_reproduces_as_that_crash(tmp_path: Path) -> None
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert (report["status"], report["signature"]) == ("succeeded", "SIGSEGV")
     assert ops_of(torch.export.load(tmp_path / "out" / "minimized.pt2").graph) == ["relu"]
+
+
+@pytest.mark.inductor
+def test_runner_captures_an_inductor_kernel_that_segfaults(tmp_path: Path) -> None:
+    """A real generated kernel reading far out of bounds: inductor's check on indirect indices off
+    (a setting the capture records), an index 2**40 into 16 floats."""
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import torch
+        torch._inductor.config.assert_indirect_indexing = False
+        def gather_plus_one(x, index):
+            return torch.relu(x[index]) + 1
+        torch.compile(gather_plus_one)(torch.randn(16), torch.tensor([1 << 40]))
+    """))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == -signal.SIGSEGV, done.stderr[-3000:]
+    entry = _only_entry(tmp_path / "caps")
+    assert (entry["kind"], entry["signature"], entry["backend"]) == ("crash", "SIGSEGV", "inductor")
+    spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
+    assert spec["config"] == {"assert_indirect_indexing": False}
+
+
+@pytest.mark.parametrize("returncode", [-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGFPE, -signal.SIGKILL, 3, 1])
+def test_a_death_is_signed_as_the_workers_sandbox_signs_it(returncode: int) -> None:
+    from minify_worker import oracle
+
+    worker = oracle.crash_signature(-returncode) if returncode < 0 else oracle.exit_signature(returncode)
+    assert crash.death_signature(returncode) == (worker.exc_type if returncode < 0 else worker.text)
