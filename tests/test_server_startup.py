@@ -98,3 +98,43 @@ def test_a_sweep_cancelled_inside_its_disk_work_ends_at_once(tmp_path: Path) -> 
     finally:
         store.release.set()
         server.shutdown()
+
+
+def test_a_stop_while_a_client_watches_a_job_ends_its_stream_cleanly(tmp_path: Path) -> None:
+    """The watcher's stream ends when the stop begins (it reconnects with Last-Event-ID to a server
+    that is back); it is not cancelled mid-read when the graceful wait runs out, which logged a
+    CancelledError traceback per watcher and held the stop for those seconds."""
+    import json
+
+    import httpx
+
+    from examples.programs import save
+    from tests.support.service import start_service
+
+    program = save("relu_cos", tmp_path)
+    ended: list[str] = []
+    with start_service(tmp_path / "data", workers=0) as service:  # no worker: the job stays queued
+        with service.client() as client:
+            job = client.post("/v1/jobs", files={"program": ("p.pt2", program.read_bytes())},
+                              data={"spec": json.dumps({"backend": "eager"})}).json()["id"]
+
+        def watch() -> None:
+            with httpx.stream("GET", f"{service.url}/v1/jobs/{job}/events", timeout=60) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("retry:"):
+                        ended.append("open")
+            ended.append("ended")
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        deadline = time.monotonic() + 30
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        service.stop()
+        took_s = time.monotonic() - started
+        watcher.join(10)
+        log = service.log()
+    assert ended == ["open", "ended"]
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+    assert took_s < 5  # the graceful wait (5 s) did not run out

@@ -84,6 +84,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.state.settings = settings
     app.state.store = ArtifactStore(settings.data_dir)
     app.state.redis_outages = connections.OutageLog()
+    app.state.stopping = asyncio.Event()  # set when the server begins to stop (cli.StoppingServer): streams end
     install_error_handlers(app)
     app.add_middleware(_RedisRecovery, outages=app.state.redis_outages)
     app.include_router(jobs.router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("minify at http://%s:%d (data in %s)", settings.host, settings.port, settings.data_dir)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
                                 access_log=False, timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[listener])
+        StoppingServer(config, app.state.stopping).run(sockets=[listener])
     except KeyboardInterrupt:
         pass
     finally:
@@ -100,6 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         if redis_server is not None:
             redis_server.stop()
     return 0
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which first tells the app it is stopping (`stopping` set): the open event
+    streams end then, before the graceful wait, instead of being cancelled mid-read when it runs out
+    (a CancelledError traceback per watcher)."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+        super().__init__(config)
+        self.stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.stopping.set()
+        await super().shutdown(sockets)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

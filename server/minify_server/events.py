@@ -5,8 +5,10 @@ A succeeded job whose culprit phase still runs (its final status event says culp
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -29,18 +31,21 @@ def _is_final(fields: dict[str, str]) -> bool:
 
 
 async def job_events(redis: Redis, job_id: str, last_event_id: str | None,
-                     outages: OutageLog) -> AsyncIterator[str]:
+                     outages: OutageLog, stopping: asyncio.Event | None = None) -> AsyncIterator[str]:
     """`id:`/`event:`/`data:` frames; the stream entry id is the SSE id, so Last-Event-ID resumes.
 
-    When Redis becomes unavailable the stream ends early; EventSource and the client reconnect with
-    Last-Event-ID (after the `retry:` delay) and lose nothing.
+    When Redis becomes unavailable, or the server stops (`stopping` set), the stream ends early;
+    EventSource and the client reconnect with Last-Event-ID (after the `retry:` delay) and lose
+    nothing. A stop ends it at once, not when the server's graceful wait cancels it.
     """
     stream = events_key(job_id)
     cursor = last_event_id or "0-0"
     yield "retry: 2000\n\n"
     try:
         while True:
-            batches = await redis.xread({stream: cursor}, count=BATCH, block=BLOCK_MS)
+            batches = await _read_unless_stopping(redis, {stream: cursor}, stopping)
+            if batches is None:
+                return
             if not batches:
                 status, culprit_state = await redis.hmget(record_key(job_id), ["status", "culprit_state"])
                 if status is None or (JobState(status).finished and culprit_state != CulpritState.running.value):
@@ -54,3 +59,19 @@ async def job_events(redis: Redis, job_id: str, last_event_id: str | None,
                     return
     except UNAVAILABLE as error:
         outages.failed(error)
+
+
+async def _read_unless_stopping(redis: Redis, streams: dict[str, str], stopping: asyncio.Event | None) -> Any:
+    """One blocking XREAD; None when `stopping` is set first (the read is abandoned)."""
+    read = asyncio.ensure_future(redis.xread(streams, count=BATCH, block=BLOCK_MS))
+    if stopping is None:
+        return await read
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if read.done():
+        return read.result()
+    read.cancel()
+    return None

@@ -144,7 +144,8 @@ async def job_event_stream(request: Request, job_id: str,
                            last_event_id: str | None = Header(default=None)) -> StreamingResponse:
     await _job(request, job_id)
     cursor = last_event_id or request.query_params.get("last_event_id")
-    events = job_events(request.app.state.stream_redis, job_id, cursor, request.app.state.redis_outages)
+    events = job_events(request.app.state.stream_redis, job_id, cursor, request.app.state.redis_outages,
+                        request.app.state.stopping)
     return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
