@@ -120,7 +120,8 @@ class CapturePlugin:
         under pytest-xdist each worker reruns its own."""
         undiagnosed, self._undiagnosed = self._undiagnosed, []
         for test, signature, seconds in undiagnosed:
-            diagnose.diagnose(test, signature, diagnose.pytest_command(test), cwd=session.config.rootpath,
+            command = diagnose.pytest_command(test, session.config.rootpath, session.config.inipath)
+            diagnose.diagnose(test, signature, command, cwd=session.config.rootpath,
                               directory=self.session.directory, name=safe_name(test),
                               timeout_s=diagnose.rerun_timeout_s(seconds))
 

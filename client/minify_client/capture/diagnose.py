@@ -111,11 +111,14 @@ def script_command(script: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "minify_client.capture.rerun", script, *args]
 
 
-def pytest_command(nodeid: str) -> list[str]:
+def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> list[str]:
+    """One test again, from `rootdir` (where its node id starts) with the run's own ini file."""
     import sys
 
-    return [sys.executable, "-m", "pytest", nodeid, "-p", "minify_client.capture.rerun", "-p", "no:cacheprovider",
-            "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    config = ["-c", str(inifile)] if inifile is not None else []
+    return [sys.executable, "-m", "pytest", nodeid, *config, f"--rootdir={rootdir}", "-p",
+            "minify_client.capture.rerun", "-p", "no:cacheprovider", "-q",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
 
 
 def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os.PathLike[str], directory: Path,
