@@ -24,6 +24,7 @@ from tests.support.browser import (
     screenshot,
     watch_for_errors,
 )
+from tests.support.graphs import save_cos_sin_relu
 from tests.support.service import Service, start_service, wait_for_culprit, wait_for_status
 
 pytestmark = [pytest.mark.browser, needs_chromium]
@@ -392,5 +393,28 @@ def test_the_culprit_card_says_bisecting_while_the_phase_runs_after_the_result_t
     page.wait_for_selector("#culprit-card:not(.pending) #culprit:has-text('none (the custom backend')",
                            timeout=JOB_TIMEOUT_MS)
     page.wait_for_selector("#repro-code:has-text('none: the custom backend')")  # repro.py's new header
+    assert errors == []
+    page.close()
+
+
+@pytest.mark.parametrize("culprit", [True, False], ids=["culprit-phase-after", "nothing-else-after"])
+def test_the_job_page_shows_the_originals_verdict_that_follows_the_delivered_result(
+        browser: Any, service: Service, tmp_path: Path, culprit: bool) -> None:
+    # The signature is given: the result goes out while the whole program's 8 s compile runs.
+    spec = {"backend": f"{PREFIX}:fail_on_relu_slowly_when_whole", "shrink": False, "culprit": culprit,
+            "failure": {"signature": "RuntimeError: injected failure on relu"}}
+    program = save_cos_sin_relu(tmp_path)
+    with service.client() as client:
+        response = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},
+                               data={"spec": json.dumps(spec)}, params={"force": "true"})
+        response.raise_for_status()
+        job_id = response.json()["id"]
+        page = browser.new_page(viewport=LAPTOP)
+        errors = watch_for_errors(page)
+        page.goto(f"{service.url}/#/jobs/{job_id}")
+        delivered = wait_for_status(client, job_id, {"succeeded"}, timeout_s=JOB_TIMEOUT_MS / 1000)
+
+    assert delivered["result"]["original_state"] == "running"
+    page.wait_for_selector("dl.spec:has-text('confirmed: the original fails the same way')", timeout=JOB_TIMEOUT_MS)
     assert errors == []
     page.close()

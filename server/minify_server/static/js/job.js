@@ -58,6 +58,9 @@ function reasonText(job, lastMessage) {
         ? `${reason} There was nothing to minimize.`
         : `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
       if (result.flaky) text += ` It is flaky: it failed in ${result.original_failures} of ${result.original_runs} runs.`;
+      // What to try next: the spec is the usual cause (the program fails only with a setting, a device or a backend).
+      text += " Next: check that the spec (backend, device, config, failure kind) is the one it failed with; " +
+        "the log below has what the original printed.";
       return text;
     }
     case "failed":
@@ -142,24 +145,27 @@ export function renderJob(root, id) {
     h("div", { class: "card-head" }, graphHeading, graphNote), graphSlot);
   const logCount = h("span", { class: "muted small" });
 
+  const stats = h("div", { class: "stats", id: "stats" },
+    stat("Nodes", nodesValue),
+    stat("Checks", checksValue, checksNote),
+    stat("Elapsed", elapsedValue, elapsedNote),
+    stat("Phase", phaseValue, phaseNote));
+  // What the job found leads (the result, its culprit, the minimal graph); how it got there (the
+  // chart, the outcomes), the spec and the environment follow.
   root.replaceChildren(
     h("section", { class: "page-head" },
       h("a", { href: "#/jobs", class: "back" }, "← Jobs"), title, badgeSlot, program, h("span", { class: "grow" }), cancelButton),
     error, reason, warnings,
-    h("div", { class: "stats" },
-      stat("Nodes", nodesValue),
-      stat("Checks", checksValue, checksNote),
-      stat("Elapsed", elapsedValue, elapsedNote),
-      stat("Phase", phaseValue, phaseNote)),
+    stats,
+    resultSection,
+    versionsCard,
+    culpritCard,
+    graphCard,
     progressCard,
     h("div", { class: "columns" },
       outcomesCard,
       h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
-    resultSection,
     environmentCard,
-    versionsCard,
-    culpritCard,
-    graphCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
   );
   const chart = new NodeChart(chartBox);
@@ -258,7 +264,10 @@ export function renderJob(root, id) {
   /** The version phase's runs as a row of badges (report.json's versions), and its summary line. */
   function renderVersions() {
     const result = job.result;
-    versionsCard.hidden = !result?.versions_state && !result?.bisect;
+    // With one torch on the workers there is no range to tell: the card says nothing then.
+    const versionsTried = new Set((result?.versions || []).map((run) => run.torch)).size;
+    versionsCard.hidden = !result?.bisect && (!result?.versions_state ||
+      (result.versions_state !== "running" && versionsTried < 2));
     if (versionsCard.hidden) return;
     bisectLine.hidden = !result.bisect;
     if (result.bisect) bisectLine.textContent = `Bisect ${result.bisect.good}..${result.bisect.bad}: ${bisectText(result.bisect)}`;
@@ -275,7 +284,8 @@ export function renderJob(root, id) {
   }
 
   function phaseRunning() {
-    return culpritRunning() || job?.result?.versions_state === "running" || job?.result?.bisect?.state === "running";
+    return culpritRunning() || job?.result?.versions_state === "running" || job?.result?.bisect?.state === "running" ||
+      job?.result?.original_state === "running";
   }
 
   function culpritRunning() {
@@ -337,10 +347,16 @@ export function renderJob(root, id) {
     chart.setOriginal(progress.nodes_original);
     // A job that ended before its first candidate (not reproducible, cancelled while queued) has
     // no progress to show; its reason says why.
-    const nothingRan = Boolean(job && FINISHED.has(job.status)) && !progress.checks_total;
+    // A job that found nothing to minimize (not reproducible) shows no candidates either: the few
+    // that ran beside the original's runs were cancelled when its verdict came.
+    const nothingRan = Boolean(job && FINISHED.has(job.status)) && (!progress.checks_total || job.status === "not_reproducible");
     progressCard.hidden = nothingRan;
     outcomesCard.hidden = nothingRan;
+    stats.hidden = job?.status === "not_reproducible";
     graphCard.hidden = nothingRan && !lastGraphCode;
+    if (job && FINISHED.has(job.status) && !lastGraphCode) {
+      graphSlot.replaceChildren(h("p", { class: "muted" }, "No graph: the job ended before the engine reported one."));
+    }
     if (!progress.signature && job?.status === "not_reproducible") {
       signatureBlock.textContent = "none: the original program did not fail";
     } else if (!progress.signature && job && FINISHED.has(job.status)) {
@@ -390,7 +406,7 @@ export function renderJob(root, id) {
     if (event.type === "log" && event.message) appendLog(event.message);
     if ((event.milestone === "original_confirmed" || event.milestone === "original_not_reproduced") && job?.result) {
       // The original's verdict after the delivered result: the record's result has it now.
-      loadJob().then(renderHeader).catch(() => {});
+      loadJob().catch(() => {});
     }
     if (event.type === "versions") {
       if (event.message) appendLog(`[versions] ${event.message}`);
@@ -522,6 +538,8 @@ export function renderJob(root, id) {
     renderElapsed();
     showGraph(result.graph_code || lastGraphCode, job.status === "succeeded");
     renderResult();
+    // A stream that ended at the status (no culprit phase follows) tells nothing of what still runs.
+    if (!source && phaseRunning()) pollCulprit();
   }
 
   function artifactNames() {
