@@ -127,6 +127,12 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
     verdict, written to `directory`."""
     logs = directory / "diagnoses" / name
     logs.mkdir(parents=True, exist_ok=True)
+    if not backend_override_read():
+        diagnosis = Diagnosis(test=test, signature=signature, layer=None,
+                              message="minify: no graph captured holds this failure; this torch's torch.compile does "
+                                      "not read TORCH_BISECT_BACKEND, so the reruns cannot say which layer is to blame")
+        _record(directory, diagnosis)
+        return diagnosis
     reruns: list[Rerun] = []
     for setting, environment in _STAGES:
         rerun = _rerun(setting, environment, command, cwd=cwd, log=logs / f"{setting.replace(' ', '-')}.log",
@@ -137,6 +143,19 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
     diagnosis = _verdict(test, signature, reruns)
     _record(directory, diagnosis)
     return diagnosis
+
+
+def backend_override_read() -> bool:
+    """Whether torch.compile takes its backend from the compiler bisector (`TORCH_BISECT_BACKEND`):
+    read in its source, as torch 2.13 has it (`CompilerBisector.get_backend()` in torch.compile)."""
+    import inspect
+
+    import torch
+
+    try:
+        return "CompilerBisector.get_backend()" in inspect.getsource(torch.compile)
+    except (OSError, TypeError):  # no source shipped: assume the documented behaviour
+        return True
 
 
 def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
