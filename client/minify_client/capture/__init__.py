@@ -13,7 +13,10 @@ original error is re-raised with a note that says where the capture went (`desti
 
 No code change: the pytest plugin (`MINIFY_CAPTURE_DIR=DIR pytest`, or `-p minify_client.pytest_plugin`)
 and `python -m minify_client.capture script.py args...` capture every failing compile of the run,
-once per bug, into DIR with a manifest `captures.json` (`session`).
+once per bug, into DIR with a manifest `captures.json` (`session`). Opt-in there: a compiled graph
+whose first run kills the process still leaves its capture (`crash`, MINIFY_CAPTURE_CRASH=1), and a
+failure no captured graph holds is rerun to say which layer is to blame (`diagnose`,
+MINIFY_CAPTURE_DIAGNOSE=1).
 
 The spec records the backend, every inductor, dynamo and functorch setting that differs from its
 default (`config`), and the failure's kind and root-cause signature. torch is imported only when a
