@@ -116,6 +116,7 @@ def test_a_failure_the_empty_program_shares_is_not_the_programs() -> None:
 
     assert isinstance(settled, Unreproduced) and settled.status is JobState.failed
     assert "does not depend on the program" in settled.reason and asked == ["empty"]
+    assert settled.reproduced  # the original did fail so: report.json's original_state says confirmed
 
 
 def test_the_empty_program_is_not_waited_for_when_the_original_did_not_fail() -> None:

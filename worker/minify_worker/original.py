@@ -173,6 +173,10 @@ class OriginalRun:
         settled = self.target.settle(outcome, empty)
         self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
         self.facts.original_runs = settled.runs
+        if isinstance(settled, Unreproduced) and settled.reproduced:  # the empty program fails so too
+            self.facts.original_state = OriginalState.confirmed
+            self.ending = settled
+            return settled
         if isinstance(settled, Unreproduced):
             self.facts.original_state = OriginalState.not_reproduced
             self.facts.original_verdict = settled.reason

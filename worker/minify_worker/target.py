@@ -40,12 +40,14 @@ class Reproduced:
 @dataclass(frozen=True)
 class Unreproduced:
     """The original did not fail the wanted way, or its failure is not the program's: the job ends
-    with `status` and `reason`; `seen` is a failure of the original the job did not take."""
+    with `status` and `reason`; `seen` is a failure of the original the job did not take.
+    `reproduced`: the original did fail the wanted way, but so does the program with no ops."""
 
     status: JobState
     reason: str
     runs: int = 1
     seen: Signature | None = None
+    reproduced: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class Target:
             return Unreproduced(JobState.not_reproducible, not_reproducible_reason(outcome, self.spec), runs,
                                 oracle.outcome_signature(outcome))
         if empty is not None and oracle.still_fails(empty(), target, self.failure):
-            return Unreproduced(JobState.failed, empty_fails_reason(target, self.spec), runs)
+            return Unreproduced(JobState.failed, empty_fails_reason(target, self.spec), runs, reproduced=True)
         self.signature = target
         wrong = any(oracle.still_fails(earlier, target, self.failure) != verdict for earlier, verdict in self._verdicts)
         self._verdicts.clear()
