@@ -113,3 +113,47 @@ def test_the_service_example_submits_waits_and_downloads(tmp_path: Path) -> None
 
     out = re.search(r"--out (\S+)", service_commands[-1].text)
     assert out is not None and (root / out.group(1) / "repro.py").is_file()
+
+
+# ---- what the README says of the code, held against the code -----------------------------------
+
+NUMBER_WORDS = {"two": 2, "three": 3, "four": 4}
+
+
+def test_the_readme_says_how_many_pytest_workers_make_test_runs() -> None:
+    workers = re.search(r"^PYTEST_WORKERS \?= (\d+)$", (REPO / "Makefile").read_text(), re.M)
+    said = re.search(r"`make test` runs ruff and the whole suite on (\w+) pytest-xdist workers",
+                     (REPO / "README.md").read_text())
+    assert workers and said
+    assert NUMBER_WORDS[said.group(1)] == int(workers.group(1))
+
+
+def test_the_readme_names_the_torch_versions_the_worker_extra_allows() -> None:
+    import tomllib
+
+    worker = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["worker"]
+    pin = next(requirement for requirement in worker if requirement.startswith("torch"))
+    found = re.fullmatch(r"torch>=(\d+\.\d+),<(\d+)\.(\d+)", pin)
+    assert found, pin
+    low, major, minor = found.groups()
+    newest = f"{major}.{int(minor) - 1}"
+    assert f"Workers support torch {low} through {newest};" in (REPO / "README.md").read_text()
+    assert f"make test-torch-{newest}" in (REPO / "Makefile").read_text()
+
+
+def test_make_serve_takes_the_port_the_readme_says() -> None:
+    assert "`make serve PORT=8001`" in (REPO / "README.md").read_text()
+    dry_run = subprocess.run(["make", "-n", "serve", "PORT=8001"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert ".venv/bin/minify-server --port 8001" in dry_run.stdout, dry_run.stdout + dry_run.stderr
+
+
+def test_no_document_links_outside_the_repository() -> None:
+    for document in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", document.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            resolved = (document.parent / target).resolve()
+            assert resolved.is_relative_to(REPO), f"{document.name} links outside the repository: {target}"
+            assert resolved.exists(), f"{document.name} links to a missing file: {target}"
+        assert "../shared/" not in document.read_text(), f"{document.name} names a path outside the repository"
