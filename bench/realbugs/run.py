@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit|Unsupported|Failed)\b.*$")
 _OUR_NOTE = re.compile(r"^minify: .*$")
+_DIAGNOSIS_NOTE = re.compile(r"diagnos|rerun|holds this failure")  # the diagnosis's own lines, not the capture's
 _OBSERVED = re.compile(r"^repro failed with: (?P<text>.*)$", re.MULTILINE)
 _EXPECTED = re.compile(r"^minify expected:\s+(?P<text>.*)$", re.MULTILINE)
 
@@ -151,6 +152,18 @@ def capture_env(case: Case, diagnose: bool) -> dict[str, str]:
     return env
 
 
+def capture_note_of(notes: Sequence[str]) -> str:
+    """The capture's own note on the error (why it could not capture), not the diagnosis's lines."""
+    own = [note for note in notes if not _DIAGNOSIS_NOTE.search(note)]
+    return own[0][:300] if own else ""
+
+
+def nothing_captured(note: str, diagnosis: str) -> str:
+    """The reason of a failure nothing was captured for: the capture's note, the diagnosis's layer."""
+    verdict = f"nothing captured: {note}" if note else "nothing captured" + ("" if diagnosis else " (no note)")
+    return verdict + (f"; diagnosed: {diagnosis}" if diagnosis else "")
+
+
 def diagnosis_of(captures: Path) -> str:
     """The capture's diagnosis of a failure no graph held: the layer to blame and its first sentence."""
     manifest = captures / "diagnoses.json"
@@ -177,9 +190,8 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     result.steps["capture"] = step
     result.original_error = step.error
     text = Path(step.log).read_text(errors="replace")
-    notes = [line.strip() for line in text.splitlines()
-             if _OUR_NOTE.match(line.strip()) and "--diagnose" not in line and "holds this failure" not in line]
-    ours.capture_note = notes[0][:300] if notes else ""  # the first: why the capture failed
+    notes = [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
+    ours.capture_note = capture_note_of(notes)
     manifest = captures / "captures.json"
     entries = json.loads(manifest.read_text())["captures"] if manifest.exists() else []
     ours.captures = len(entries)
@@ -189,12 +201,7 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
         return
     if not entries:
         ours.diagnosis = diagnosis_of(captures)
-        if ours.capture_note:
-            ours.verdict = f"nothing captured: {ours.capture_note}"
-        else:
-            ours.verdict = "nothing captured" + ("" if ours.diagnosis else " (no note)")
-        if ours.diagnosis:
-            ours.verdict += f"; diagnosed: {ours.diagnosis}"
+        ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
         return
     entry = entries[0]
     out = scratch / "ours"
@@ -295,6 +302,25 @@ def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> Ca
     return result
 
 
+def load_results(paths: Sequence[Path]) -> tuple[list[str], list[CaseResult]]:
+    """Earlier runs' cases, in corpus order (later files win), with the no-capture reasons re-derived."""
+    revisions: list[str] = []
+    by_case: dict[str, CaseResult] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        revisions.append(data["revision"])
+        for item in data["results"]:
+            steps = {name: Step(**step) for name, step in item.pop("steps").items()}
+            ours, side = Ours(**item.pop("ours")), Torch(**item.pop("torch"))
+            if ours.verdict.startswith("nothing captured"):
+                ours.capture_note = capture_note_of([ours.capture_note])
+                ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
+            by_case[item["case"]] = CaseResult(**item, ours=ours, torch=side, steps=steps)
+    order = [case.name for case in all_cases()]
+    return list(dict.fromkeys(revisions)), sorted(by_case.values(), key=lambda result: (
+        order.index(result.case) if result.case in order else len(order)))
+
+
 def torch_results(path: Path) -> dict[str, Torch]:
     """Torch's side of every case of an earlier run's --json where that run ran it."""
     data = json.loads(path.read_text())
@@ -355,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
     parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each step is CPU-bound)")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print (and --markdown) the table of earlier runs' --json, later files "
+                             "winning for a case they share")
     parser.add_argument("--no-diagnose", dest="diagnose", action="store_false",
                         help="no MINIFY_CAPTURE_DIAGNOSE (it reruns a script that failed with nothing captured)")
     parser.add_argument("--torch-from", type=Path, nargs="+", metavar="JSON",
@@ -363,6 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "of them holds is run on both sides")
     options = parser.parse_args(argv)
 
+    if options.render:
+        revisions, rendered = load_results(options.render)
+        table = markdown(rendered, ", ".join(revisions))
+        if options.markdown:
+            options.markdown.write_text(table)
+        print(table)
+        return 0
     cases = [case for case in all_cases()
              if not options.cases or any(case.name.startswith(prefix) for prefix in options.cases)]
     if not cases:
