@@ -254,3 +254,31 @@ def run_program(program: torch.export.ExportedProgram, inputs: list[Any], spec: 
     values = placeholder_values(program, graph, inputs)
     values.update(concrete_values(graph, values, "cpu"))
     return run_wire_candidate(graph_to_wire(graph), values, spec, workdir)
+
+
+def test_an_integer_accuracy_bug_is_minimized_and_its_repro_judges_integers_exactly(
+        tmp_path: Path, test_backends_allowed: None) -> None:
+    from minify_worker.engine import minify
+    from tests.support.graphs import ops_of
+    from tests.support.repro import run_repro
+
+    def program(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.bitwise_xor(x * 3, y).sum(0) + torch.argmax(x, dim=0)
+
+    inputs = (torch.randint(0, 9, (4, 6)), torch.randint(0, 9, (4, 6)))
+    path = tmp_path / "program.pt2"
+    torch.export.save(torch.export.export(fx.symbolic_trace(program), inputs), path)
+    spec = JobSpec.model_validate({"backend": f"{PREFIX}:wrong_integers_on_bitwise_xor",
+                                   "failure": {"kind": "accuracy"}, "culprit": False, "versions": False,
+                                   "shrink": False, "limits": {"candidate_timeout_s": 60, "parallelism": 2}})
+
+    result = minify(path, spec, tmp_path / "out")
+
+    assert result.status.value == "succeeded", result.reason
+    assert ops_of(result.report.graph_code or "") == ["bitwise_xor"]
+    repro = tmp_path / "out" / "repro.py"
+    ran = run_repro(repro)
+    assert ran.returncode != 0 and "values differ from eager" in ran.stderr, ran.stderr[-2000:]
+    (tmp_path / "out" / "accuracy_rules.py").unlink()  # a repro pasted alone: integers still exact
+    alone = run_repro(repro)
+    assert alone.returncode != 0 and "AccuracyError: Bad accuracy detected" in alone.stderr, alone.stderr[-2000:]

@@ -350,7 +350,7 @@ class _Run:
                 say=self.progress.say)
 
     def _context(self) -> strategies.StrategyContext:
-        return strategies.StrategyContext.for_failure(self.spec.failure.kind, self.spec.failure.strict_accuracy)
+        return strategies.StrategyContext.for_failure(self.spec.failure.kind)
 
     def _accepted(self, graph: Any, description: str) -> None:
         self.facts.best = graph

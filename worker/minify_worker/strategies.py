@@ -48,28 +48,23 @@ class Candidate:
 class StrategyContext:
     """What strategies may know about the failure being minimized.
 
-    In non-strict accuracy mode (torch's default) only floating-point outputs are compared, so a
-    candidate whose outputs are all booleans or integers cannot fail: strategies do not propose
-    it. This is the same choice torch ends up with (it tests such candidates and they pass), at
-    no cost. `max_granularity` caps the coarsest chunk size, as torch's `--max-granularity`.
+    In accuracy mode every output is compared, integer and boolean ones exactly
+    (`minify_client.accuracy`), so only a candidate without outputs cannot fail: strategies do
+    not propose it. (torch's non-strict rule compared floating-point outputs only: a candidate of
+    boolean or integer outputs could not fail there.) `max_granularity` caps the coarsest chunk
+    size, as torch's `--max-granularity`.
     `parallelism` is how many candidates the scheduler tests at once (`scheduler.reduce` sets
     it): `probe_kinds` proposes that many probes, one batch.
     """
 
     accuracy: bool = False
-    strict_accuracy: bool = False
     max_granularity: int | None = None
     parallelism: int = 1
 
     @classmethod
-    def for_failure(cls, kind: str, strict_accuracy: bool = False,
-                    max_granularity: int | None = None) -> StrategyContext:
-        return cls(accuracy=kind == "accuracy", strict_accuracy=strict_accuracy,
-                   max_granularity=max_granularity)
+    def for_failure(cls, kind: str, max_granularity: int | None = None) -> StrategyContext:
+        return cls(accuracy=kind == "accuracy", max_granularity=max_granularity)
 
-    @property
-    def only_float_outputs_count(self) -> bool:
-        return self.accuracy and not self.strict_accuracy
 
 
 Strategy = Callable[[fx.Graph, StrategyContext], Iterator[Candidate]]
@@ -81,23 +76,16 @@ Strategy = Callable[[fx.Graph, StrategyContext], Iterator[Candidate]]
 
 def _can_fail(graph: fx.Graph, context: StrategyContext) -> bool:
     """False when the candidate provably cannot show the failure (see StrategyContext)."""
-    if not context.only_float_outputs_count:
+    if not context.accuracy:
         return True
-    return any(_may_be_float(value) for value in g.outputs(graph))
+    return any(_compared(value) for value in g.outputs(graph))
 
 
-def _may_be_float(value: object) -> bool:
-    if isinstance(value, float):
-        return True
-    if not isinstance(value, fx.Node):
-        return False
-    kind = value.meta.get(g.META_KIND)
-    if kind == "tensor":
-        tensor = value.meta.get(g.META_TENSOR)
-        return tensor is None or g.is_float_dtype_name(tensor["dtype"])
-    if kind == "scalar":
-        return value.meta.get(g.META_SCALAR, "float") == "float"
-    return kind != "none"
+def _compared(value: object) -> bool:
+    """Whether the accuracy oracle compares this output: anything but a None."""
+    if isinstance(value, fx.Node):
+        return value.meta.get(g.META_KIND) != "none"
+    return value is not None
 
 
 class _Proposals:

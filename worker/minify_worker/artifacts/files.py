@@ -1,8 +1,8 @@
-"""The files a job delivers, and writing them: minimized.pt2, inputs.pt, repro.py and
-signature_rules.py in a sandbox child (`write_program_artifacts`: it needs the value store and
-torch.export); report.json and bundle.tar.gz in the engine's process (`write_report`,
-`write_bundle`, `rewrite_for_culprit`). A write the storage refuses (a full disk) is an
-`ArtifactWriteError`, and leaves no partial file.
+"""The files a job delivers, and writing them: minimized.pt2, inputs.pt, repro.py,
+signature_rules.py (and accuracy_rules.py beside an accuracy repro) in a sandbox child
+(`write_program_artifacts`: it needs the value store and torch.export); report.json and
+bundle.tar.gz in the engine's process (`write_report`, `write_bundle`, `rewrite_for_culprit`). A
+write the storage refuses (a full disk) is an `ArtifactWriteError`, and leaves no partial file.
 """
 
 from __future__ import annotations
@@ -24,12 +24,19 @@ from ..backends import as_torch_functions, dynamic_shapes_of, export_dynamic_sha
 from ..graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, to_graph_module
 from ..outcomes import Signature, signature_from_dict
 from ..shrink import narrowed
-from .repro import SIGNATURE_RULES_MODULE, render_repro, signature_rules_module
+from .repro import (
+    ACCURACY_RULES_MODULE,
+    SIGNATURE_RULES_MODULE,
+    accuracy_rules_module,
+    render_repro,
+    signature_rules_module,
+)
 
 MINIMIZED = "minimized.pt2"
 INPUTS = "inputs.pt"
 REPRO = "repro.py"
 SIGNATURE_RULES = f"{SIGNATURE_RULES_MODULE}.py"  # imported by repro.py where it is beside it
+ACCURACY_RULES = f"{ACCURACY_RULES_MODULE}.py"  # beside an accuracy repro.py, which judges by it
 REPORT = "report.json"
 BUNDLE = "bundle.tar.gz"
 BUNDLE_FOLDER = "minify-repro"
@@ -146,6 +153,10 @@ def write_program_files(
     rules = signature_rules_module()
     _write_artifact(out_dir / SIGNATURE_RULES, lambda path: path.write_text(rules))
     files.append(SIGNATURE_RULES)
+    if (signature.kind if signature is not None else spec.failure.kind) == "accuracy":
+        accuracy_rules = accuracy_rules_module()
+        _write_artifact(out_dir / ACCURACY_RULES, lambda path: path.write_text(accuracy_rules))
+        files.append(ACCURACY_RULES)
     try:
         program = export_minimized(graph, inputs, spec.device, dynamic=spec.dynamic)
         write_minimized = _saved(torch.export.save, program)
@@ -217,7 +228,8 @@ def write_bundle(out_dir: Path) -> Path:
 
 
 def _bundle_bytes(out_dir: Path) -> bytes:
-    names = [name for name in (MINIMIZED, INPUTS, REPRO, SIGNATURE_RULES, REPORT) if (out_dir / name).is_file()]
+    names = [name for name in (MINIMIZED, INPUTS, REPRO, SIGNATURE_RULES, ACCURACY_RULES, REPORT)
+             if (out_dir / name).is_file()]
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as compressed, \
             tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:

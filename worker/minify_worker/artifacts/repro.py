@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_client import signatures
+from minify_client import accuracy, signatures
 from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_client.models import BUILTIN_BACKENDS, JobSpec
 
@@ -369,7 +369,10 @@ def synchronize():
 
 _CHECK_ACCURACY = '''
 def check_accuracy(gm, inputs, result):
-    """torch's accuracy minifier semantics: compare with eager, judged against an fp64 reference."""
+    """minify's accuracy rule: compared with eager, floats judged against an fp64 reference as
+    torch's accuracy minifier judges them, integers and booleans exactly, ties told apart
+    (accuracy_rules.py, beside this file from minify); without that file, torch's rule for floats
+    and every integer and boolean output exactly equal."""
     reference = copy.deepcopy(gm)(*clone_inputs(inputs))
     fp64_reference = None
     if torch._dynamo.config.same_two_models_use_fp64:
@@ -380,10 +383,31 @@ def check_accuracy(gm, inputs, result):
             if not STRICT_ACCURACY:  # non-strict accuracy cannot be judged without fp64
                 print("cannot compute the fp64 reference this accuracy check needs", file=sys.stderr)
                 raise
-    if not same(reference, result, fp64_reference, tol=TOLERANCE, equal_nan=True,
-                ignore_non_fp=not STRICT_ACCURACY):
-        raise AccuracyError("Bad accuracy detected")
+    try:
+        from accuracy_rules import divergence
+    except ImportError:
+        from torch.utils._pytree import tree_leaves
+
+        integers = [(a, b) for a, b in zip(tree_leaves(reference), tree_leaves(result))
+                    if isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())]
+        if not same(reference, result, fp64_reference, tol=TOLERANCE, equal_nan=True,
+                    ignore_non_fp=not STRICT_ACCURACY) or not all(torch.equal(a, b) for a, b in integers):
+            raise AccuracyError("Bad accuracy detected") from None
+        return
+    detail = divergence(reference, result, fp64_reference, tolerance=TOLERANCE, strict=STRICT_ACCURACY, gm=gm,
+                        inputs=inputs)
+    if detail is not None:
+        raise AccuracyError(detail)
 '''
+
+# The module beside an accuracy repro.py that holds minify's accuracy rule (files.ACCURACY_RULES).
+ACCURACY_RULES_MODULE = "accuracy_rules"
+
+
+def accuracy_rules_module() -> str:
+    """accuracy_rules.py: minify_client/accuracy.py verbatim (standard library and torch only)."""
+    return inspect.getsource(accuracy)
+
 
 # The module beside repro.py that names a failure as minify records it (files.SIGNATURE_RULES).
 SIGNATURE_RULES_MODULE = "signature_rules"
