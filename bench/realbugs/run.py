@@ -173,10 +173,11 @@ def diagnosis_of(captures: Path) -> str:
     if not entries:
         return ""
     entry = entries[-1]
-    # "minify: no graph captured holds this failure (...); it passes with backend 'eager' and fails
-    # with 'aot_eager' (...), so AOT autograd is to blame: ...": the layer, and the evidence for it.
-    parts = entry.get("message", "").split("; ", 1)
-    evidence = parts[-1].split(", so ")[0].split(": ")[0]
+    # "minify: no graph captured holds this failure (SIGNATURE); it passes with backend 'eager' and
+    # fails with 'aot_eager' (...), so AOT autograd is to blame: ...": the layer, and the evidence.
+    message = entry.get("message", "")
+    found = re.search(r"\bit (passes|fails)\b.*?(?=, so |: |$)", message)
+    evidence = found.group(0) if found else message[:200]
     return f"{entry.get('layer') or 'no layer'} ({evidence})"
 
 
@@ -314,6 +315,8 @@ def load_results(paths: Sequence[Path]) -> tuple[list[str], list[CaseResult]]:
             ours, side = Ours(**item.pop("ours")), Torch(**item.pop("torch"))
             if ours.verdict.startswith("nothing captured"):
                 ours.capture_note = capture_note_of([ours.capture_note])
+                captures = Path(steps["capture"].log).parent / "captures"
+                ours.diagnosis = diagnosis_of(captures) if captures.is_dir() else ours.diagnosis
                 ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
             by_case[item["case"]] = CaseResult(**item, ours=ours, torch=side, steps=steps)
     order = [case.name for case in all_cases()]
