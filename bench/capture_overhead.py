@@ -1,9 +1,11 @@
 """What a passing compile pays with minify's capture on (docs/client.md quotes it).
 
-Two figures on one model (a 12-layer MLP, 63 nodes in its dynamo graph): the hook's own work on a
+Three figures on one model (a 12-layer MLP, 63 nodes in its dynamo graph): the hook's own work on a
 passing compile (one copy of the graph's node list), timed 200 times on the graph dynamo really
 produced; and whole `torch.compile(backend="eager")` compiles (a backend that costs nothing, so the
-hook is all that differs), capture off and on alternating so warm-up and load drift hit both.
+hook is all that differs), capture off and on alternating so warm-up and load drift hit both;
+and the same compiles with crash-safe capture on (`MINIFY_CAPTURE_CRASH=1`: each graph exported
+and saved to a pending folder before its first run, the folder removed after it).
 
     .venv/bin/python bench/capture_overhead.py
 """
@@ -11,12 +13,14 @@ hook is all that differs), capture off and on alternating so warm-up and load dr
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 import torch
 from torch._dynamo.output_graph import OutputGraph
 
 from minify_client.capture import torch_hooks
+from minify_client.capture.session import CaptureSession
 
 
 class Mlp(torch.nn.Module):
@@ -80,5 +84,36 @@ def main() -> None:
           f"median paired difference {paired * 1e3:+.1f} ms")
 
 
+
+
+def crash_guard() -> None:
+    model, x = Mlp(), torch.randn(8, 32)
+    with tempfile.TemporaryDirectory() as directory:
+        guarded = CaptureSession(directory, crash=True)
+
+        def compile_once(listener: object | None) -> float:
+            torch._dynamo.reset()
+            if listener is not None:
+                torch_hooks.add_listener(listener)
+            started = time.perf_counter()
+            torch.compile(model, backend="eager")(x)
+            elapsed = time.perf_counter() - started
+            if listener is not None:
+                torch_hooks.remove_listener(listener)
+            return elapsed
+
+        for _ in range(2):
+            compile_once(guarded)
+        off, on = [], []
+        for _ in range(10):
+            off.append(compile_once(NoListener()))
+            on.append(compile_once(guarded))
+    paired = statistics.median(b - a for a, b in zip(off, on, strict=True))
+    print(f"crash-safe capture, 10 alternating fresh compiles and first runs: median capture on "
+          f"{statistics.median(off) * 1e3:.1f} ms, crash-safe on {statistics.median(on) * 1e3:.1f} ms, "
+          f"median paired difference {paired * 1e3:+.1f} ms (one export and save per compiled graph)")
+
+
 if __name__ == "__main__":
     main()
+    crash_guard()
