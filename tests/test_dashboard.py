@@ -134,7 +134,7 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
     assert set(artifacts) >= {"minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"}
     assert f"minify-client download {job_id}" in page.inner_text("#result")
     assert "python repro.py" in page.inner_text("#result")
-    facts = page.inner_text("dl.spec")
+    facts = page.inner_text("#job-facts")
     assert "Time by phase" in facts and all(phase in facts for phase in report["phase_s"])
     assert "[4, 4] → [1, 1]" in facts  # the input, before and after the shrink phase
     assert "forked from the warm worker" in facts

@@ -85,13 +85,19 @@ class BugIndex:
         found = await self._read([bug_id])
         return found[0] if found else None
 
-    async def page(self, offset: int, limit: int, status: str | None = None) -> tuple[list[Bug], int]:
-        """Bugs, most recently seen first; only those `status` (open, fixed) says, when given."""
-        if status is None:
+    async def page(self, offset: int, limit: int, status: str | None = None,
+                   search: str | None = None) -> tuple[list[Bug], int]:
+        """Bugs, most recently seen first; only those `status` (open, fixed) says, and those whose id,
+        signature, failure kind, backend or device hold `search` (any case), when given."""
+        if status is None and not search:
             total = await self.redis.zcard(BUGS_KEY)
             bug_ids = await self.redis.zrevrange(BUGS_KEY, offset, offset + limit - 1)
             return await self._read(bug_ids), total
-        chosen = [bug for bug in await self._read(await self.redis.zrevrange(BUGS_KEY, 0, -1)) if bug.status == status]
+        needle = (search or "").lower()
+        chosen = [bug for bug in await self._read(await self.redis.zrevrange(BUGS_KEY, 0, -1))
+                  if (status is None or bug.status == status)
+                  and needle in " ".join([bug.id, bug.signature, bug.failure_kind or "", bug.backend,
+                                          bug.device]).lower()]
         return chosen[offset:offset + limit], len(chosen)
 
     async def count(self) -> int:

@@ -5,6 +5,7 @@ key names are the ledger's (minify_server/ledger.py), which the worker's job ent
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +86,23 @@ def add_record(pipe: Any, record: JobRecord) -> None:
     add_event(pipe, events_key(record.id), queued)
 
 
+# The record's fields a search reads: status first, then what it matches in.
+_SEARCHED_FIELDS = ["status", "program_name", "reason", "spec", "result"]
+
+
+def _searched_text(job_id: str, fields: list[str | None]) -> str:
+    """What a search matches in, lowercased: the id, program name, spec (backend, device, config),
+    reason and the result's signature."""
+    _, program_name, reason, spec, result = fields
+    signature = ""
+    if result:
+        try:
+            signature = json.loads(result).get("signature") or ""
+        except ValueError:
+            signature = ""
+    return " ".join([job_id, program_name or "", reason or "", spec or "", signature]).lower()
+
+
 class JobRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
@@ -105,19 +123,23 @@ class JobRecords:
         fields = await self.redis.hgetall(record_key(job_id))
         return JobRecord.from_hash(fields) if fields else None
 
-    async def page(self, offset: int, limit: int,
-                   status: JobState | None = None) -> tuple[list[JobRecord], int]:
-        """Records newest first; with `status`, only those (and `total` counts only those)."""
-        if status is None:
+    async def page(self, offset: int, limit: int, status: JobState | None = None,
+                   search: str | None = None) -> tuple[list[JobRecord], int]:
+        """Records newest first; with `status`, only those, and with `search`, only those whose id,
+        program name, spec, reason or signature hold it (case-insensitively); `total` counts those."""
+        if status is None and not search:
             total = await self.redis.zcard(INDEX_KEY)
             ids = await self.redis.zrevrange(INDEX_KEY, offset, offset + limit - 1)
         else:
             every = await self.redis.zrevrange(INDEX_KEY, 0, -1)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job_id in every:
-                    pipe.hget(record_key(job_id), "status")
-                statuses = await pipe.execute()
-            matching = [job_id for job_id, value in zip(every, statuses, strict=True) if value == status.value]
+                    pipe.hmget(record_key(job_id), _SEARCHED_FIELDS)
+                found = await pipe.execute()
+            needle = (search or "").lower()
+            matching = [job_id for job_id, fields in zip(every, found, strict=True)
+                        if (status is None or fields[0] == status.value)
+                        and (not needle or needle in _searched_text(job_id, fields))]
             total = len(matching)
             ids = matching[offset:offset + limit]
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -24,8 +24,10 @@ def _bugs(request: Request) -> BugIndex:
 @router.get("", response_model=BugList, summary="Bugs, most recently seen first")
 async def list_bugs(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
                     status: Literal["open", "fixed"] | None = Query(
-                        None, description="open, or fixed (a newer torch passes its repro)")) -> BugList:
-    bugs, total = await _bugs(request).page(offset, limit, status)
+                        None, description="open, or fixed (a newer torch passes its repro)"),
+                    q: str | None = Query(None, max_length=200, description="only bugs whose id, signature, failure "
+                                          "kind, backend or device hold this text (any case)")) -> BugList:
+    bugs, total = await _bugs(request).page(offset, limit, status, q)
     return BugList(bugs=bugs, total=total, offset=offset, limit=limit)
 
 

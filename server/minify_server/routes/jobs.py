@@ -122,8 +122,10 @@ async def create_job(request: Request, response: Response,
 @router.get("", response_model=JobList, summary="Jobs, newest first")
 async def list_jobs(request: Request, offset: int = Query(0, ge=0),
                     limit: int = Query(50, ge=1, le=500),
-                    status: JobState | None = Query(None, description="only jobs with this status")) -> JobList:
-    records, total = await _records(request).page(offset, limit, status)
+                    status: JobState | None = Query(None, description="only jobs with this status"),
+                    q: str | None = Query(None, max_length=200, description="only jobs whose id, program name, "
+                                          "spec, reason or signature hold this text (any case)")) -> JobList:
+    records, total = await _records(request).page(offset, limit, status, q)
     jobs = []
     for record in records:
         job = record.to_job_status()

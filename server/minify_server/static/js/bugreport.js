@@ -61,7 +61,7 @@ export function bugReportMarkdown(job, repro) {
   }
   if (result.versions_state === "running") {
     lines.push("Torch versions: not known yet (minify's version phase was still running when this was copied)", "");
-  } else if (result.versions_summary) {
+  } else if (result.versions_summary && new Set((result.versions || []).map((run) => run.torch)).size > 1) {
     lines.push(`Torch versions (minify ran repro.py on each): ${result.versions_summary}`, "");
     for (const run of result.versions || []) {
       const detail = run.outcome === "different" ? run.signature : run.outcome === "cannot_run" ? run.reason : "";
@@ -74,7 +74,13 @@ export function bugReportMarkdown(job, repro) {
     lines.push(`Bisected torch releases ${result.bisect.good}..${result.bisect.bad}: ${bisectText(result.bisect)}`, "");
   }
   if (repro) {
-    lines.push("Repro (`python repro.py`; it reads its inputs from `inputs.pt`, attached):", "", fenced(repro, "python"), "");
+    // A repro that holds its inputs runs as pasted; a bigger one reads inputs.pt, which an issue cannot
+    // carry: say where it is (the job's artifacts) instead of calling it attached.
+    const readsFile = /\binputs\.pt\b/.test(repro.split("\n").filter((line) => !line.startsWith("#")).join("\n"));
+    lines.push(readsFile
+      ? "Repro (`python repro.py`; its inputs are too big to paste: `inputs.pt`, from `minify-client download " +
+        `${job.id}\` or the job's page, beside it):`
+      : "Repro (`python repro.py`, self-contained):", "", fenced(repro, "python"), "");
   }
   const environment = Object.entries(result.environment || {});
   lines.push("### Versions", "");

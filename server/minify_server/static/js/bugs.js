@@ -2,7 +2,8 @@
 // seen first; one bug's page lists its jobs. Polled every 5 s.
 
 import { api, downloadWithToken, storedToken } from "./api.js";
-import { formatAgo, formatClock, h, parseTime } from "./dom.js";
+import { formatAgo, formatClock, h, nodesText, parseTime, statusBadge as jobBadge } from "./dom.js";
+import { outcomeText, searchForm } from "./jobs.js";
 
 const PAGE_SIZE = 25;
 const POLL_MS = 5000;
@@ -64,21 +65,35 @@ function poller(refresh) {
 export function renderBugs(root, query) {
   const offset = Math.max(0, Number.parseInt(query.get("offset") || "0", 10) || 0);
   const status = ["open", "fixed"].includes(query.get("status")) ? query.get("status") : "";
+  const search = (query.get("q") || "").trim();
+  const hash = (state, at, text) => {
+    const params = new URLSearchParams();
+    if (state) params.set("status", state);
+    if (text) params.set("q", text);
+    if (at) params.set("offset", String(at));
+    return `#/bugs${params.toString() ? `?${params}` : ""}`;
+  };
   const filters = h("div", { class: "filters", id: "bug-filters" }, [["", "All"], ["open", "Open"], ["fixed", "Fixed"]].map(
-    ([value, label]) => h("a", { class: `chip${value === status ? " active" : ""}`, href: value ? `#/bugs?status=${value}` : "#/bugs" }, label)));
+    ([value, label]) => h("a", { class: `chip${value === status ? " active" : ""}`, href: hash(value, 0, search) }, label)));
+  const searchBox = searchForm("bugs-search", "signature, backend, device, id", search,
+    (text) => { location.hash = hash(status, 0, text); });
   const tbody = h("tbody");
   const table = h("table", { class: "jobs bugs" },
     h("thead", {}, h("tr", {}, ["Bug", "Jobs", "Last seen", "Status", "Signature", "Repro"].map((name) =>
       h("th", { class: name === "Jobs" ? "num" : null }, name)))),
     tbody);
-  const empty = h("p", { class: "empty", hidden: true }, "No bugs yet: a job that succeeds files its minimal program under one.");
+  const empty = h("p", { class: "empty", hidden: true },
+    search ? `No bugs match “${search}”.` : "No bugs yet: a job that succeeds files its minimal program under one.");
   const pager = h("div", { class: "pager" });
   const error = h("p", { class: "error", hidden: true });
   root.replaceChildren(h("section", { class: "page-head" }, h("h1", {}, "Bugs")),
-    filters, error, h("div", { class: "table-wrap" }, table), empty, pager);
+    h("div", { class: "toolbar" }, filters, searchBox), error, h("div", { class: "table-wrap" }, table), empty, pager);
   return poller(async (stopped) => {
     try {
-      const list = await api(`v1/bugs?offset=${offset}&limit=${PAGE_SIZE}${status ? `&status=${status}` : ""}`);
+      const params = new URLSearchParams({ offset: String(offset), limit: String(PAGE_SIZE) });
+      if (status) params.set("status", status);
+      if (search) params.set("q", search);
+      const list = await api(`v1/bugs?${params}`);
       if (stopped()) return;
       const now = new Date();
       tbody.replaceChildren(...list.bugs.map((bug) => row(bug, now)));
@@ -87,8 +102,8 @@ export function renderBugs(root, query) {
       const last = Math.min(offset + list.bugs.length, list.total);
       pager.replaceChildren(h("span", {},
         h("span", { class: "muted" }, list.total ? `${offset + 1}–${last} of ${list.total}` : ""), " ",
-        offset > 0 ? h("a", { class: "button", href: `#/bugs?offset=${Math.max(0, offset - PAGE_SIZE)}${status ? `&status=${status}` : ""}` }, "← Newer") : null, " ",
-        last < list.total ? h("a", { class: "button", href: `#/bugs?offset=${offset + PAGE_SIZE}${status ? `&status=${status}` : ""}` }, "Older →") : null));
+        offset > 0 ? h("a", { class: "button", href: hash(status, Math.max(0, offset - PAGE_SIZE), search) }, "← Newer") : null, " ",
+        last < list.total ? h("a", { class: "button", href: hash(status, offset + PAGE_SIZE, search) }, "Older →") : null));
       error.hidden = true;
     } catch (failure) {
       if (stopped()) return;
@@ -96,6 +111,20 @@ export function renderBugs(root, query) {
       error.textContent = `Could not load bugs: ${failure.message}`;
     }
   });
+}
+
+const JOBS_DETAILED = 20;
+
+function jobItem(jobId, job, representative) {
+  const link = h("a", { href: `#/jobs/${encodeURIComponent(jobId)}` }, h("code", {}, jobId.slice(0, 12)));
+  if (!job) return h("li", { class: "bug-job" }, link);
+  const result = job.result || {};
+  return h("li", { class: "bug-job", "data-job-id": jobId }, link, " ", jobBadge(job.status), " ",
+    h("span", { class: "bug-job-program" }, job.program_name || ""), " ",
+    h("span", { class: "muted small" }, [nodesText(result.nodes_original, result.nodes_final),
+      result.culprit ? `culprit ${[result.culprit.backend, result.culprit.subsystem, result.culprit.detail].filter(Boolean).join(" / ")}` : "",
+      representative ? "the representative repro" : ""].filter((part) => part && part !== "–").join(" · ")),
+    job.status !== "succeeded" ? h("div", { class: "muted small" }, outcomeText(job)) : null);
 }
 
 /** One bug: what it is, its representative repro and its jobs. */
@@ -127,8 +156,11 @@ export function renderBug(root, id) {
           h("a", { href: `#/jobs/${encodeURIComponent(bug.representative)}` }, `job ${bug.representative.slice(0, 12)}`))],
       ];
       details.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
-      jobs.replaceChildren(...bug.job_ids.map((jobId) =>
-        h("li", {}, h("a", { href: `#/jobs/${encodeURIComponent(jobId)}` }, h("code", {}, jobId.slice(0, 12))))));
+      // Each job with its program, status and size (the first JOBS_DETAILED of them; the rest by id).
+      const detailed = await Promise.all(bug.job_ids.slice(0, JOBS_DETAILED).map((jobId) =>
+        api(`v1/jobs/${encodeURIComponent(jobId)}`).catch(() => null)));
+      if (stopped()) return;
+      jobs.replaceChildren(...bug.job_ids.map((jobId, index) => jobItem(jobId, detailed[index], jobId === bug.representative)));
       error.hidden = true;
     } catch (failure) {
       if (stopped()) return;

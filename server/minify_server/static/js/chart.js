@@ -48,9 +48,10 @@ export class NodeChart {
     this.schedule();
   }
 
-  /** Add one observation; consecutive observations that change nothing are dropped. */
+  /** Add one observation; consecutive observations that change nothing are dropped, and so is a
+   * count of 0 before the first real one (the engine's start, before it knows the program). */
   add(t, nodes, checks) {
-    if (nodes === null || nodes === undefined) return;
+    if (nodes === null || nodes === undefined || (nodes === 0 && !this.points.length)) return;
     const last = this.points[this.points.length - 1];
     if (last && last.nodes === nodes && last.checks === checks) return;
     if (last && t < last.t) t = last.t;

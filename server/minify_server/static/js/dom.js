@@ -89,8 +89,11 @@ export function formatCount(value) {
 export function nodesText(original, current) {
   if (original === null || original === undefined) return "–";
   if (current === null || current === undefined || current === original) return `${formatCount(original)}`;
-  const shrink = original ? Math.round((100 * (original - current)) / original) : 0;
-  return `${formatCount(original)} → ${formatCount(current)} (−${shrink}%)`;
+  if (!original || current > original) return `${formatCount(original)} → ${formatCount(current)}`;
+  // 210 → 1 is not "−100%": a shrink that rounds to 100% keeps a decimal, or says how many times smaller.
+  const shrink = (100 * (original - current)) / original;
+  const percent = Math.round(shrink) < 100 ? `−${Math.round(shrink)}%` : current ? `${formatCount(Math.round(original / current))}× smaller` : "−100%";
+  return `${formatCount(original)} → ${formatCount(current)} (${percent})`;
 }
 
 export async function copyText(text) {

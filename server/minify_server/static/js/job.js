@@ -110,7 +110,7 @@ export function renderJob(root, id) {
   const chartBox = h("div", { class: "chart-box", id: "chart" });
   const outcomesList = h("div", { class: "outcomes", id: "outcomes" });
   const signatureBlock = h("pre", { class: "code signature", id: "signature" }, "not known yet");
-  const specList = h("dl", { class: "spec" });
+  const specList = h("dl", { class: "spec", id: "job-facts" });
 
   const resultSection = h("section", { class: "card", id: "result", hidden: true });
   const environmentList = h("dl", { class: "spec", id: "environment" });
