@@ -1,0 +1,150 @@
+"""Failures no captured graph holds (capture/diagnose.py): a script or test that fails after
+compiling something, with nothing captured, is rerun with torch.compile off, then backends eager
+and aot_eager, then its own backend, and the layer to blame is said, with the next step, in the
+runner's output or the plugin's summary and in DIR/diagnoses.json. The user's outcome is unchanged.
+
+The family: real dynamo-level and AOT-level bugs of torch 2.13 CPU (restated from public PyTorch
+issues), the program's own failure (it fails without torch.compile too), and a backend's wrong
+values that the accuracy capture (off here) would have caught.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from minify_client.capture.diagnose import Rerun, _verdict
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = REPO / "tests" / "crash_suite"
+
+# https://github.com/pytorch/pytorch/issues/196173 (dynamo folds `is` on objects it does not guard)
+DYNAMO = """
+import torch
+class Holder:
+    def __init__(self):
+        self.left, self.right = object(), object()
+        self.current = self.left
+def toggle(x, holder):
+    if holder.current is holder.left:
+        holder.current = holder.right
+        return x + 1
+    holder.current = holder.left
+    return x - 1
+x, compiled = torch.zeros(2), torch.compile(toggle, backend="eager")
+eager_holder, compiled_holder = Holder(), Holder()
+eager = [toggle(x, eager_holder).tolist() for _ in range(3)]
+actual = [compiled(x, compiled_holder).tolist() for _ in range(3)]
+assert actual == eager, f"compiled {actual} != eager {eager}"
+"""
+# https://github.com/pytorch/pytorch/issues/139789 (a compiled input mutation reused for aliasing inputs)
+AOT = """
+import torch
+def scale_then_add(x, y):
+    x.mul_(2)
+    return x + y
+compiled = torch.compile(scale_then_add, backend="aot_eager")
+compiled(torch.ones(4), torch.ones(4))
+base = torch.ones(8)
+actual = compiled(base[:4], base[2:6])
+eager_base = torch.ones(8)
+expected = scale_then_add(eager_base[:4], eager_base[2:6])
+assert torch.equal(actual, expected), f"compiled {actual.tolist()} != eager {expected.tolist()}"
+"""
+PROGRAM = """
+import torch
+total = torch.compile(lambda x: x.sum(), backend="eager")(torch.ones(3))
+assert total == 4, f"the sum is {total}"
+"""
+BACKEND = """
+import torch
+from tests.support.backends import wrong_on_relu
+x = torch.randn(8)
+assert torch.equal(torch.compile(torch.relu, backend=wrong_on_relu)(x), torch.relu(x)), "relu differs"
+"""
+CASES = {"dynamo": (DYNAMO, ["no torch.compile", "eager"]),
+         "aot_autograd": (AOT, ["no torch.compile", "eager", "aot_eager"]),
+         "program": (PROGRAM, ["no torch.compile"]),
+         "backend": (BACKEND, ["no torch.compile", "eager", "aot_eager", "your backend"])}
+SAID = {"dynamo": "so dynamo is to blame", "aot_autograd": "so AOT autograd is to blame",
+        "program": "it fails without torch.compile too", "backend": "so your backend's compiled code is to blame"}
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("MINIFY_", "PYTEST_"))}
+    environment["PYTHONPATH"] = str(REPO)
+    environment.update(extra)
+    return environment
+
+
+def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, env=_environment(**extra), capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("layer", sorted(CASES))
+def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, layer: str) -> None:
+    script, settings = CASES[layer]
+    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--diagnose", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == 1 and "AssertionError" in done.stderr  # the script's own outcome
+    assert SAID[layer] in done.stderr, done.stderr[-3000:]
+    [entry] = json.loads((tmp_path / "caps" / "diagnoses.json").read_text())["diagnoses"]
+    assert (entry["test"], entry["layer"]) == ("script.py", layer)
+    assert entry["signature"].startswith("AssertionError")
+    assert [rerun["setting"] for rerun in entry["reruns"]] == settings
+    assert [rerun["outcome"] for rerun in entry["reruns"]] == ["passes"] * (len(settings) - 1) + ["fails the same way"]
+    assert all((tmp_path / "caps" / rerun["log"]).is_file() for rerun in entry["reruns"])
+    assert not (tmp_path / "caps" / "captures.json").exists()
+
+
+def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(textwrap.dedent(PROGRAM))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == 1 and "no graph captured" not in done.stderr
+    assert not (tmp_path / "caps" / "diagnoses.json").exists()
+
+
+def test_pytest_plugin_summary_says_which_layer_each_uncaptured_failure_is_in(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_no_graph.py"),
+               "-rA"]
+    plain = _run(command, REPO)
+    diagnosed = _run(command, REPO, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"), MINIFY_CAPTURE_DIAGNOSE="1")
+    assert plain.returncode == diagnosed.returncode == 1
+    outcomes = [line for line in diagnosed.stdout.splitlines() if line.startswith(("PASSED", "FAILED"))]
+    assert outcomes == [line for line in plain.stdout.splitlines() if line.startswith(("PASSED", "FAILED"))]
+    summary = diagnosed.stdout.split("minify: failures no captured graph holds", 1)[1]
+    assert "case_no_graph.py::test_identity_branch_is_replayed: " in summary
+    assert "so dynamo is to blame" in summary.split("case_no_graph.py::test_aliased")[0]
+    assert "so AOT autograd is to blame" in summary.split("case_no_graph.py::test_aliased")[1]
+    entries = json.loads((tmp_path / "caps" / "diagnoses.json").read_text())["diagnoses"]
+    assert {entry["test"]: entry["layer"] for entry in entries} == {
+        "case_no_graph.py::test_identity_branch_is_replayed": "dynamo",
+        "case_no_graph.py::test_aliased_view_rebuilt_from_the_base": "aot_autograd"}
+
+
+def _reruns(*outcomes: str) -> list[Rerun]:
+    settings = ["no torch.compile", "eager", "aot_eager", "your backend"]
+    return [Rerun(setting, outcome, None, 1.0, f"{setting}.log")  # type: ignore[arg-type]
+            for setting, outcome in zip(settings, outcomes, strict=False)]
+
+
+@pytest.mark.parametrize(("outcomes", "layer"), [
+    (["fails the same way"], "program"),
+    (["fails differently"], "program"),
+    (["passes", "fails the same way"], "dynamo"),
+    (["passes", "passes", "fails differently"], "aot_autograd"),
+    (["passes", "passes", "passes", "fails the same way"], "backend"),
+    (["passes", "passes", "passes", "passes"], "not_alone"),
+    (["passes", "timed out"], None),
+    (["could not run"], None),
+])
+def test_the_first_rerun_that_fails_names_the_layer(outcomes: list[str], layer: str | None) -> None:
+    found = _verdict("t", "AssertionError", _reruns(*outcomes))
+    assert found.layer == layer
+    assert ("did not finish" in found.message) == (layer is None)
