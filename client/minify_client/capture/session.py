@@ -129,6 +129,8 @@ class CaptureSession:
         other dead process with no signature. A child that ended with 0 crashed in no first run:
         its pending folders are dropped. Returns the entries adopted."""
         adopted: list[Entry] = []
+        if not (self.directory / crash.PENDING).is_dir():
+            return adopted  # nothing was ever pending here: no directory made for nothing
         with _directory_lock(self.directory):
             self.load_manifest()
             for entry in crash.pending(self.directory):
