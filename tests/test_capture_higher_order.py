@@ -23,7 +23,7 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 from torch._higher_order_ops.wrap import wrap
 
-from minify_client.capture import capture_failures
+from minify_client.capture import capture, capture_failures
 from minify_client.capture.higher_order import CaptureRefused
 from minify_client.models import JobSpec, JobState
 from minify_worker import graph as G
@@ -155,6 +155,18 @@ def test_flex_attention_is_refused_at_capture_with_torchs_reason_and_the_users_e
     assert "flex_attention" in reason and torch.__version__ in reason
     assert reason.startswith(("torch.export.save cannot write", "torch.export.load cannot read back"))
     assert any(reason in note for note in raised.value.__notes__)
+    assert not list(tmp_path.glob("c/*.pt2"))
+
+
+class FlexAttention(torch.nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return in_flex_attention(q)
+
+
+def test_the_whole_model_capture_refuses_flex_attention_before_saving_it(tmp_path: Path) -> None:
+    with pytest.raises(CaptureRefused, match="flex_attention"):
+        capture(FlexAttention(), (torch.randn(1, 2, 16, 8),), save_to=tmp_path / "c")
+
     assert not list(tmp_path.glob("c/*.pt2"))
 
 
