@@ -335,7 +335,7 @@ def _status(args: argparse.Namespace) -> int:
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("original", (original_summary(status.result) or "").removeprefix("original: ") if status.result else None),
             ("culprit", _culprit_row(status)),
-            ("versions", (versions_summary(status.result) or "").removeprefix("versions: ") if status.result else None),
+            ("versions", (_versions_line(status.result) or "").removeprefix("versions: ") if status.result else None),
             *[("warning", warning) for warning in status.warnings],
             ("dashboard", client.dashboard_url(status)),
         ]
@@ -343,6 +343,13 @@ def _status(args: argparse.Namespace) -> int:
             if value:
                 print(f"{label + ':':<11}{value}")
     return EXIT_OK
+
+
+def _versions_line(report: Report) -> str | None:
+    """The version phase's line, where a second torch was tried (with one there is no range to tell)."""
+    if report.versions_state is not CulpritState.running and len({run.torch for run in report.versions}) < 2:
+        return None
+    return versions_summary(report)
 
 
 def _reason(status: JobStatus) -> str | None:
@@ -568,7 +575,7 @@ def _wait_for_culprit(client: Client, job_id: str, events: Iterator[ProgressEven
         artifacts.update(client.download(job_id, out_dir, names))
         report = _read_report(artifacts) or report
     if not args.json and report is not None:
-        if found := versions_summary(report):
+        if found := _versions_line(report):
             print(found)
         print(culprit_summary(report) or f"culprit: {report.culprit_state.value if report.culprit_state else '?'}")
         if out_dir is not None and artifacts:
@@ -608,7 +615,7 @@ def _print_result(status: JobStatus, report: Report | None, artifacts: dict[str,
         print(inputs)
     if status.status == JobState.succeeded and report is not None and (found := culprit_summary(report)):
         print(found)
-    if status.status == JobState.succeeded and report is not None and (found := versions_summary(report)):
+    if status.status == JobState.succeeded and report is not None and (found := _versions_line(report)):
         print(found)
     if status.status == JobState.succeeded and report is not None and report.graph_code:
         print("\nminimized graph:")
