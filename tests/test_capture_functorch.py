@@ -133,6 +133,19 @@ def test_a_compiled_transform_is_captured_as_the_aten_ops_it_computes_and_loads_
     assert metadata["nodes_original"] >= 2
 
 
+def test_a_transform_compiled_with_dynamic_shapes_is_captured_static_and_says_so(tmp_path: Path) -> None:
+    x = torch.randn(5, 4)
+    torch._dynamo.reset()
+
+    with pytest.raises(BackendCompilerFailed) as raised, capture_failures(
+            torch.nn.Module(), (x,), save_to=tmp_path / "c") as block:
+        torch.compile(TRANSFORMS["vmap"], backend=fail_on_relu_anywhere, dynamic=True)(x)
+
+    assert block.captured is not None and block.captured.spec.dynamic == "static"
+    assert any("captured with static shapes" in note and "torch.func" in note for note in raised.value.__notes__)
+    assert not torch.export.load(block.captured.program).range_constraints
+
+
 # --- the accuracy check observes only ------------------------------------------------------------
 
 
