@@ -180,7 +180,8 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return crash.watch_compiled(compiled, list(_listeners), lambda args: FailedCompile(
             level="dynamo", error=crash.CompiledCodeDied("the compiled graph's first run"),
             backend=backend_name(self.compiler_fn), config=_config(self.compiler_fn), graph=_module(gm, graph),
-            inputs=list(args), symbolic=symbolic_values(graph, example_inputs)))
+            inputs=list(args), symbolic=symbolic_values(graph, example_inputs),
+            grad_enabled=grad_enabled))
 
     return call_user_compiler
 
