@@ -13,9 +13,9 @@ frame it was created"), so a capture that ran it changed the user's program.
 
 `lower` traces such a graph with `make_fx` (fake tensors, in the grad mode of the compile): the
 transforms run and what is recorded is the aten ops they compute (dead ones dropped), the graph AOT
-autograd hands inductor before its decompositions. It exports, saves and loads as any graph does. `preserved_state`
-puts back the state a graph run may change (functorch levels, forward-AD level, grad modes, saved-
-tensor hooks, in-place requires_grad) whatever happened inside.
+autograd hands inductor before its decompositions. It exports, saves and loads as any graph does.
+`preserved_state` puts back the state a graph run may change (functorch levels, forward-AD level,
+grad modes, saved-tensor hooks, in-place requires_grad) whatever happened inside.
 
 Relies on (checked on torch 2.13.0): the functorch calls living in `torch._functorch.*`,
 `torch._C._functorch` and `torch.autograd.forward_ad`; `torch._C._functorch.get_dynamic_layer_stack_depth`
