@@ -206,6 +206,19 @@ def test_dims_the_user_marked_dynamic_one_by_one_keep_a_symbol_each(tmp_path: Pa
     assert isinstance(outcome, Fails) and outcome.signature.text == OWN, outcome
 
 
+def test_a_user_without_duck_sizing_gets_a_symbol_per_dim_in_the_worker_too(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        captured_by_the_user(relu_of_first, (torch.randn(8), torch.randn(8)), directory,
+                             fail_naming_symbol_sharing, dynamic=True)
+
+    spec = spec_of(directory)
+    assert spec.config["torch.fx.experimental._config.use_duck_shape"] is False
+    assert spec.failure.signature == OWN
+    outcome = run_as_the_worker(directory, tmp_path)
+    assert isinstance(outcome, Fails) and outcome.signature.text == OWN, outcome
+
+
 def test_two_shared_symbols_of_equal_sizes_are_not_merged() -> None:
     dims = ({0: {"name": "s0"}}, {0: {"name": "s0"}}, {0: {"name": "s1"}}, {0: {"name": "s1"}},
             {0: {"name": "s2"}}, {0: {"name": "s2"}})

@@ -17,6 +17,8 @@ CONFIG_MODULES = {
     INDUCTOR_CONFIG: "",
     "torch._dynamo.config": "torch._dynamo.config.",
     "torch._functorch.config": "torch._functorch.config.",
+    # The ShapeEnv's settings (use_duck_shape, backed_size_oblivious, ...): how symbols are made.
+    "torch.fx.experimental._config": "torch.fx.experimental._config.",
 }
 
 

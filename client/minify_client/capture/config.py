@@ -1,5 +1,6 @@
-"""The torch settings a capture records: every inductor, dynamo and functorch setting that differs
-from its default, as JobSpec.config keys.
+"""The torch settings a capture records: every inductor, dynamo, functorch and symbolic-shapes
+(`torch.fx.experimental._config`: duck sizing, size-oblivious sizes) setting that differs from its
+default, as JobSpec.config keys.
 
 Set by `config.patch`, a conftest, or a `TORCHINDUCTOR_*` variable, as torch's own after_aot repro
 records them: a failure that needs them then reproduces on the server. Settings that cannot change
