@@ -320,7 +320,7 @@ def mark_dynamic(inputs: Sequence[Any], shapes: DynamicShapes) -> bool:
     range (`as_exported`), or as automatic dynamic marks a dim it saw change, which the graph may
     still specialize (`auto`); every other dim of a tensor static. True when some dims are left
     unmarked to share one symbol (`shared_dims`): the compile must then run with
-    `assume_static_by_default=False`.
+    `assume_static_by_default=False` and duck sizing on (`use_duck_shape`).
 
     Static by a mark, not by dynamo's default: a capture of `torch.compile(dynamic=True)` records
     the `assume_static_by_default=False` that it sets, which would make every unmarked dim
@@ -429,7 +429,10 @@ def _through_dynamo(backend: Backend, shapes: DynamicShapes) -> Backend:
         def run(*args: Any) -> Any:
             if not mark_dynamic(args, shapes):
                 return optimized(*args)
-            with torch._dynamo.config.patch(assume_static_by_default=False):
+            import torch.fx.experimental._config as shapes_config
+
+            # Duck sizing on whatever the default (a torch may turn it off): only the shared dims use it.
+            with torch._dynamo.config.patch(assume_static_by_default=False), shapes_config.patch(use_duck_shape=True):
                 return optimized(*args)
 
         try:

@@ -565,7 +565,8 @@ def compile_repro(gm, inputs):
     def run(*args):
         if not mark_dynamic(args):
             return compiled(*args)
-        with torch._dynamo.config.patch(assume_static_by_default=False):
+        with torch._dynamo.config.patch(assume_static_by_default=False), \
+                torch.fx.experimental._config.patch(use_duck_shape=True):
             return compiled(*args)
 
     return run
