@@ -76,6 +76,7 @@ def take(name: str, tmp_path: Path, diagnose: bool = False):
     return runner.run_case(CASES[name], tmp_path, ["ours"], limits)
 
 
+@pytest.mark.inductor
 def test_integer_wrong_values_from_inductor_end_in_a_minimal_repro(tmp_path: Path) -> None:
     result = take("pt_191308_int8_bmm_dtype", tmp_path)
     assert result.original_error.startswith("AssertionError: compiled torch.int64")
