@@ -453,6 +453,14 @@ def test_a_one_op_repro_with_small_inputs_holds_them_and_reads_top_to_bottom(rel
     compile(text, "repro.py", "exec")
 
 
+def test_a_repro_that_reads_inputs_pt_lists_the_environment_in_its_header(relu_cos):
+    text = artifacts.render_repro(_relu_only(relu_cos), JobSpec(), None, "2.13.0", {"OS": "Linux", "GPU": "none"},
+                                  inputs=[torch.randn(100)])
+    header = text.split("\nimport ")[0]
+    assert "# Environment it failed in (torch.utils.collect_env, on the worker):\n#   OS: Linux\n#   GPU: none" \
+        in header
+
+
 def test_an_aot_inductor_repro_reads_inputs_pt_whatever_their_size(relu_cos):
     text = artifacts.render_repro(_relu_only(relu_cos), JobSpec(backend="aot_inductor"), None, "2.13.0",
                                   inputs=[SMALL_X])

@@ -205,7 +205,43 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
     reason = page.locator("#job-reason")
     reason.wait_for()
     assert "did not fail" in reason.inner_text()
+    assert "Next: check that the spec" in reason.inner_text()
+    # Nothing beside the verdict that reads as if something was minimized: no counts, chart or outcomes.
+    page.wait_for_selector("#stats", state="hidden")
+    for card in ("#progress-card", "#outcomes-card", "#graph-card", "#culprit-card"):
+        assert page.locator(card).is_hidden(), card
+    assert "The graph appears here" not in page.inner_text("main")
     screenshot(page, "job-not-reproducible-laptop")
+
+
+def test_the_submit_form_sends_every_spec_field(browser: Any, service: Service, program_dir: Path) -> None:
+    page = browser.new_page(viewport=LAPTOP)
+    sent: list[str] = []
+
+    def refuse(route: Any) -> None:
+        sent.append(route.request.post_data_buffer.decode(errors="replace"))
+        route.fulfill(status=422, content_type="application/json", body=json.dumps({"error": "checked here"}))
+
+    page.goto(service.url)
+    page.route("**/v1/jobs", refuse)
+    page.click("nav >> text=Submit")
+    page.set_input_files("input[name=program]", str(program_dir / "relu_cos.pt2"))
+    for name, value in {"backend": "eager", "signature": "RuntimeError: boom", "tolerance": "0.01",
+                        "op_modules": "pkg.ops, other.ops", "original_timeout_s": "30", "job_timeout_s": "600",
+                        "memory_mb": "2048", "candidate_timeout_s": "5"}.items():
+        page.fill(f"input[name={name}]", value)
+    page.select_option("select[name=dynamic]", "static")
+    page.uncheck("input[name=versions]")
+    screenshot(page, "submit-every-flag-laptop")
+    page.click("#submit-job")
+    page.wait_for_selector("#submit-error:not([hidden])")
+    spec = json.loads(sent[0].split('name="spec"')[1].split("\r\n\r\n", 1)[1].split("\r\n--", 1)[0])
+    assert spec["failure"]["signature"] == "RuntimeError: boom" and spec["failure"]["tolerance"] == 0.01
+    assert spec["op_modules"] == ["pkg.ops", "other.ops"] and spec["dynamic"] == "static"
+    assert spec["limits"] == {"candidate_timeout_s": 5, "original_timeout_s": 30, "job_timeout_s": 600,
+                              "memory_mb": 2048}
+    assert spec["versions"] is False and spec["program_format"] == "pt2"
+    assert "checked here" in page.inner_text("#submit-error")
 
 
 def test_cancel_button_ends_a_running_job(browser: Any, service: Service, program_dir: Path) -> None:

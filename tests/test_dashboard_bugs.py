@@ -70,3 +70,46 @@ def test_the_bugs_view_lists_each_bug_once_with_its_count_and_repro(
     assert sorted(listed) == sorted(f"#/jobs/{job_id}" for job_id in jobs["relu"])
     assert job_bug == relu_bug
     assert errors == []
+
+
+def test_jobs_and_bugs_are_searchable_and_say_what_each_found(
+        service_with_bugs: tuple[Service, dict[str, list[str]]]) -> None:
+    service, jobs = service_with_bugs
+    with service.client() as client:
+        exp_bug = client.get(f"/v1/jobs/{jobs['exp'][0]}").json()["bug"]
+        relu_bug = client.get(f"/v1/jobs/{jobs['relu'][0]}").json()["bug"]
+    with launched_browser() as browser:
+        page = browser.new_page(viewport=LAPTOP)
+        errors = watch_for_errors(page)
+        page.goto(f"{service.url}/#/jobs")
+        page.wait_for_selector(f"tr.job-row[data-job-id='{jobs['exp'][0]}']")
+        found = page.inner_text(f"tr.job-row[data-job-id='{jobs['exp'][0]}'] .job-outcome")
+        page.fill("#jobs-search", "injected failure on exp")
+        page.press("#jobs-search", "Enter")
+        page.wait_for_function("document.querySelectorAll('tr.job-row').length === 1")
+        searched_jobs = page.eval_on_selector_all("tr.job-row", "rows => rows.map((row) => row.dataset.jobId)")
+        screenshot(page, "jobs-search-laptop")
+
+        page.goto(f"{service.url}/#/bugs")
+        page.wait_for_selector("tr.bug-row")
+        page.fill("#bugs-search", "RELU")
+        page.press("#bugs-search", "Enter")
+        page.wait_for_function("document.querySelectorAll('tr.bug-row').length === 1")
+        searched_bugs = page.eval_on_selector_all("tr.bug-row", "rows => rows.map((row) => row.dataset.bugId)")
+        wraps = page.evaluate("""() => [...document.querySelectorAll('.bug-last-seen')].some((cell) => {
+            const range = document.createRange();
+            range.selectNodeContents(cell);
+            return range.getClientRects().length > 1;  // one rectangle per line of text
+        })""")
+        screenshot(page, "bugs-search-laptop")
+
+        page.goto(f"{service.url}/#/bugs/{relu_bug}")
+        page.wait_for_selector("#bug-jobs li.bug-job .badge")
+        listed = page.inner_text("#bug-jobs")
+        screenshot(page, "bug-page-laptop")
+    assert found == "RuntimeError: injected failure on exp"
+    assert searched_jobs == jobs["exp"]
+    assert searched_bugs == [relu_bug] and relu_bug != exp_bug
+    assert not wraps
+    assert "relu-0.pt2" in listed and "relu-1.pt2" in listed and "the representative repro" in listed
+    assert errors == []

@@ -59,8 +59,8 @@ function reasonText(job, lastMessage) {
         : `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
       if (result.flaky) text += ` It is flaky: it failed in ${result.original_failures} of ${result.original_runs} runs.`;
       // What to try next: the spec is the usual cause (the program fails only with a setting, a device or a backend).
-      text += " Next: check that the spec (backend, device, config, failure kind) is the one it failed with; " +
-        "the log below has what the original printed.";
+      text += " Next: check that the spec (backend, device, config, failure kind) is the one it failed with, " +
+        "and run the program where it failed with those settings to see what it does.";
       return text;
     }
     case "failed":
@@ -240,7 +240,8 @@ export function renderJob(root, id) {
   /** The culprit phase's finding (report.json's culprit, culprit_reason, workarounds), once the job has a result. */
   function renderCulprit() {
     const result = job.result;
-    culpritCard.hidden = !result || (!result.culprit && !result.culprit_reason);
+    // The culprit phase follows a delivered result: a job that delivered none has no culprit to tell.
+    culpritCard.hidden = !result || job.status !== "succeeded" || (!result.culprit && !result.culprit_reason);
     if (culpritCard.hidden) return;
     const running = culpritRunning();
     culpritCard.classList.toggle("pending", running);
