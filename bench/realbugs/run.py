@@ -176,7 +176,7 @@ def diagnosis_of(captures: Path) -> str:
     # "minify: no graph captured holds this failure (SIGNATURE); it passes with backend 'eager' and
     # fails with 'aot_eager' (...), so AOT autograd is to blame: ...": the layer, and the evidence.
     message = entry.get("message", "")
-    found = re.search(r"\bit (passes|fails)\b.*?(?=, so |: |$)", message)
+    found = re.search(r"\bit (passes|fails)\b.*?(?=, so |$)", message)
     evidence = found.group(0) if found else message[:200]
     return f"{entry.get('layer') or 'no layer'} ({evidence})"
 
