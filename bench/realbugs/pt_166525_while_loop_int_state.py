@@ -1,7 +1,9 @@
 """torch.while_loop whose carried state holds a Python int: inductor's lowering fails on it.
 
 issue:    https://github.com/pytorch/pytorch/issues/166525
-checks:   a compiled while_loop counting an int to 3 while accumulating two tensors runs
+checks:   a compiled while_loop counting an int to 3 while accumulating two tensors runs; inductor's lowering
+          fails on it as the issue says, with 2.13's words (`AssertionError: A subgraph argument other than
+          striding has been modified`) where the issue's torch said `'int' object has no attribute 'meta'`
 fails on: 2.13.0+cpu (checked here); the issue: 2.9, CPU
 kind:     compile error
 feature:  higher-order ops (while_loop)
