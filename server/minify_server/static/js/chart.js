@@ -124,18 +124,26 @@ export class NodeChart {
     grid.append(svg("text", { x: width - 4, y: MARGIN.top - 12, "text-anchor": "end", class: "axis-checks axis-title" }, "checks"));
     root.append(grid);
 
-    // Checks: a plain line. Nodes: a step line (the best candidate holds until a smaller one passes).
+    // Checks: a plain line. Nodes: a step line (the best candidate holds until a smaller one passes),
+    // from the original size: an event that reports a larger count than an earlier one (a candidate
+    // under test before the original's size was known) does not draw the count going up.
     const checkPath = this.points.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${yChecks(p.checks || 0).toFixed(1)}`);
     root.append(svg("path", { d: checkPath.join(""), class: "line-checks" }));
+    let best = this.nodesOriginal || Infinity;
+    const steps = this.points.map((p) => {
+      best = Math.min(best, p.nodes);
+      return { ...p, nodes: best };
+    });
+    if (this.nodesOriginal && steps[0].nodes < this.nodesOriginal) steps.unshift({ ...steps[0], nodes: this.nodesOriginal });
     let nodePath = "";
-    this.points.forEach((p, i) => {
+    steps.forEach((p, i) => {
       nodePath += i ? `H${x(p.t).toFixed(1)}V${yNodes(p.nodes).toFixed(1)}` : `M${x(p.t).toFixed(1)},${yNodes(p.nodes).toFixed(1)}`;
     });
     nodePath += `H${x(maxTime).toFixed(1)}`;
     root.append(svg("path", { d: nodePath, class: "line-nodes" }));
     const dots = svg("g", { class: "dots-nodes" });
-    this.points.forEach((p, i) => {
-      if (i === 0 || p.nodes !== this.points[i - 1].nodes) {
+    steps.forEach((p, i) => {
+      if (i === 0 || p.nodes !== steps[i - 1].nodes) {
         const dot = svg("circle", { cx: x(p.t), cy: yNodes(p.nodes), r: 3 });
         dot.append(svg("title", {}, `${p.nodes} nodes at ${timeLabel(p.t)}, ${p.checks} checks`));
         dots.append(dot);
