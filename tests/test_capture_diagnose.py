@@ -148,3 +148,59 @@ def test_the_first_rerun_that_fails_names_the_layer(outcomes: list[str], layer: 
     found = _verdict("t", "AssertionError", _reruns(*outcomes))
     assert found.layer == layer
     assert ("did not finish" in found.message) == (layer is None)
+
+
+def _dynamo_error() -> BaseException:
+    import torch
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    try:
+        torch.compile(breaks, backend="eager", fullgraph=True)(torch.ones(2))
+    except Exception as error:  # the error dynamo raises is the subject
+        return error
+    raise AssertionError("dynamo traced a graph break under fullgraph")
+
+
+def test_an_error_dynamo_raised_before_compiling_is_named_as_dynamo_s() -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    error = _dynamo_error()
+    note = refused_before_compile(error)
+
+    assert note is not None and "dynamo refused the program" in note and type(error).__name__ in note
+
+
+def test_an_error_raised_from_a_dynamo_error_is_named_too() -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    try:
+        raise RuntimeError("the user's wrapper") from _dynamo_error()
+    except RuntimeError as error:
+        assert refused_before_compile(error) is not None
+
+
+@pytest.mark.parametrize("error", [RuntimeError("shape mismatch"), AssertionError("wrong values"), KeyError("x")])
+def test_errors_not_from_dynamo_get_no_such_note(error: BaseException) -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    assert refused_before_compile(error) is None
+
+
+def test_runner_names_a_fullgraph_refusal_as_dynamo_s(tmp_path: Path) -> None:
+    script = tmp_path / "refused.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        def f(x):
+            torch._dynamo.graph_break()
+            return x + 1
+
+        torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+    """))
+    result = _run([sys.executable, "-m", "minify_client.capture", str(script)], tmp_path)
+
+    assert result.returncode == 1
+    assert "dynamo refused the program before any graph reached a compiler" in result.stderr

@@ -80,6 +80,7 @@ class CapturePlugin:
         self.session = CaptureSession.from_environment()
         self._started = False
         self._undiagnosed: list[tuple[str, str, float]] = []  # (test id, signature, seconds) to rerun
+        self._refused: list[tuple[str, str]] = []  # (test id, note): dynamo raised before anything compiled
 
     def _start_once_torch_is_imported(self) -> bool:
         if not self._started and "torch" in sys.modules:
@@ -96,6 +97,10 @@ class CapturePlugin:
             result = yield
         except BaseException as error:
             captured = self.session.finish(error)  # notes where the capture went; the error itself is re-raised
+            refused = (diagnose.refused_before_compile(error)
+                       if phase == "call" and not captured and not self.session.compiled else None)
+            if refused:
+                self._refused.append((item.nodeid, refused))
             if (phase == "call" and diagnose.requested() and not captured and self.session.compiled
                     and _diagnosable(item, error)):
                 self._undiagnosed.append((item.nodeid, signatures.signature_line(error), time.monotonic() - started))
@@ -128,6 +133,10 @@ class CapturePlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.session.crash:
             self.session.adopt()  # an xdist worker that died in a compiled graph: its pending captures
+        if self._refused:
+            terminalreporter.write_sep("-", "minify: failures dynamo raised before anything compiled")
+            for test, note in self._refused:
+                terminalreporter.write_line(f"{test}: {note}")
         found = diagnose.read_diagnoses(self.session.directory) if diagnose.requested() else []
         if found:
             terminalreporter.write_sep("-", "minify: failures no captured graph holds")

@@ -90,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
 def _diagnose(session: CaptureSession, error: BaseException, captured: list[object], options: argparse.Namespace,
               name: str, invoked_in: str, seconds: float) -> None:
     """--diagnose: a failure no graph was captured for, in a script that compiled something, rerun
-    to say which layer is to blame (capture/diagnose.py)."""
-    if not diagnose.requested() or captured or not session.compiled:
+    to say which layer is to blame (capture/diagnose.py). One that dynamo raised before anything
+    compiled is named as dynamo's at once, with or without --diagnose."""
+    if not captured and not session.compiled:
+        refused = diagnose.refused_before_compile(error)
+        if refused:
+            print(refused, file=sys.stderr)
+        return
+    if not diagnose.requested() or captured:
         return
     print("minify: no failing graph was captured; rerunning the script to find which layer of torch.compile "
           "is to blame (--diagnose)", file=sys.stderr)

@@ -145,6 +145,23 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
     return diagnosis
 
 
+def refused_before_compile(error: BaseException) -> str | None:
+    """The note for a failure that dynamo raised before any graph reached a backend (an unsupported
+    construct under fullgraph, a higher-order op it cannot capture): no graph exists to capture or
+    to rerun with other backends, so the layer is known from the error alone. None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__module__.startswith("torch._dynamo"):
+            return (f"minify: dynamo refused the program before any graph reached a compiler "
+                    f"({type(current).__name__}), so there is no graph to capture or to minimize. "
+                    "Next: the traceback names the construct dynamo could not trace; if the program is valid "
+                    "PyTorch, report it to PyTorch (module: dynamo) with this test or script as the repro.")
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def backend_override_read() -> bool:
     """Whether torch.compile takes its backend from the compiler bisector (`TORCH_BISECT_BACKEND`):
     read in its source, as torch 2.13 has it (`CompilerBisector.get_backend()` in torch.compile)."""
