@@ -30,6 +30,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from minify_client.models import JobSpec, JobState
+from minify_client.signatures import signature_line
 from minify_worker.engine import minify
 from minify_worker.graph import META_ROLE, META_VALUE, graph_from_wire, output_node, placeholders
 from minify_worker.loader import PreparedProgram, ProgramError, prepare
@@ -269,12 +270,14 @@ ENGINE_SHAPES = [
 
 def repro_signature(out: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The signature of what repro.py raises, run in this process (`python repro.py` would import
-    torch again: seconds), as its own excepthook prints it (`repro failed with: ...`)."""
+    torch again: seconds), by the rules its `repro failed with: ...` line uses. A repro with small
+    inputs is a straight script that raises as it runs; a larger one defines main() and calls it
+    only as __main__."""
     monkeypatch.setattr(sys, "argv", [str(out / "repro.py")])
-    repro = runpy.run_path(str(out / "repro.py"))  # not as __main__: main() is called here
     with pytest.raises(Exception) as raised:
+        repro = runpy.run_path(str(out / "repro.py"))
         repro["main"]()
-    return repro["signature_line"](raised.value)
+    return signature_line(raised.value)
 
 
 @pytest.mark.parametrize("shape", ENGINE_SHAPES, ids=lambda shape: shape.id)
