@@ -10,7 +10,6 @@ through ctypes (SIGSEGV) or calls os._exit(3) when its graph has relu
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import torch
 from minify_client.capture import crash
 from minify_client.capture.session import CaptureSession
 from tests.support.graphs import ops_of
+from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tests" / "crash_suite"
@@ -41,15 +41,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _environment(**extra: str) -> dict[str, str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("MINIFY_", "PYTEST_"))}
-    environment["PYTHONPATH"] = str(REPO)
-    environment.update(extra)
-    return environment
-
-
 def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, env=_environment(**extra), capture_output=True, text=True, timeout=600)
+    return run_clean(command, cwd, timeout_s=600, **extra)
 
 
 def _only_entry(directory: Path) -> dict:

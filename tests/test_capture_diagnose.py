@@ -11,7 +11,6 @@ values that the accuracy capture (off here) would have caught.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from minify_client.capture.diagnose import Rerun, _verdict
+from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tests" / "crash_suite"
@@ -76,15 +76,8 @@ SAID = {"dynamo": "so dynamo is to blame", "aot_autograd": "so AOT autograd is t
         "program": "it fails without torch.compile too", "backend": "so your backend's compiled code is to blame"}
 
 
-def _environment(**extra: str) -> dict[str, str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("MINIFY_", "PYTEST_"))}
-    environment["PYTHONPATH"] = str(REPO)
-    environment.update(extra)
-    return environment
-
-
 def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, env=_environment(**extra), capture_output=True, text=True, timeout=900)
+    return run_clean(command, cwd, timeout_s=900, **extra)
 
 
 @pytest.mark.parametrize("layer", sorted(CASES))
