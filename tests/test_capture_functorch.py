@@ -152,7 +152,10 @@ def test_a_transform_compiled_with_dynamic_shapes_is_captured_static_and_says_so
 @pytest.mark.parametrize("name", ["jacfwd", "jacrev", "grad", "vmap_grad", "hessian", "jvp"])
 def test_an_accuracy_capture_of_a_wrong_transform_leaves_its_result_and_the_state_as_they_were(
         name: str, tmp_path: Path) -> None:
-    transform, x = TRANSFORMS[name], torch.randn(3, 4)
+    # Seeded: where sin(x) < 0 throughout the row the hessian takes, relu's value never reaches its
+    # result, and a random input left this case nothing to capture about one run in sixteen.
+    transform, x = TRANSFORMS[name], torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    assert (x[0].sin() > 0).any() and (x.sin() < 0).any()
     uncaptured = compiled_with(wrong_on_relu, transform, x)
     before = functorch_state()
 

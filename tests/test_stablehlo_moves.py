@@ -120,12 +120,16 @@ def test_every_candidate_a_strategy_proposes_is_smaller_and_new() -> None:
             assert key(module) not in keys
 
 
-def test_an_accuracy_failure_is_never_looked_for_in_a_program_without_float_outputs() -> None:
+def test_an_accuracy_failure_is_looked_for_in_integer_and_boolean_outputs_but_never_in_none() -> None:
+    # A boolean output is compared exactly (the accuracy module's rule), so a candidate that keeps
+    # only the compare can fail and is proposed; a candidate without outputs cannot.
     module = program(_op(0, "stablehlo.sine", ["a0"]), _op(1, "stablehlo.compare", ["v0", "a1"], "tensor<4x8xi1>"),
                      outputs=("v1",))
     context = StrategyContext.for_failure("accuracy")
     proposed = [c.graph for tier in moves.PASSES for _, s in tier.strategies for c in s(module, context)]
-    assert all(any(output.startswith("v0") for output in c.outputs) for c in proposed)  # type: ignore[attr-defined]
+    assert proposed and all(c.outputs for c in proposed)  # type: ignore[attr-defined]
+    assert any(all(module.types.get(o, "").endswith("xi1>") for o in c.outputs)  # type: ignore[attr-defined]
+               for c in proposed)
 
 
 def test_reduction_ends_at_the_one_op_the_failure_needs() -> None:
@@ -228,14 +232,18 @@ def test_an_fp64_reference_judges_as_torch_does() -> None:
     assert compare(near, far, spec, wide) is not None
 
 
-def test_outputs_match_within_the_tolerance_nans_equal_and_non_floats_only_when_strict() -> None:
+def test_outputs_match_within_the_tolerance_nans_equal_and_integers_exactly_strict_or_not() -> None:
     import numpy as np
 
     from minify_worker.programs.stablehlo.accuracy import differs
 
     reference = [np.array([1.0, np.nan, 3.0], np.float32), np.array([1, 2], np.int32)]
-    assert differs(reference, [np.array([1.0, np.nan, 3.0005], np.float32), np.array([1, 3], np.int32)],
-                   1e-3, strict=False) is None
-    assert "output 1" in differs(reference, [reference[0], np.array([1, 3], np.int32)], 1e-3, strict=True)
+    assert differs(reference, [np.array([1.0, np.nan, 3.0005], np.float32), reference[1]], 1e-3, strict=False) is None
+    for strict in (False, True):
+        wrong = differs(reference, [reference[0], np.array([1, 3], np.int32)], 1e-3, strict=strict)
+        assert wrong == "output 1: 1 of 2 elements differ exactly; 3 where the reference has 2 (element 1)"
+    # One apart is within any tolerance of a float, and still wrong for an integer.
+    assert differs([np.array([1000], np.int64)], [np.array([1001], np.int64)], 1e-2, strict=False) is not None
+    assert differs([np.array([True])], [np.array([False])], 1e-3, strict=False) is not None
     dropped = differs(reference, [np.array([1.0, 2.0, 3.0], np.float32), reference[1]], 1e-3, strict=False)
     assert dropped == "output 0 not within tolerance 0.001: 2.0 where the reference has nan (element 1)"

@@ -72,6 +72,17 @@ def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEF
     """None when `result` passes for `reference`, else what differs: floating-point outputs by
     torch's rule, integer and boolean ones exactly (`integer_divergence`, with the rules of `gm`'s
     ops when the graph and its `inputs` are given)."""
+    floats = float_divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
+    integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
+    if floats is None and integers is None:
+        return None
+    return "; ".join(part for part in (floats, integers) if part)[:2000] or "compiled result differs from eager"
+
+
+def float_divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEFAULT_TOLERANCE,
+                     strict: bool = False) -> str | None:
+    """None when `result` passes torch's rule (`same`; strict also compares the non-floating
+    outputs, with the float tolerance), else what torch's rule logged ("" when it logged nothing)."""
     from torch._dynamo.utils import same
 
     found: list[str] = []
@@ -79,12 +90,9 @@ def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEF
     def log_error(message: str, *args: Any) -> None:
         found.append(message % args if args else message)
 
-    floats_pass = same(reference, result, fp64, tol=tolerance, equal_nan=True, ignore_non_fp=not strict,
-                       log_error=log_error)
-    integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
-    if floats_pass and integers is None:
+    if same(reference, result, fp64, tol=tolerance, equal_nan=True, ignore_non_fp=not strict, log_error=log_error):
         return None
-    return "; ".join([*found, *([integers] if integers else [])])[:2000] or "compiled result differs from eager"
+    return "; ".join(found)
 
 
 def integer_divergence(reference: Any, result: Any, fp64: Any = None, *, tolerance: float = DEFAULT_TOLERANCE,

@@ -13,7 +13,9 @@ classified by the parent.
   torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
   `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref, tol, equal_nan=True,
   ignore_non_fp=not strict)`, fp64 required unless strict, and integer and boolean outputs compared
-  exactly (ties and other ambiguous integer results by what they mean) → `Fails(accuracy, "AccuracyError")`;
+  exactly (ties and other ambiguous integer results by what they mean) → `Fails(accuracy, "AccuracyError")`,
+  keyed `INTEGER_ONLY` when only integer or boolean outputs differ: a float failure does not drift
+  into an integer one a candidate exposes (a boolean intermediate another bug flips), nor back;
 - a candidate that cannot be built, or whose eager reference cannot run → `Invalid`.
 """
 
@@ -34,7 +36,7 @@ import torch
 from torch import fx
 
 from minify_client import signatures
-from minify_client.accuracy import ACCURACY_EXC_TYPE, divergence, fp64_reference
+from minify_client.accuracy import ACCURACY_EXC_TYPE, float_divergence, fp64_reference, integer_divergence
 from minify_client.models import JobSpec
 
 from . import oracle
@@ -236,6 +238,8 @@ def _repeated(run_once: Callable[[], Outcome], runs: int, device: str, compile_s
                  if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
     return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
 
+INTEGER_ONLY = "integer outputs only"
+
 
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
                       started: float, runs: int = 1) -> Outcome:
@@ -269,12 +273,15 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
             _synchronize(spec.device)
         except Exception as error:
             return _failure(error, "runtime_error", run_started)
-        detail = divergence(reference, result, fp64, tolerance=spec.failure.tolerance, strict=strict, gm=gm,
-                            inputs=inputs)
+        tolerance = spec.failure.tolerance
+        floats = float_divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
+        integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
         duration = time.monotonic() - run_started
-        if detail is None:
+        if floats is None and integers is None:
             return Passes(duration_s=duration)
-        signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="",
+        detail = "; ".join(part for part in (floats, integers) if part)[:2000] or "compiled result differs from eager"
+        key = "" if floats is not None else INTEGER_ONLY
+        signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key,
                               text=f"{ACCURACY_EXC_TYPE}: {detail}")
         return Fails(signature=signature, duration_s=duration)
 

@@ -215,8 +215,8 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if observed and observed != str(signature):
         lines.append(f"As observed:      {observed}")
     if kind == "accuracy":
-        compared = "every output (strict)" if failure.strict_accuracy else "floating-point outputs"
-        lines.append(f"Accuracy:         tolerance {failure.tolerance}, {compared} compared")
+        floats = "every floating-point output" + (" (strict)" if failure.strict_accuracy else "")
+        lines.append(f"Accuracy:         tolerance {failure.tolerance} for {floats}; integers and booleans exactly")
     lines += _backend_notes(spec)
     lines += header_tail(culprit_lines, environment, "torch.utils.collect_env, on the worker",
                          "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)")

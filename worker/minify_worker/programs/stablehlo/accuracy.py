@@ -2,8 +2,10 @@
 numpy only, and written into repro.py verbatim (`artifacts.render_repro`), so the repro judges
 as the worker did.
 
-Each output is compared with `allclose` within the tolerance, NaNs equal, shapes equal; strict
-compares every output, otherwise only floating-point ones (the FX jobs' `--strict-accuracy`).
+Each floating-point output is compared with `allclose` within the tolerance, NaNs equal, shapes
+equal. Integer and boolean outputs have no rounding: they are compared exactly, strict or not, as
+the FX jobs' oracle compares them (`minify_client.accuracy`; XLA's rule used to skip them unless
+strict, and a wrong integer result went unseen).
 Not torch's `same`: without an fp64 reference it passes every non-strict mismatch, and with
 one it cannot judge a NaN the reference has too. Against the program promoted to f64
 (`minify.reference=f64`) the worker uses torch's rule (`run.compare`).
@@ -41,7 +43,7 @@ def differs_from_fp64(reference: Sequence[np.ndarray], outputs: Sequence[np.ndar
         mismatch = _mismatch(position, want, got, tolerance, strict)
         if mismatch is None:
             continue
-        if not _floating(got) or want.shape != got.shape:
+        if not is_floating(got) or want.shape != got.shape:
             return mismatch
         wide = np.asarray(wide, dtype=np.float64)
         ref_error = float(np.sqrt(np.mean((wide - want.astype(np.float64)) ** 2)))
@@ -54,15 +56,15 @@ def differs_from_fp64(reference: Sequence[np.ndarray], outputs: Sequence[np.ndar
     return None
 
 
-def _floating(array: np.ndarray) -> bool:
+def is_floating(array: np.ndarray) -> bool:
     return bool(np.issubdtype(array.dtype, np.inexact)) or array.dtype.name.startswith(("bfloat", "float8"))
 
 
 def _mismatch(position: int, want: np.ndarray, got: np.ndarray, tolerance: float, strict: bool) -> str | None:
-    if not strict and not _floating(want):
-        return None
     if want.shape != got.shape:
         return f"output {position} has shape {list(got.shape)} where the reference has {list(want.shape)}"
+    if not is_floating(want):
+        return _integer_mismatch(position, want, got)
     wide_want = want.astype(np.complex128 if np.iscomplexobj(want) else np.float64)
     wide_got = got.astype(wide_want.dtype)
     if np.allclose(wide_want, wide_got, rtol=tolerance, atol=tolerance, equal_nan=True):
@@ -71,3 +73,12 @@ def _mismatch(position: int, want: np.ndarray, got: np.ndarray, tolerance: float
     worst = int(np.nanargmax(gaps))
     return (f"output {position} not within tolerance {tolerance}: {got.ravel()[worst]} where the reference "
             f"has {want.ravel()[worst]} (element {worst})")
+
+
+def _integer_mismatch(position: int, want: np.ndarray, got: np.ndarray) -> str | None:
+    differ = np.asarray(want != got).ravel()
+    if not differ.any():
+        return None
+    first = int(np.argmax(differ))
+    return (f"output {position}: {int(differ.sum())} of {differ.size} elements differ exactly; "
+            f"{got.ravel()[first]} where the reference has {want.ravel()[first]} (element {first})")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from minify_worker.strategies import Candidate, StrategyContext, Tier, chunk_sizes
 
 from . import surgery
-from .module import Module, Op, is_float_type, key, size
+from .module import Module, Op, key, size
 
 
 class _Proposals:
@@ -30,8 +30,7 @@ class _Proposals:
     def offer(self, candidate: Module | None, description: str) -> Iterator[Candidate]:
         if candidate is None or size(candidate) >= self.size:
             return
-        if self.context.only_float_outputs_count and not any(
-                is_float_type(candidate.types.get(output, "")) for output in candidate.outputs):
+        if self.context.accuracy and not candidate.outputs:
             return
         candidate_key = key(candidate)
         if candidate_key in self.seen:

@@ -129,7 +129,8 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
         if reference is not None:
             detail = compare(reference, outputs, spec, fp64)
             if detail is not None:
-                return Fails(signature=accuracy_signature(detail), duration_s=time.monotonic() - run_started)
+                return Fails(signature=accuracy_signature(detail, reference, outputs, spec, fp64),
+                             duration_s=time.monotonic() - run_started)
         return Passes(duration_s=time.monotonic() - run_started)
 
     return repeated(run_once, runs, compile_s)
@@ -151,7 +152,8 @@ def _run_command(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Pa
     if reference is not None and completed.outputs is not None:
         detail = compare(reference, completed.outputs, spec, fp64)
         if detail is not None:
-            return Fails(signature=accuracy_signature(detail), duration_s=duration)
+            signature = accuracy_signature(detail, reference, completed.outputs, spec, fp64)
+            return Fails(signature=signature, duration_s=duration)
     return Passes(duration_s=duration)
 
 
@@ -165,10 +167,21 @@ def compare(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray], spec
     return accuracy.differs_from_fp64(reference, outputs, fp64, tolerance, strict)
 
 
-def accuracy_signature(detail: str) -> Signature:
+def accuracy_signature(detail: str, reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray], spec: JobSpec,
+                       fp64: Sequence[np.ndarray] | None) -> Signature:
+    """The accuracy failure `detail` describes, keyed as the FX runner keys it (`INTEGER_ONLY` when
+    the floating-point outputs of `outputs` pass and only integer or boolean ones differ), so a
+    float failure does not drift into an integer one, nor back."""
     from minify_client.accuracy import ACCURACY_EXC_TYPE
+    from minify_worker.runner import INTEGER_ONLY
 
-    return Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key="", text=f"{ACCURACY_EXC_TYPE}: {detail}")
+    key = ""
+    if len(reference) == len(outputs) and (fp64 is None or len(fp64) == len(outputs)):
+        floats = [position for position, array in enumerate(reference) if accuracy.is_floating(np.asarray(array))]
+        if compare([reference[i] for i in floats], [outputs[i] for i in floats], spec,
+                   None if fp64 is None else [fp64[i] for i in floats]) is None:
+            key = INTEGER_ONLY
+    return Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key, text=f"{ACCURACY_EXC_TYPE}: {detail}")
 
 
 def _failure(error: BaseException, kind: str, started: float) -> Outcome:
