@@ -7,11 +7,17 @@ Keys (docs/service.md):
 - `minify:job:<id>`: the job's record, a hash of `JobRecord`'s fields (`to_hash`, `from_hash`);
 - `minify:job:<id>:events`: its ProgressEvents, a stream (`add_event`);
 - `minify:job:<id>:cancel`: the cancel flag; `minify:job:<id>:versions`: the version phase's answers;
+- `minify:job:<id>:write_mark`: the mark of the last write a worker made for the job (`write_for_attempt`);
 - `minify:jobs`: every job by creation time; `minify:counters`: the service's counters;
 - `minify:content:<digest>`: the job each distinct submission went to (deduplication);
 - `minify:bugs`, `minify:bug:<id>`, `minify:bug:<id>:jobs`, `:versions`, `:retests`: the bug index
   (`add_to_bug_index` files a job; minify_server/bugs.py reads it);
 - `minify:queues:served_at` and `minify:workers:torch`: what workers announce on every heartbeat.
+
+Attempts: the record's `attempts` is the number of the job's current attempt, and a worker writes
+for one attempt only (`write_for_attempt`): once the job was re-queued, or another attempt runs,
+every write of the old one is refused, atomically in Redis. docs/service.md and docs/deploy.md
+("Faults between machines") say what that guarantees.
 
 The worker gets a job's keys in its ticket (`JobTicket.keys`, a `TicketKeys`), so a job queued by
 a server writes where that server reads.
@@ -19,12 +25,15 @@ a server writes where that server reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationInfo, field_validator
+from redis import Redis
+from redis.exceptions import WatchError
 
 from minify_client.bugs import bug_key
 from minify_client.config_schema import config_mistake
@@ -42,6 +51,8 @@ WORKERS_TORCH_KEY = "minify:workers:torch"
 CONFIG_SCHEMAS_KEY = "minify:config:schemas"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
+# How long the mark of a worker's last write on a job (`write_mark_key`) is kept.
+WRITE_MARK_TTL_S = 24 * 3600
 
 
 def record_key(job_id: str) -> str:
@@ -54,6 +65,12 @@ def events_key(job_id: str) -> str:
 
 def cancel_key(job_id: str) -> str:
     return f"minify:job:{job_id}:cancel"
+
+
+def write_mark_key(record: str) -> str:
+    """Where each write of a worker on the job with record key `record` leaves its mark: a write
+    retried after its reply was lost (Redis restarted, the link cut) finds it and is not applied twice."""
+    return f"{record}:write_mark"
 
 
 def job_versions_key(job_id: str) -> str:
@@ -242,7 +259,9 @@ class TicketKeys(BaseModel):
 
 class JobTicket(BaseModel):
     """What the server enqueues for a job (`minify_worker.job.run_job`'s argument, a plain dict on
-    the wire): the uploaded program and inputs, the result folder, the spec and the keys."""
+    the wire): the uploaded program and inputs, the result folder, the spec and the keys; and which
+    attempt of the job it runs (1, or n + 1 where attempt n was lost and re-queued) and how many
+    re-runs the job may have. Tickets of servers older than attempts carry neither (None)."""
 
     job_id: str
     program: Path
@@ -250,6 +269,8 @@ class JobTicket(BaseModel):
     out_dir: Path
     spec: JobSpec
     keys: TicketKeys
+    attempt: int | None = None
+    retries: int | None = None
 
     @field_validator("spec", mode="before")
     @classmethod
@@ -257,9 +278,11 @@ class JobTicket(BaseModel):
         return JobSpec.model_validate_json(value) if isinstance(value, (str, bytes)) else value
 
     def to_wire(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "program": str(self.program),
+        wire = {"job_id": self.job_id, "program": str(self.program),
                 "inputs": str(self.inputs) if self.inputs is not None else None, "out_dir": str(self.out_dir),
                 "spec": self.spec.model_dump_json(), "keys": self.keys.to_wire()}
+        attempts = {"attempt": self.attempt, "retries": self.retries}
+        return {**wire, **{name: value for name, value in attempts.items() if value is not None}}
 
     @classmethod
     def from_wire(cls, ticket: dict[str, Any]) -> JobTicket:
@@ -291,3 +314,45 @@ def add_to_bug_index(pipe: Any, keys: TicketKeys, job_id: str, report: Report, f
     pipe.zadd(keys.bugs, {bug_id: seen})
     pipe.hset(keys.record, mapping=record_fields(bug=bug_id))
     return bug_id
+
+
+class AttemptSuperseded(Exception):
+    """A write for an attempt that is no longer the job's current one (it was re-queued, another
+    attempt runs, or the job ended): refused, nothing written."""
+
+
+def write_for_attempt(redis: Redis, record: str, attempt: int | None, statuses: Collection[JobState], mark: str,
+                      queue_writes: Callable[[Any, int], object],
+                      before_commit: Callable[[], None] | None = None) -> int:
+    """Apply the writes `queue_writes(pipe, attempts)` queues, in one transaction with the check that
+    they belong to the job's current attempt: the record's `attempts` is `attempt` (None: any) and
+    its status one of `statuses`. WATCH/MULTI on the record, so no re-queue or start can slip in
+    between the check and the writes. `before_commit` runs once the check passed, before the
+    transaction. `mark` (unique to this write) is left on the record: a retry of a write that
+    was applied but whose reply was lost finds it and applies nothing. Returns the record's
+    `attempts`; raises AttemptSuperseded when refused."""
+    mark_key = write_mark_key(record)
+    with redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(record, mark_key)
+                status, attempts = (_text(value) if value is not None else None
+                                    for value in pipe.hmget(record, ["status", "attempts"]))
+                current = int(attempts or 0)
+                written = pipe.get(mark_key)
+                if written is not None and _text(written) == mark:
+                    pipe.unwatch()
+                    return current
+                if status not in {state.value for state in statuses} or (attempt is not None and current != attempt):
+                    pipe.unwatch()
+                    raise AttemptSuperseded(f"{record}: attempt {attempt} writes, the record says attempt {current} "
+                                            f"{status or 'gone'}")
+                if before_commit is not None:
+                    before_commit()
+                pipe.multi()
+                queue_writes(pipe, current)
+                pipe.set(mark_key, mark, ex=WRITE_MARK_TTL_S)
+                pipe.execute()
+                return current
+            except WatchError:
+                continue

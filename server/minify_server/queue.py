@@ -8,14 +8,14 @@ from typing import Any
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
-from rq import Callback, Queue, Retry
+from rq import Callback, Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from minify_client.config_schema import ConfigSchema
 from minify_client.models import TorchInstall, WorkerInfo
-from minify_server.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket
+from minify_server.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket, record_key
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.job.run_job"
@@ -33,21 +33,29 @@ TIMEOUT_MARGIN_S = 120
 RESULT_TTL_S = 7 * 24 * 3600
 
 
+def rq_job_id(job_id: str, attempt: int | None) -> str:
+    """The RQ job that runs attempt `attempt` of the job: one per attempt, so that RQ's record of an
+    attempt (started, failed, finished) is that attempt's alone."""
+    return job_id if attempt is None or attempt <= 1 else f"{job_id}-attempt-{attempt}"
+
+
 def enqueue(redis: Redis, ticket: JobTicket, retries: int, pipeline: Pipeline | None = None) -> Job:
-    """RQ's job for `ticket` (on the wire as a plain dict, `JobTicket.to_wire`); with `pipeline` (a
-    transaction the caller executes), only queued on it."""
+    """RQ's job for `ticket` (on the wire as a plain dict, `JobTicket.to_wire`), attempt 1 unless the
+    ticket names another, the job allowed `retries` re-runs; with `pipeline` (a transaction the
+    caller executes), only queued on it. RQ retries nothing itself: the worker re-queues a lost
+    attempt as a new RQ job, fenced by attempt (minify_worker.job.record_worker_lost)."""
     spec = ticket.spec
+    ticket = ticket.model_copy(update={"attempt": ticket.attempt or 1, "retries": retries})
     queue = Queue(spec.device_class, connection=redis)
     return queue.enqueue(
         JOB_ENTRY,
         ticket.to_wire(),
-        job_id=ticket.job_id,
+        job_id=rq_job_id(ticket.job_id, ticket.attempt),
         job_timeout=int(spec.limits.job_timeout_s) + TIMEOUT_MARGIN_S,
-        retry=Retry(max=retries) if retries else None,
         on_failure=Callback(JOB_FAILED),
         result_ttl=RESULT_TTL_S,
         failure_ttl=RESULT_TTL_S,
-        description=f"minify {ticket.job_id} on {spec.device}",
+        description=f"minify {ticket.job_id} attempt {ticket.attempt} on {spec.device}",
         pipeline=pipeline,
     )
 
@@ -67,9 +75,11 @@ def enqueue_bisect(redis: Redis, ticket: dict[str, Any]) -> Job:
 
 
 def dequeue(redis: Redis, job_id: str) -> None:
-    """Take a queued job off its queue (it was cancelled before a worker took it)."""
+    """Take a queued job off its queue (it was cancelled before a worker took it): the RQ job of
+    its next attempt."""
+    attempts = redis.hget(record_key(job_id), "attempts")
     try:
-        Job.fetch(job_id, connection=redis).cancel()
+        Job.fetch(rq_job_id(job_id, int(attempts or 0) + 1), connection=redis).cancel()
     except (NoSuchJobError, InvalidJobOperation):
         pass
 

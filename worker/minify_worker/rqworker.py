@@ -12,6 +12,12 @@ its running job's entry expire --heartbeat-grace seconds after a missed beat. Ev
 or busy, runs RQ's maintenance every --maintenance-interval seconds, which re-queues the jobs of
 workers whose heartbeat expired. So a worker that dies whole (machine lost, SIGKILL) has its job
 running again within interval + grace + maintenance seconds, whatever the other workers do.
+
+Redis outages: a worker, idle or busy, rides them out. Its Redis calls fail, are logged once, and
+are tried again on the next beat (busy: the job goes on, its writes wait, minify_worker.job) or
+after a backoff of up to REDIS_BACKOFF_MAX_S (idle); nothing of RQ's loop quits on them. Should the
+loop end anyway (Redis down at start, a fault RQ does not survive), `main` starts the worker again,
+backing off, until it is asked to stop (docs/deploy.md, "Faults between machines").
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ from types import FrameType
 
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue, Worker
+from rq import Queue, Worker, worker_registration
 from rq.executions import Execution
 from rq.job import Job
 
 from minify_client.config_schema import describe_torch_config
 from minify_server.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
-from minify_worker.job import record_worker_lost
+from minify_worker.job import REDIS_PATIENCE_ENV, record_worker_lost, redis_patience_s
 from minify_worker.versions import phase as versions_phase
 from minify_worker.versions.bisect import BISECT_QUEUE
 from minify_worker.versions.envs import IndexInstaller
@@ -62,6 +68,11 @@ end
 return 0
 """
 _PR_SET_PDEATHSIG = 1
+# An idle worker tries Redis again after at most this long (RQ's own backoff reaches 60 s).
+REDIS_BACKOFF_MAX_S = 4.0
+# `main` starts the worker loop again after a fault, after this long (doubling to the max).
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
 
 
 class _RoutineMaintenanceAtDebug(logging.Filter):
@@ -106,8 +117,59 @@ class MinifyWorker(Worker):
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_grace_s = heartbeat_grace_s
         self._parent_pid = os.getpid()
+        self._unreachable_since: float | None = None
         super().__init__(*args, job_monitoring_interval=heartbeat_interval_s,
                          worker_ttl=heartbeat_interval_s + heartbeat_grace_s, **kwargs)
+        self.max_connection_wait_time = REDIS_BACKOFF_MAX_S
+
+    @property
+    def stop_requested(self) -> bool:
+        """A signal asked the worker to stop (RQ's warm shutdown)."""
+        return self._stop_requested
+
+    def _unreachable(self, error: RedisError) -> None:
+        """A Redis call failed: said once per outage; the caller goes on."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            log.warning("worker %s: Redis unreachable (%s); riding it out", self.name, error)
+
+    def _reachable(self) -> None:
+        if self._unreachable_since is not None:
+            log.warning("worker %s: Redis answers again after %.1f s", self.name,
+                        time.monotonic() - self._unreachable_since)
+            self._unreachable_since = None
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)
+        except RedisError as error:
+            self._unreachable(error)
+            time.sleep(REDIS_BACKOFF_MAX_S)
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()
+        except RedisError as error:  # the next beat tries again
+            self._unreachable(error)
+
+    def set_state(self, state: str, pipeline: object | None = None) -> None:
+        if pipeline is not None:
+            super().set_state(state, pipeline=pipeline)
+            return
+        try:
+            super().set_state(state)
+        except RedisError as error:  # the next beat writes the record again
+            self._unreachable(error)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's, except that a Redis fault in its bookkeeping (before the fork, or after the horse
+        ended) leaves the worker at work: the attempt's own writes are fenced, and one that was lost
+        unrecorded is re-queued by maintenance once its execution's heartbeat expires."""
+        try:
+            super().execute_job(job, queue)
+        except RedisError as error:
+            self._unreachable(error)
+            log.warning("worker %s: Redis failed around job %s (%s); back to the queue", self.name, job.id, error)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -115,11 +177,34 @@ class MinifyWorker(Worker):
 
     def heartbeat(self, timeout: int | None = None, pipeline: object | None = None) -> None:
         """Extend this worker's record, and say when its queues were last served (the server tells
-        the submitter of a job nobody serves since when)."""
-        super().heartbeat(self.heartbeat_interval_s + self.heartbeat_grace_s, pipeline=pipeline)
-        connection = pipeline if pipeline is not None else self.connection
+        the submitter of a job nobody serves since when). A record that expired meanwhile (Redis
+        unreachable past the grace, or restarted without it) is written whole again."""
+        if pipeline is not None:
+            self._beat(pipeline)
+            return
+        try:
+            if self.birth_date is not None and not self.connection.hexists(self.key, "birth"):
+                self._register_again()
+            self._beat(self.connection)
+        except RedisError as error:
+            self._unreachable(error)
+            return
+        self._reachable()
+
+    def _beat(self, connection: object) -> None:
+        super().heartbeat(self.heartbeat_interval_s + self.heartbeat_grace_s, pipeline=connection)
         connection.hset(QUEUES_SERVED_KEY, mapping={name: int(time.time()) for name in self.queue_names()})
         versions_phase.announce(connection, self.name, versions_phase.offered_envs())
+
+    def _register_again(self) -> None:
+        """This worker's record and its place in RQ's worker sets, as at its start: maintenance
+        dropped them when the record expired."""
+        with self.connection.pipeline() as pipe:
+            pipe.hset(self.key, mapping=self.serialize())
+            worker_registration.register(self, pipe)
+            pipe.expire(self.key, self.heartbeat_interval_s + self.heartbeat_grace_s)
+            pipe.execute()
+        log.warning("worker %s: its record had expired; registered again", self.name)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """How long the running job's entry lives without a beat (RQ adds a fixed 60 s)."""
@@ -129,13 +214,18 @@ class MinifyWorker(Worker):
         return int(interval) + self.heartbeat_grace_s
 
     def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
-        """Every heartbeat interval while a job runs: beat, and clean up when it is time."""
-        super().maintain_heartbeats(job, execution)
+        """Every heartbeat interval while a job runs: beat, and clean up when it is time. Redis
+        unreachable: the job goes on (its writes wait, minify_worker.job); the next beat tries again."""
+        try:
+            if self.birth_date is not None and not self.connection.hexists(self.key, "birth"):
+                self._register_again()
+            super().maintain_heartbeats(job, execution)
+        except RedisError as error:
+            self._unreachable(error)
+            return
+        self._reachable()
         if self.should_run_maintenance_tasks:
-            try:
-                self.run_maintenance_tasks()
-            except RedisError as error:  # the job goes on; the next beat tries again
-                log.warning("maintenance failed: %s", error)
+            self.run_maintenance_tasks()
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         # A horse outliving its worker would run on unwatched while its job is re-queued elsewhere:
@@ -214,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=_env_int("MINIFY_MAINTENANCE_INTERVAL", MAINTENANCE_INTERVAL_S),
                         help="seconds between RQ registry cleanups, which re-queue the jobs of dead workers "
                              f"(env MINIFY_MAINTENANCE_INTERVAL; default {MAINTENANCE_INTERVAL_S})")
+    parser.add_argument("--redis-patience", type=float, metavar="SECONDS", default=redis_patience_s(),
+                        help="how long a running job rides out Redis unreachable (its events wait, its final "
+                             "writes are retried) before it gives its attempt up (env MINIFY_REDIS_PATIENCE_S; "
+                             "default %(default)g)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the engine (torch) in the worker; each job imports it")
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
@@ -247,17 +341,36 @@ def main(argv: list[str]) -> int:
 
         log.info("preloaded torch and inductor: %s", preload(warm=args.warm_up))
     remove_stale_job_dirs()  # left by work horses of an earlier worker that was killed
+    os.environ[REDIS_PATIENCE_ENV] = str(args.redis_patience)  # the work horses read it
     redis = Redis.from_url(args.redis_url)
-    publish_config_schema(redis)
     name = args.name or f"{socket.gethostname()}-{os.getpid()}"
     # The version phase's probes: a queue per torch installation this worker holds (minify_worker/versions).
     queues += [versions_phase.queue_name(env.torch) for env in versions_phase.offered_envs()]
     if IndexInstaller.from_environ(os.environ) is not None:  # it can install releases: it bisects
         queues.append(BISECT_QUEUE)
+    logging.getLogger("rq.worker").addFilter(_RoutineMaintenanceAtDebug())
+    pause = RESTART_FIRST_S
+    while True:
+        worker: MinifyWorker | None = None
+        try:
+            publish_config_schema(redis)
+            worker = _worker(redis, name, queues, args)
+            log.info("minify worker %s on queues %s", worker.name, ", ".join(queues))
+            worker.work(burst=args.burst, logging_level=args.log_level)
+        except (RedisError, ValueError) as error:  # Redis down at start; our name still held by our last record
+            log.warning("worker %s could not run: %s", name, error)
+        if args.burst or (worker is not None and worker.stop_requested):
+            return 0
+        log.warning("worker %s: its loop ended without a stop request; starting it again in %.0f s", name, pause)
+        time.sleep(pause)
+        pause = min(pause * 2, RESTART_MAX_S)
+
+
+def _worker(redis: Redis, name: str, queues: list[str], args: argparse.Namespace) -> MinifyWorker:
     served = [MinifyQueue(queue, connection=redis) for queue in queues]
     for queue in served:
         queue.holder = MinifyWorker.redis_worker_namespace_prefix + name
-    worker = MinifyWorker(
+    return MinifyWorker(
         served,
         connection=redis,
         name=name,
@@ -266,7 +379,3 @@ def main(argv: list[str]) -> int:
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_grace_s=args.heartbeat_grace,
     )
-    log.info("minify worker %s on queues %s", worker.name, ", ".join(queues))
-    logging.getLogger("rq.worker").addFilter(_RoutineMaintenanceAtDebug())
-    worker.work(burst=args.burst, logging_level=args.log_level)
-    return 0
