@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 SignatureKind = Literal["compile_error", "runtime_error", "accuracy", "crash", "timeout", "oom"]
+
+
+def _output() -> str:
+    """Every outcome's `output`: what its child printed (stdout and stderr, the last few KiB), kept
+    only where the run asked for it (the original's: `SandboxPool.submit(output=True)`); never part
+    of what makes two outcomes equal."""
+    return field(default="", compare=False, repr=False)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,11 @@ class Signature:
         return (self.kind, self.exc_type, self.key) == (other.kind, other.exc_type, other.key)
 
 
+# The key of an accuracy failure only integer or boolean outputs show (floating-point ones pass): it
+# is not the same failure as one a floating-point output shows, so neither drifts into the other.
+INTEGER_ONLY = "integer outputs only"
+
+
 @dataclass(frozen=True)
 class Passes:
     """Every run passed. `runs` > 1 only for the original: compiled once, run that many times."""
@@ -38,6 +50,7 @@ class Passes:
     duration_s: float = 0.0
     runs: int = 1
     kind: Literal["passes"] = "passes"
+    output: str = _output()
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class Fails:
     runs: int = 1
     failed_runs: int = 1
     kind: Literal["fails"] = "fails"
+    output: str = _output()
 
 
 @dataclass(frozen=True)
@@ -58,12 +72,14 @@ class Crashed:
     signature: Signature
     duration_s: float = 0.0
     kind: Literal["crashed"] = "crashed"
+    output: str = _output()
 
 
 @dataclass(frozen=True)
 class TimedOut:
     after_s: float
     kind: Literal["timed_out"] = "timed_out"
+    output: str = _output()
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,7 @@ class OutOfMemory:
     message: str
     duration_s: float = 0.0
     kind: Literal["oom"] = "oom"
+    output: str = _output()
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,7 @@ class Invalid:
     message: str
     duration_s: float = 0.0
     kind: Literal["invalid"] = "invalid"
+    output: str = _output()
 
 
 Outcome = Passes | Fails | Crashed | TimedOut | OutOfMemory | Invalid

@@ -41,7 +41,7 @@ from minify_client.models import JobSpec
 
 from . import oracle
 from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
-from .outcomes import Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
+from .outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
 
@@ -237,9 +237,6 @@ def _repeated(run_once: Callable[[], Outcome], runs: int, device: str, compile_s
     failed = sum(1 for outcome in outcomes
                  if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
     return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
-
-INTEGER_ONLY = "integer outputs only"
-
 
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
                       started: float, runs: int = 1) -> Outcome:

@@ -26,7 +26,7 @@ import numpy as np
 
 from minify_client.models import JobSpec
 from minify_worker import oracle
-from minify_worker.outcomes import Crashed, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
+from minify_worker.outcomes import INTEGER_ONLY, Crashed, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
 
 from . import accuracy, command, xla
 from . import arrays as array_io
@@ -173,7 +173,6 @@ def accuracy_signature(detail: str, reference: Sequence[np.ndarray], outputs: Se
     the floating-point outputs of `outputs` pass and only integer or boolean ones differ), so a
     float failure does not drift into an integer one, nor back."""
     from minify_client.accuracy import ACCURACY_EXC_TYPE
-    from minify_worker.runner import INTEGER_ONLY
 
     key = ""
     if len(reference) == len(outputs) and (fp64 is None or len(fp64) == len(outputs)):
