@@ -7,6 +7,7 @@ cancelled or an error talking to the server, 2 usage, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from minify_client.config_schema import config_mistake
 from minify_client.errors import ApiError, BadRequest, MinifyError
 from minify_client.models import (
     Bug,
+    BugChange,
     CulpritState,
     JobSpec,
     JobState,
@@ -39,6 +41,8 @@ from minify_client.models import (
 from minify_client.progress import (
     bisect_summary,
     culprit_summary,
+    not_reproduced_lines,
+    original_output_lines,
     original_summary,
     progress_view,
     shrunk_inputs,
@@ -162,12 +166,32 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int, default=20)
     listing.set_defaults(run=_list)
 
-    bugs = commands.add_parser("bugs", parents=[connection], help="list bugs, most recently seen first",
-                               description="Succeeded jobs grouped by root-cause signature and minimal graph shape.")
-    bugs.add_argument("bug_id", nargs="?", metavar="ID", help="one bug, with its jobs")
+    bugs = commands.add_parser(
+        "bugs", parents=[connection], help="list, show, close or reopen bugs",
+        usage="minify-client bugs [ID | close ID --reason WHY | reopen ID --reason WHY] [options]",
+        description="Succeeded jobs grouped by root-cause signature and minimal graph shape: `bugs` lists them (most "
+        "recently seen first), `bugs ID` shows one, `bugs close ID --reason WHY` closes it and `bugs reopen ID "
+        "--reason WHY` reopens it. A bug closed as fixed is reopened (regressed) by the next job that finds it; "
+        "one closed as wont_fix or not_a_bug stays closed.")
+    bugs.add_argument("words", nargs="*", metavar="ID", help=argparse.SUPPRESS)
     bugs.add_argument("--limit", type=int, default=20)
-    bugs.add_argument("--status", choices=["open", "fixed"], help="open, or fixed (a newer torch passes its repro)")
+    bugs.add_argument("--status", choices=["open", "fixed", "closed"],
+                      help="open, fixed (a newer torch passes its repro) or closed (by hand)")
+    bugs.add_argument("--reason", help="close, reopen: why (required)")
+    bugs.add_argument("--resolution", choices=["fixed", "wont_fix", "not_a_bug"], default="fixed",
+                      help="close: fixed (default: a job that finds it again reopens it), wont_fix or not_a_bug "
+                      "(it stays closed)")
+    bugs.add_argument("--by", help="close, reopen: who, recorded by a server without tokens (default: the OS user; "
+                      "a server with tokens records the token's name)")
     bugs.set_defaults(run=_bugs)
+
+    logs = commands.add_parser("logs", parents=[connection], help="show a job's log: what the worker logged",
+                               description="What the worker logged while it ran the job (every attempt): the "
+                               "sandbox's restarts and faults, the last output of children that died, warnings and "
+                               "errors with their tracebacks.")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--tail", type=int, default=200, metavar="N", help="the last N lines (default 200, at most 5000)")
+    logs.set_defaults(run=_logs)
 
     captures = commands.add_parser(
         "submit-captures", parents=[connection], help="post every failing program a capture run saved",
@@ -236,13 +260,32 @@ def _submit(args: argparse.Namespace) -> int:
             return _interrupted(created.id, args, out_dir)
 
 
+RESOLUTION_WORDS = {"fixed": "fixed", "wont_fix": "won't fix", "not_a_bug": "not a bug"}
+
+
 def _bug_status(bug: Bug) -> str:
-    """`open`, or `fixed in 2.15.0 (re-test of job J passed on it)`."""
+    """`open`, `open (regressed: job J found it again ...)`, `closed (won't fix) by alice: why`, or
+    `fixed in 2.15.0 (re-test of job J passed on it)`."""
+    if bug.status == "closed" and bug.closure is not None:
+        closure = bug.closure
+        since = f"; {bug.jobs_since_closed} jobs found it since" if bug.jobs_since_closed else ""
+        return (f"closed ({RESOLUTION_WORDS.get(closure.resolution or 'fixed')}) by {closure.by or 'someone'} "
+                f"{closure.at:%Y-%m-%d %H:%M}: {closure.reason}{since}")
     if bug.status != "fixed":
-        return "open"
+        regressed = bug.history[-1] if bug.history and bug.history[-1].action == "regressed" else None
+        return f"open (regressed: {regressed.reason})" if regressed else "open"
     evidence = bug.fixed_evidence
     how = f" ({evidence.how}: job {evidence.job}'s repro passed on it)" if evidence else ""
     return f"fixed in {bug.fixed_in}{how}"
+
+
+def _bug_status_cell(bug: Bug) -> str:
+    """The list's STATUS: `open`, `regressed`, `closed: won't fix`, `fixed in 2.15.0`."""
+    if bug.status == "closed" and bug.closure is not None:
+        return f"closed: {RESOLUTION_WORDS.get(bug.closure.resolution or 'fixed')}"
+    if bug.status == "fixed":
+        return f"fixed in {bug.fixed_in}"
+    return "regressed" if bug.history and bug.history[-1].action == "regressed" else "open"
 
 
 def _known_fixed(client: Client, signature: str | None, fixed: list[Bug]) -> str | None:
@@ -334,6 +377,7 @@ def _status(args: argparse.Namespace) -> int:
              if progress.checks_total else None),
             ("elapsed", f"{progress.elapsed_s:.1f}s" if progress.elapsed_s else None),
             ("original", (original_summary(status.result) or "").removeprefix("original: ") if status.result else None),
+            ("next", status.result.next_step if status.result else None),
             ("culprit", _culprit_row(status)),
             ("versions", (_versions_line(status.result) or "").removeprefix("versions: ") if status.result else None),
             *[("warning", warning) for warning in status.warnings],
@@ -342,12 +386,14 @@ def _status(args: argparse.Namespace) -> int:
         for label, value in rows:
             if value:
                 print(f"{label + ':':<11}{value}")
+        for line in original_output_lines(result) if result is not None else []:
+            print(line)
     return EXIT_OK
 
 
 def _versions_line(report: Report) -> str | None:
     """The version phase's line, where a second torch was tried (with one there is no range to tell)."""
-    if report.versions_state is not CulpritState.running and len({run.torch for run in report.versions}) < 2:
+    if report.versions_state is not CulpritState.running and not report.versions_compared:
         return None
     return versions_summary(report)
 
@@ -470,15 +516,27 @@ def _outcome(job: JobStatus) -> str:
 
 
 def _bugs(args: argparse.Namespace) -> int:
+    words = list(args.words)
+    action = words.pop(0) if words and words[0] in ("close", "reopen") else None
+    if len(words) > 1 or (action and not words):
+        raise UsageError("usage: minify-client bugs [ID | close ID --reason WHY | reopen ID --reason WHY]")
+    if action and not (args.reason or "").strip():
+        raise UsageError(f"bugs {action} needs --reason: why it is {action}ed")
+    if not action and args.reason:
+        raise UsageError("--reason is for `bugs close ID` and `bugs reopen ID`")
+    bug_id = words[0] if words else None
+    if action:
+        return _change_bug(args, action, bug_id or "")
     with _client(args) as client:
-        if args.bug_id:
-            bug = client.bug(args.bug_id)
+        if bug_id:
+            bug = client.bug(bug_id)
             if args.json:
                 _print_json(bug.model_dump(mode="json"))
                 return EXIT_OK
             rows = [("bug", bug.id), ("signature", bug.signature), ("kind", bug.failure_kind),
                     ("backend", f"{bug.backend} on {bug.device}"), ("jobs", str(bug.count)),
                     ("status", _bug_status(bug)), ("affected", ", ".join(bug.affected)),
+                    *[("history", _change_line(change)) for change in bug.history],
                     ("tried", ", ".join(f"{version} {outcome}" for version, outcome in bug.versions_tried.items())),
                     ("first seen", f"{bug.first_seen:%Y-%m-%d %H:%M:%S}"),
                     ("last seen", f"{bug.last_seen:%Y-%m-%d %H:%M:%S}"),
@@ -493,7 +551,7 @@ def _bugs(args: argparse.Namespace) -> int:
         _print_json(bugs.model_dump(mode="json"))
         return EXIT_OK
     rows = [(bug.id, str(bug.count), f"{bug.last_seen:%Y-%m-%d %H:%M:%S}", bug.representative,
-             f"fixed in {bug.fixed_in}" if bug.status == "fixed" else "open", bug.signature) for bug in bugs.bugs]
+             _bug_status_cell(bug), bug.signature) for bug in bugs.bugs]
     header = ("BUG", "JOBS", "LAST SEEN", "REPRESENTATIVE", "STATUS", "SIGNATURE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
@@ -501,6 +559,57 @@ def _bugs(args: argparse.Namespace) -> int:
         print("  ".join([*cells, row[-1]]).rstrip())
     if bugs.total > len(bugs.bugs):
         print(f"({len(bugs.bugs)} of {bugs.total} bugs)")
+    return EXIT_OK
+
+
+def _change_line(change: BugChange) -> str:
+    """`2026-12-01 10:02 closed (won't fix) by alice: why`, one line of a bug's history."""
+    what = f"closed ({RESOLUTION_WORDS.get(change.resolution or 'fixed')})" if change.action == "closed" \
+        else change.action
+    by = f" by {change.by}" if change.by else ""
+    return f"{change.at:%Y-%m-%d %H:%M} {what}{by}: {change.reason}"
+
+
+def _change_bug(args: argparse.Namespace, action: str, bug_id: str) -> int:
+    """`bugs close ID` / `bugs reopen ID`: who is --by or the OS user (a server with tokens records
+    the token's name instead)."""
+    by = args.by or _os_user()
+    with _client(args) as client:
+        if action == "close":
+            bug = client.close_bug(bug_id, args.reason, args.resolution, by)
+        else:
+            bug = client.reopen_bug(bug_id, args.reason, by)
+    if args.json:
+        _print_json(bug.model_dump(mode="json"))
+        return EXIT_OK
+    print(f"bug {bug.id}: {_bug_status(bug)}")
+    if bug.status == "closed" and bug.closure is not None:
+        print("a job that finds it again reopens it (regressed)" if bug.closure.resolution == "fixed" else
+              "it stays closed; jobs that find it again are counted")
+    return EXIT_OK
+
+
+def _os_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return None
+
+
+def _logs(args: argparse.Namespace) -> int:
+    if not 1 <= args.tail <= 5000:
+        raise UsageError("--tail must be between 1 and 5000")
+    with _client(args) as client:
+        job_log = client.log(args.job_id, args.tail)
+    if args.json:
+        _print_json(job_log.model_dump(mode="json"))
+        return EXIT_OK
+    if job_log.more:
+        print(f"minify-client: older lines left out; --tail {min(5000, args.tail * 4)} shows more", file=sys.stderr)
+    if not job_log.lines:
+        print(f"minify-client: job {args.job_id} has no log yet (no worker has run it)", file=sys.stderr)
+    for line in job_log.lines:
+        print(line)
     return EXIT_OK
 
 
@@ -617,6 +726,9 @@ def _print_result(status: JobStatus, report: Report | None, artifacts: dict[str,
         print(found)
     if status.status == JobState.succeeded and report is not None and (found := _versions_line(report)):
         print(found)
+    if status.status is JobState.not_reproducible and report is not None:
+        for line in not_reproduced_lines(report):
+            print(line)
     if status.status == JobState.succeeded and report is not None and report.graph_code:
         print("\nminimized graph:")
         print(report.graph_code.rstrip())

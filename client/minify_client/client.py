@@ -36,11 +36,15 @@ from minify_client.models import (
     Bisection,
     BisectRequest,
     Bug,
+    BugCloseRequest,
     BugList,
+    BugReopenRequest,
+    BugResolution,
     CulpritState,
     Health,
     JobCreated,
     JobList,
+    JobLog,
     JobSpec,
     JobState,
     JobStatus,
@@ -190,6 +194,22 @@ class Client:
 
     def bug(self, bug_id: str) -> Bug:
         return _parse(Bug, self._request("GET", f"/v1/bugs/{bug_id}"))
+
+    def close_bug(self, bug_id: str, reason: str, resolution: BugResolution = "fixed", by: str | None = None) -> Bug:
+        """Close a bug by hand, saying why; `by` counts on a server without tokens (one with tokens
+        records the token's name). Closed as `fixed`, the next job that finds it reopens it
+        (regressed); as `wont_fix` or `not_a_bug` it stays closed. Conflict when it is closed already."""
+        body = BugCloseRequest(reason=reason, resolution=resolution, by=by).model_dump()
+        return _parse(Bug, self._request("POST", f"/v1/bugs/{bug_id}/close", json=body, resend=False))
+
+    def reopen_bug(self, bug_id: str, reason: str, by: str | None = None) -> Bug:
+        """Reopen a bug closed by hand, saying why. Conflict when it is not closed."""
+        body = BugReopenRequest(reason=reason, by=by).model_dump()
+        return _parse(Bug, self._request("POST", f"/v1/bugs/{bug_id}/reopen", json=body, resend=False))
+
+    def log(self, job_id: str, tail: int = 200) -> JobLog:
+        """The job's own log: the last `tail` lines of what the worker logged while it ran the job."""
+        return _parse(JobLog, self._request("GET", f"/v1/jobs/{job_id}/log", params={"tail": tail}))
 
     def health(self) -> Health:
         return _parse(Health, self._request("GET", "/healthz"))

@@ -24,6 +24,10 @@ PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
 # A StableHLO job's minimal module, its HLO text and inputs stand where a .pt2 job's .pt2 and inputs.pt do.
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "signature_rules.py", "minimized.mlir", "minimized.hlo",
                   "inputs.npz", "report.json", "bundle.tar.gz")
+# A job's own log, in its folder beside the artifacts' (never an artifact): the work horse's log
+# records while it ran the job, every attempt (minify_worker/joblog.py writes it, the server reads
+# it for GET /v1/jobs/{id}/log); one older file (".1") is kept when it rotates.
+JOB_LOG_NAME = "worker.log"
 
 _CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A name torch.compile backends are registered under (`torch._dynamo.list_backends()`): "tensorrt",
@@ -429,6 +433,13 @@ class Report(BaseModel):
                           "job ended before the original's verdict")
     original_verdict: str | None = Field(
         None, description="what the original did when its verdict contradicts the delivered result")
+    original_output: str | None = Field(
+        None, description="when the original did not fail the wanted way: what it printed in the worker (its "
+                          "stdout and stderr, the last 4,000 characters) and the exception it raised, if it raised; "
+                          "'' when it printed nothing and raised nothing")
+    next_step: str | None = Field(
+        None, description="a not reproducible job's next step to try, from what the original did (passed every "
+                          "run, failed otherwise, ran past its timeout, ran out of memory)")
     culprit_state: CulpritState | None = Field(
         None, description="running (the phase runs after the result is delivered: culprit, culprit_reason and "
                           "workarounds are filled in when it ends), done, skipped, cancelled, lost; null in "
@@ -459,6 +470,12 @@ class Report(BaseModel):
         None, description="one line: 'fails on 2.14.1, 2.15.0; passes on 2.13.0: regression in (2.13.0, 2.14.1]'")
     bisect: Bisection | None = Field(
         None, description="the bisection of torch releases asked for (spec bisect, or minify-client bisect)")
+
+    @property
+    def versions_compared(self) -> bool:
+        """Whether repro.py ran under more than one torch version: with one (the workers' own) there is
+        no range to tell, and the versions line is left out of repro.py, the summaries and the page."""
+        return len({run.torch for run in self.versions}) > 1
 
 
 class JobLinks(BaseModel):
@@ -503,6 +520,16 @@ class JobStatus(BaseModel):
                           "the finding is in result once it is done")
 
 
+class JobLog(BaseModel):
+    """A job's own log (GET /v1/jobs/{id}/log): what the worker logged while it ran the job, every
+    attempt, and the last output of sandbox children that died or could not run."""
+
+    id: str
+    lines: list[str] = Field(default_factory=list, description="the last `tail` lines, oldest first")
+    more: bool = Field(False, description="older lines were left out (ask with a larger tail)")
+    size_bytes: int = Field(0, description="what the server holds of the log, at most 512 KiB a job")
+
+
 class JobList(BaseModel):
     jobs: list[JobStatus]
     total: int
@@ -517,6 +544,40 @@ class BugFix(BaseModel):
     torch: str = Field(description="the torch version it passed on")
     how: Literal["version phase", "re-test"] = Field(
         description="the job's own version phase, or the service's re-test of an open bug on a newly offered torch")
+
+
+BugResolution = Literal["fixed", "wont_fix", "not_a_bug"]
+
+
+class BugCloseRequest(_Strict):
+    """Close a bug by hand (POST /v1/bugs/{id}/close)."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="why it is closed (required)")
+    resolution: BugResolution = Field(
+        "fixed", description="fixed: a job that finds it again reopens it (regressed); wont_fix, not_a_bug: it "
+                             "stays closed, and the jobs that find it again are counted")
+    by: str | None = Field(
+        None, max_length=100, description="who closes it, on a server without tokens (minify-client sends --by or "
+                                          "the OS user); a server with tokens records the token's name instead")
+
+
+class BugReopenRequest(_Strict):
+    """Reopen a closed bug by hand (POST /v1/bugs/{id}/reopen)."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="why it is reopened (required)")
+    by: str | None = Field(None, max_length=100, description="who reopens it, as in BugCloseRequest")
+
+
+class BugChange(BaseModel):
+    """One change of a bug's state: closed or reopened by hand, or reopened by a job that found it
+    again after it was closed as fixed (regressed)."""
+
+    action: Literal["closed", "reopened", "regressed"]
+    at: datetime
+    by: str | None = Field(None, description="who: the token's name, or the name sent; null for regressed")
+    reason: str
+    resolution: BugResolution | None = Field(None, description="closed: fixed, wont_fix or not_a_bug")
+    job: str | None = Field(None, description="regressed: the job that found it again")
 
 
 class Bug(BaseModel):
@@ -535,8 +596,15 @@ class Bug(BaseModel):
     representative: str = Field(description="the job whose repro stands for the bug (kept while the bug is listed)")
     repro: str | None = Field(None, description="link to the representative job's repro.py")
     dashboard: str | None = None
-    status: Literal["open", "fixed"] = Field(
-        "open", description="fixed: its repro passes on a torch version newer than every one it fails on")
+    status: Literal["open", "fixed", "closed"] = Field(
+        "open", description="closed: closed by hand (closure says by whom, why and how); fixed: its repro passes on "
+                            "a torch version newer than every one it fails on; else open (a bug closed as fixed "
+                            "that a later job found again is open: regressed)")
+    closure: BugChange | None = Field(None, description="the closing in force, while status is closed")
+    jobs_since_closed: int = Field(
+        0, description="jobs filed under it since it was closed (a wont_fix or not_a_bug bug stays closed)")
+    history: list[BugChange] = Field(
+        default_factory=list, description="every close and reopen, by hand or by a job (regressed), oldest first")
     affected: list[str] = Field(default_factory=list, description="torch versions its repro fails on, the same way")
     fixed_in: str | None = Field(None, description="the oldest version after the newest failing one that passes")
     fixed_evidence: BugFix | None = None

@@ -227,6 +227,23 @@ def original_summary(report: Report) -> str | None:
     return line + (" (the result is kept)" if report.status is JobState.succeeded else "")
 
 
+def original_output_lines(report: Report) -> list[str]:
+    """The original's own output in the worker (what it printed, and raised), indented under a
+    heading, where it did not fail the wanted way; [] otherwise."""
+    if report.original_output is None or report.original_state is not OriginalState.not_reproduced:
+        return []
+    output = report.original_output.rstrip()
+    if not output:
+        return ["the original's output in the worker: none (it printed nothing and raised nothing)"]
+    return ["the original's output in the worker:", *(f"  {line}" for line in output.splitlines())]
+
+
+def not_reproduced_lines(report: Report) -> list[str]:
+    """For a job whose original did not fail the wanted way: `next: ...` (what to try) and the
+    original's own output; [] otherwise."""
+    return ([f"next: {report.next_step}"] if report.next_step else []) + original_output_lines(report)
+
+
 def bisect_summary(bisection: Bisection) -> str:
     """`first bad 2.14.1 (last good 2.14.0; git a..b), 3 installs` or why it stopped."""
     if bisection.state == "running":

@@ -19,13 +19,14 @@ import asyncio
 import json
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
-from minify_client.models import Bug, BugFix, Report
+from minify_client.models import Bug, BugChange, BugFix, BugResolution, Report
 from minify_server import queue
 from minify_server.connections import UNAVAILABLE
 from minify_server.ledger import (
@@ -44,19 +45,59 @@ log = logging.getLogger(__name__)
 
 # A bug lists its most recent jobs; `count` counts them all.
 JOB_IDS_SHOWN = 100
+# A bug keeps this many closes and reopens, the latest.
+HISTORY_KEPT = 200
+# The record's fields of the closing in force (a bug closed by hand).
+CLOSURE_FIELDS = ("closed_at", "closed_by", "close_reason", "resolution")
 # A re-test no worker answered in this long is asked again (its worker went away).
 RETEST_PATIENCE_S = 3600.0
 
 
-def _bug(fields: dict[str, str], job_ids: list[str], count: int) -> Bug:
+def bug_history_key(bug_record: str) -> str:
+    """A bug's closes and reopens, oldest first (JSON `BugChange`s); `bug_record` is its record's key."""
+    return f"{bug_record}:history"
+
+
+class BugStateError(Exception):
+    """A close of a closed bug, or a reopen of one that is not closed (409)."""
+
+
+def _closure(fields: dict[str, str]) -> BugChange | None:
+    """The closing in force, from the bug's record."""
+    if not fields.get("closed_at"):
+        return None
+    return BugChange(action="closed", at=fields["closed_at"], by=fields.get("closed_by") or None,
+                     reason=fields.get("close_reason", ""), resolution=fields.get("resolution") or "fixed")  # type: ignore[arg-type]
+
+
+def _regression(closure: BugChange | None, first_since: list[tuple[str, float]]) -> BugChange | None:
+    """The rule: a bug closed as fixed is open again from the first job filed under it after the
+    close (regressed); one closed as wont_fix or not_a_bug stays closed."""
+    if closure is None or closure.resolution != "fixed" or not first_since:
+        return None
+    job_id, seen = first_since[0]
+    return BugChange(action="regressed", at=datetime.fromtimestamp(seen, timezone.utc), job=job_id,
+                     reason=f"job {job_id} found it again after it was closed as fixed")
+
+
+def _bug(fields: dict[str, str], job_ids: list[str], count: int, history: list[str] | None = None,
+         first_since: list[tuple[str, float]] | None = None, since: int = 0) -> Bug:
     representative = fields["representative"]
+    closure = _closure(fields)
+    regression = _regression(closure, first_since or [])
+    changes = [BugChange.model_validate_json(entry) for entry in history or []]
+    if regression is not None:
+        changes.append(regression)
+    closed = closure is not None and regression is None
+    status = "closed" if closed else (fields.get("status") or "open")
     return Bug(
         id=fields["id"], signature=fields.get("signature", ""), graph_shape_hash=fields.get("graph_shape_hash", ""),
         failure_kind=fields.get("failure_kind") or None, backend=fields.get("backend", ""),
         device=fields.get("device", ""), count=count, job_ids=job_ids, first_seen=fields["first_seen"],
         last_seen=fields["last_seen"], representative=representative,
         repro=f"/v1/jobs/{representative}/artifacts/repro.py", dashboard=f"/#/bugs/{fields['id']}",
-        status=fields.get("status") or "open", fixed_in=fields.get("fixed_in") or None,
+        status=status, closure=closure if closed else None, jobs_since_closed=since if closed else 0, history=changes,
+        fixed_in=fields.get("fixed_in") or None,
         fixed_evidence=BugFix.model_validate_json(fields["fixed_evidence"]) if fields.get("fixed_evidence") else None,
         affected=json.loads(fields.get("affected") or "[]"),
         versions_tried=json.loads(fields.get("versions_tried") or "{}"),
@@ -74,12 +115,24 @@ class BugIndex:
                 pipe.zrevrange(bug_jobs_key(bug_id), 0, JOB_IDS_SHOWN - 1)
                 pipe.zcard(bug_jobs_key(bug_id))
             replies = await pipe.execute()
-        bugs = []
-        for index in range(0, len(replies), 3):
-            fields, job_ids, count = replies[index:index + 3]
-            if fields.get("representative"):
-                bugs.append(_bug(fields, job_ids, count))
-        return bugs
+        found = [(bug_id, *replies[index:index + 3]) for bug_id, index in zip(bug_ids, range(0, len(replies), 3),
+                                                                                 strict=True)]
+        found = [entry for entry in found if entry[1].get("representative")]
+        # The closed ones: their history, and the jobs filed since the close (a regression, if fixed).
+        closed = [(bug_id, fields) for bug_id, fields, _, _ in found if fields.get("closed_at")]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for bug_id, *_ in found:
+                pipe.lrange(bug_history_key(bug_record_key(bug_id)), 0, -1)
+            for bug_id, fields in closed:
+                after = f"({datetime.fromisoformat(fields['closed_at']).timestamp()}"
+                pipe.zrangebyscore(bug_jobs_key(bug_id), after, "+inf", start=0, num=1, withscores=True)
+                pipe.zcount(bug_jobs_key(bug_id), after, "+inf")
+            extra = await pipe.execute()
+        histories = dict(zip([bug_id for bug_id, *_ in found], extra[:len(found)], strict=True))
+        since = {bug_id: (extra[len(found) + 2 * index], extra[len(found) + 2 * index + 1])
+                 for index, (bug_id, _) in enumerate(closed)}
+        return [_bug(fields, job_ids, count, histories[bug_id], *since.get(bug_id, ([], 0)))
+                for bug_id, fields, job_ids, count in found]
 
     async def get(self, bug_id: str) -> Bug | None:
         found = await self._read([bug_id])
@@ -87,7 +140,7 @@ class BugIndex:
 
     async def page(self, offset: int, limit: int, status: str | None = None,
                    search: str | None = None) -> tuple[list[Bug], int]:
-        """Bugs, most recently seen first; only those `status` (open, fixed) says, and those whose id,
+        """Bugs, most recently seen first; only those `status` (open, fixed, closed) says, and those whose id,
         signature, failure kind, backend or device hold `search` (any case), when given."""
         if status is None and not search:
             total = await self.redis.zcard(BUGS_KEY)
@@ -99,6 +152,50 @@ class BugIndex:
                   and needle in " ".join([bug.id, bug.signature, bug.failure_kind or "", bug.backend,
                                           bug.device]).lower()]
         return chosen[offset:offset + limit], len(chosen)
+
+    async def close(self, bug_id: str, reason: str, resolution: BugResolution, by: str) -> Bug | None:
+        """Close the bug by hand, `by` whom and why; None when there is no such bug. Raises
+        BugStateError when it is closed already. A regression not yet in its history (a job found
+        it again since it was last closed as fixed) goes there first."""
+        return await self._change(bug_id, BugChange(action="closed", at=datetime.now(timezone.utc), by=by,
+                                                    reason=reason, resolution=resolution))
+
+    async def reopen(self, bug_id: str, reason: str, by: str) -> Bug | None:
+        """Reopen a bug closed by hand; None when there is no such bug. Raises BugStateError when it
+        is not closed (open, regressed, or fixed by a newer torch: a state no hand set)."""
+        return await self._change(bug_id, BugChange(action="reopened", at=datetime.now(timezone.utc), by=by,
+                                                    reason=reason))
+
+    async def _change(self, bug_id: str, change: BugChange) -> Bug | None:
+        record = bug_record_key(bug_id)
+        history = bug_history_key(record)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(record, bug_jobs_key(bug_id))
+                    bug = await self.get(bug_id)
+                    if bug is None:
+                        return None
+                    if change.action == "closed" and bug.status == "closed":
+                        assert bug.closure is not None
+                        raise BugStateError(f"bug {bug_id} is closed already ({_closure_words(bug.closure)})")
+                    if change.action == "reopened" and bug.status != "closed":
+                        raise BugStateError(f"bug {bug_id} is not closed: it is {_status_words(bug)}")
+                    pipe.multi()
+                    if bug.history and bug.history[-1].action == "regressed" and change.action == "closed":
+                        pipe.rpush(history, bug.history[-1].model_dump_json())  # derived until now: kept
+                    if change.action == "closed":
+                        pipe.hset(record, mapping={"closed_at": change.at.isoformat(), "closed_by": change.by or "",
+                                                   "close_reason": change.reason,
+                                                   "resolution": change.resolution or "fixed"})
+                    else:
+                        pipe.hdel(record, *CLOSURE_FIELDS)
+                    pipe.rpush(history, change.model_dump_json())
+                    pipe.ltrim(history, -HISTORY_KEPT, -1)
+                    await pipe.execute()
+                    return await self.get(bug_id)
+                except WatchError:
+                    continue
 
     async def count(self) -> int:
         return await self.redis.zcard(BUGS_KEY)
@@ -136,7 +233,8 @@ class BugIndex:
                 for bug_id in bug_ids:
                     pipe.zrem(BUGS_KEY, bug_id)
                     record = bug_record_key(bug_id)
-                    pipe.delete(record, bug_jobs_key(bug_id), bug_versions_key(record), bug_retests_key(record))
+                    pipe.delete(record, bug_jobs_key(bug_id), bug_versions_key(record), bug_retests_key(record),
+                                bug_history_key(record))
                 await pipe.execute()
         return bug_ids
 
@@ -159,6 +257,22 @@ class BugIndex:
                     if len(due) >= limit:
                         return due
         return due
+
+
+RESOLUTION_WORDS = {"fixed": "fixed", "wont_fix": "won't fix", "not_a_bug": "not a bug"}
+
+
+def _closure_words(closure: BugChange) -> str:
+    """`won't fix, by alice: flaky hardware`."""
+    return f"{RESOLUTION_WORDS.get(closure.resolution or 'fixed')}, by {closure.by or 'someone'}: {closure.reason}"
+
+
+def _status_words(bug: Bug) -> str:
+    if bug.status == "fixed":
+        return f"fixed in torch {bug.fixed_in} (its repro passes there)"
+    if bug.history and bug.history[-1].action == "regressed":
+        return f"open (regressed: {bug.history[-1].reason})"
+    return "open"
 
 
 def _retest_ticket(bug_id: str, fields: dict[str, str], version: str, store: ArtifactStore) -> dict[str, Any]:

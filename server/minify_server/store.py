@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from minify_client.models import ARTIFACT_NAMES
+from minify_client.models import ARTIFACT_NAMES, JOB_LOG_NAME
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 BUNDLE = "bundle.tar.gz"
@@ -185,6 +185,20 @@ class ArtifactStore:
         out = self.out_dir(job_id)
         names = [name for name in ARTIFACT_NAMES if name != BUNDLE and (out / name).is_file()]
         return [*names, BUNDLE] if names else []
+
+    def job_log(self, job_id: str, tail: int) -> tuple[list[str], bool, int]:
+        """The last `tail` lines of the job's own log (JOB_LOG_NAME, and the older file its rotation
+        kept), whether older lines were left out, and the bytes held; nothing yet for a job no
+        worker has run."""
+        current = self.job_dir(job_id) / JOB_LOG_NAME
+        data = b""
+        for path in (current.with_name(f"{JOB_LOG_NAME}.1"), current):
+            try:
+                data += path.read_bytes()
+            except FileNotFoundError:
+                continue
+        lines = data.decode(errors="replace").splitlines()
+        return lines[-tail:], len(lines) > tail, len(data)
 
     @staticmethod
     def _stale(out: Path, path: Path) -> bool:

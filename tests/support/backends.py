@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -185,6 +186,15 @@ fail_on_sin_and_relu = raise_on_all("sin", "relu")
 kill_sandbox_on_relu = kill_sandbox_on("relu")
 fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
 fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))
+
+
+def say_then_fail_on_cos(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Prints a line on stderr as it compiles, as a compiler's warnings do, then is `fail_on_cos`:
+    a program without cos passes, and what it printed is the original's output."""
+    print(f"say_then_fail_on_cos: compiling {len(gm.graph.nodes)} nodes", file=sys.stderr, flush=True)
+    return fail_on_cos(gm, example_inputs)
+
+
 fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", kill_sandbox_on("sin")))
 # The bench's zoo (bench/zoo.py): two ops far apart in a model, and a wrong softmax.
 fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")

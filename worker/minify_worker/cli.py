@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minify_client.models import CulpritState, JobState, OriginalState, ProgressEvent, Report, detect_program_format
-from minify_client.progress import culprit_summary, original_summary, shrunk_inputs
+from minify_client.progress import culprit_summary, not_reproduced_lines, original_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def minify_command(argv: list[str]) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        if report.versions_summary:
+        if report.versions_compared and report.versions_summary:
             print(f"versions: {report.versions_summary}")
         followed = delivered[0].report if delivered else None  # what the delivered result said would follow
         if followed and followed.original_state is OriginalState.running:
@@ -165,7 +165,8 @@ def _print_summary(result: MinifyResult, out_dir: Path) -> None:
         print(inputs)
     # A verdict to say: it follows the delivered result, or contradicts it (a confirmed one goes unsaid).
     told = report.status is JobState.succeeded and report.original_state not in (None, OriginalState.confirmed)
-    for line in (original_summary(report) if told else None, culprit_summary(report)):
+    for line in (original_summary(report) if told else None, culprit_summary(report),
+                 *not_reproduced_lines(report)):
         if line:
             print(line)
     if report.graph_code:

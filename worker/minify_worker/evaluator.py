@@ -86,11 +86,13 @@ class SandboxEvaluator:
                 self._started.append(self.pool)
             return self.pool
 
-    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]:
+    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1,
+               output: bool = False) -> Future[Outcome]:
         outer: Future[Outcome] = Future()
 
         def request(pool: SandboxPool) -> Future[Outcome]:
-            return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs)
+            return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs,
+                               output=output)
 
         self._submit(outer, request, graph)
         return outer
@@ -144,6 +146,8 @@ class SandboxEvaluator:
                 return  # already restarted for this pool
             self._fault = fault
             self._dead = pool
+            if fault.detail.strip():  # the child's last words, for the job's log
+                log.warning("sandbox fault: %s; the child's output ended with:\n%s", fault, fault.detail.rstrip())
             if not fault.fork_related:
                 self.restarts = MAX_SANDBOX_RESTARTS  # a fresh sandbox would fail the same way
             self._restart_start = "spawn"

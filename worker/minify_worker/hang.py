@@ -63,7 +63,8 @@ class Refuted:
 class Evaluator(Protocol):
     """What the watch needs of the engine's evaluator: run a graph, stop a run."""
 
-    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1) -> Future[Outcome]: ...
+    def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1,
+               output: bool = False) -> Future[Outcome]: ...
 
     def cancel(self, future: Future[Outcome]) -> None: ...
 

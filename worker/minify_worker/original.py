@@ -28,7 +28,15 @@ from minify_worker.outcomes import Fails, Outcome, TimedOut
 from minify_worker.report import RunFacts
 from minify_worker.sandbox import wait_unless_stopped
 from minify_worker.scheduler import Scheduler, Stopped
-from minify_worker.target import Reproduced, Restart, Target, Unreproduced, empty_fails_reason
+from minify_worker.target import (
+    Reproduced,
+    Restart,
+    Target,
+    Unreproduced,
+    empty_fails_reason,
+    next_step,
+    original_output,
+)
 
 # The original is compiled once and run this many times in one child, to find its signature and
 # tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
@@ -98,7 +106,8 @@ class OriginalRun:
         self.evaluator, self.scheduler, self.graph = evaluator, scheduler, graph
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
         submitted = time.monotonic()
-        self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS)
+        self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS,
+                                              output=True)  # what it printed, should it not reproduce
         self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)
@@ -180,12 +189,15 @@ class OriginalRun:
         if isinstance(settled, Unreproduced):
             self.facts.original_state = OriginalState.not_reproduced
             self.facts.original_verdict = settled.reason
+            self.facts.original_output = original_output(outcome)
             if self.target.proof is not None and (self.delivered or settled.status is JobState.not_reproducible):
                 self.contradiction = settled  # a candidate proved the failure: the result stands
                 if not self.delivered:
                     self._say(Milestone.original_not_reproduced, f"{settled.reason}; the reduction goes on "
                               f"with the failure a candidate showed: {self.target.proof}")
                 return None
+            if settled.status is JobState.not_reproducible:
+                self.facts.next_step = next_step(outcome, self.spec)
             self.ending = settled
             return settled
         adopted = self.facts.signature is not None  # the reduction ended on a candidate's proof

@@ -42,6 +42,8 @@ class RunFacts:
     environment: dict[str, str] = field(default_factory=dict)
     original_state: OriginalState | None = None  # where the original's verdict stands
     original_verdict: str | None = None  # what the original did, when it did not fail the wanted way
+    original_output: str | None = None  # what it printed and raised then (`target.original_output`)
+    next_step: str | None = None  # what to try, when the job ends not reproducible (`target.next_step`)
 
 
 def flaky_reason(facts: RunFacts) -> str:
@@ -59,7 +61,8 @@ def original_fields(facts: RunFacts) -> dict[str, Any]:
     """report.json's fields of the original's runs and verdict, as `facts` know them now."""
     return {"original_state": facts.original_state, "original_verdict": facts.original_verdict,
             "flaky": facts.flaky, "original_compiles": facts.original_compiles, "original_runs": facts.original_runs,
-            "original_failures": facts.original_failures}
+            "original_failures": facts.original_failures, "original_output": facts.original_output,
+            "next_step": facts.next_step}
 
 
 def after_verdict(delivered: Report, facts: RunFacts) -> Report:

@@ -208,3 +208,45 @@ def not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
     elif failure is not None:
         reason += f"; its failure did not match: {failure.text or failure}"
     return reason
+
+
+def original_output(outcome: Outcome) -> str:
+    """What the original did in its child, for a job it did not reproduce: what it printed (the
+    tail the sandbox kept) and, when it raised or died, the exception chain or the signal."""
+    failure = oracle.outcome_signature(outcome)
+    parts = [outcome.output.rstrip()] if outcome.output.strip() else []
+    if isinstance(outcome, TimedOut):
+        parts.append(f"[ran past its timeout: stopped after {outcome.after_s:.1f} s]")
+    elif failure is not None:
+        chain = failure.chain or (failure.text or str(failure),)
+        parts.append("[raised, outermost first]\n" + "\n".join(chain) if len(chain) > 1 else f"[raised] {chain[0]}")
+    return "\n".join(parts)
+
+
+def next_step(outcome: Outcome, spec: JobSpec) -> str:
+    """What to try after the original did not fail the way `spec` asks (`outcome`, its runs), in
+    the flags of `minify-client submit` (the dashboard's Submit form has the same fields)."""
+    failure = oracle.outcome_signature(outcome)
+    runs = getattr(outcome, "runs", 1)
+    if isinstance(outcome, TimedOut):
+        return (f"the original ran past its timeout ({outcome.after_s:.0f} s): if the hang is the bug, submit with "
+                "--failure timeout; else give it longer with --original-timeout SECONDS")
+    if failure is not None and failure.kind == "oom":
+        return ("the original ran out of memory (the bound of one child): if that is the bug, submit with "
+                "--failure oom; else raise --memory-limit MIB or lower --parallelism")
+    if failure is not None:
+        if spec.failure.signature:
+            fix = f"submit with --signature '{failure}' (or none: the original's own failure is taken)"
+        elif spec.failure.match:
+            fix = f"submit with a --match its message holds (or none): {spec.failure.match!r} is not in it"
+        else:
+            fix = f"submit with --failure {failure.kind}"
+        return f"it fails, only not the way this job asks: if that failure ({failure}) is the bug, {fix}"
+    config = ", ".join(f"{key}={value!r}" for key, value in spec.config.items()) or "no config"
+    step = (f"the original passed {runs} of {runs} runs on {spec.backend} ({spec.device}, {config}): submit it with "
+            "the settings it failed with (--backend, --device, --config) and the inputs it failed on (--inputs; "
+            "without them the example inputs the program carries are used)")
+    if spec.dynamic == "static":
+        step += ("; it ran with static shapes (--dynamic static): a failure of dynamic shapes needs "
+                 "--dynamic as_exported")
+    return step + "; a failure that comes only now and then may not show in 3 runs: submit it again"

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobState, JobStatus
+from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobLog, JobState, JobStatus
 from minify_server import queue, submissions
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
@@ -150,6 +150,15 @@ async def job_event_stream(request: Request, job_id: str,
                         request.app.state.stopping)
     return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{job_id}/log", response_model=JobLog,
+            summary="The job's own log: what the worker logged while it ran the job, every attempt")
+async def get_job_log(request: Request, job_id: str,
+                      tail: int = Query(200, ge=1, le=5000, description="the last this many lines")) -> JobLog:
+    await _job(request, job_id)
+    lines, more, size = await run_in_threadpool(_store(request).job_log, job_id, tail)
+    return JobLog(id=job_id, lines=lines, more=more, size_bytes=size)
 
 
 @router.get("/{job_id}/artifacts/{name}", summary="Download an artifact", response_class=FileResponse)

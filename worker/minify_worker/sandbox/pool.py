@@ -3,6 +3,7 @@ events turned into outcomes), the sandbox's exceptions, and `prepare_program`.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -83,6 +84,7 @@ class _Pending:
     purpose: str
     timeout_s: float | None
     returns_outcome: bool = False  # a call whose target returns an outcome (`submit_outcome_call`)
+    output: bool = False  # its outcome carries what its child printed (`submit(output=True)`)
 
 
 class SandboxPool:
@@ -153,11 +155,14 @@ class SandboxPool:
     # -- public API ---------------------------------------------------------------------------
 
     def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
-               purpose: str = "candidate", fresh: bool = False, runs: int = 1) -> Future[Outcome]:
+               purpose: str = "candidate", fresh: bool = False, runs: int = 1,
+               output: bool = False) -> Future[Outcome]:
         """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
         child that ran no other candidate before (every child is fresh unless the pool reuses them);
-        with `runs`, compiled once and run that many times (`runner.run_candidate`)."""
-        return self._request("candidate", {"graph": wire_graph, "fresh": fresh, "runs": runs}, timeout_s, purpose)
+        with `runs`, compiled once and run that many times (`runner.run_candidate`); with `output`,
+        the outcome's `output` is the tail of what the child printed (the original's, for its report)."""
+        payload = {"graph": wire_graph, "fresh": fresh, "runs": runs, "output": output}
+        return self._request("candidate", payload, timeout_s, purpose)
 
     def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,
                     purpose: str = "call") -> Future[dict[str, Any]]:
@@ -256,7 +261,8 @@ class SandboxPool:
                 raise SandboxError("the sandbox pool is closed")
             if self._dead_reason:
                 raise SandboxError(self._dead_reason)
-            self._pending[request_id] = _Pending(future, kind, purpose, timeout_s, returns_outcome)
+            self._pending[request_id] = _Pending(future, kind, purpose, timeout_s, returns_outcome,
+                                                 bool(payload.get("output")))
         future.add_done_callback(lambda done: self._on_done(request_id, done))
         self._send({"op": "run", "id": request_id, "kind": kind, "purpose": purpose,
                     "timeout_s": timeout_s, **payload})
@@ -377,7 +383,13 @@ def _finish(pending: _Pending, event: dict[str, Any]) -> None:
         _resolve(pending.future, error=fault)
         return
     if pending.kind == "candidate":
-        _resolve(pending.future, result=outcome_of_child(event, pending.timeout_s))
+        outcome = outcome_of_child(event, pending.timeout_s)
+        tail = event.get("log_tail") or ""
+        if pending.output:
+            outcome = dataclasses.replace(outcome, output=tail)
+        elif tail.strip():  # a child that died or could not run: its last words go to the job's log
+            log.info("%s %s; its output ended with:\n%s", pending.purpose, outcome.kind, tail.rstrip())
+        _resolve(pending.future, result=outcome)
         return
     if pending.returns_outcome:
         _resolve(pending.future, result=_call_outcome(event, pending.timeout_s))

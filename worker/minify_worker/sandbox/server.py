@@ -501,7 +501,7 @@ class _Server:
             "setup_failed": result is None and not started.exists()
             and not (child.killed or child.timed_out or child.over_memory),
         }
-        if result is None or "error" in result or "sandbox_error" in result:
+        if result is None or "error" in result or "sandbox_error" in result or child.request.get("output"):
             event["log_tail"] = _tail(child.log_path)
         for path in (child.result_path, child.result_path.with_suffix(".tmp"), started, child.log_path):
             path.unlink(missing_ok=True)

@@ -234,7 +234,10 @@ def with_versions(report: Report, runs: Sequence[VersionRun], state: CulpritStat
 
 
 def header_lines(report: Report) -> list[str]:
-    """repro.py's header paragraph for the phase's findings."""
+    """repro.py's header paragraph for the phase's findings; none where one torch version was tried
+    (the job's own: there is no range to tell)."""
+    if not report.versions_compared:
+        return []
     lines = [f"Torch versions:   {report.versions_summary}"]
     for run in report.versions:
         built = f" (git {run.git_version[:12]})" if run.git_version else ""

@@ -248,6 +248,8 @@ def summary(runs: Sequence[VersionRun]) -> str:
     if named(VersionOutcome.cannot_run):
         parts.append("cannot run on " + ", ".join(named(VersionOutcome.cannot_run)))
     line = "; ".join(parts)
+    if len(ordered) == 1:  # one torch on the workers: no range, no fix to tell
+        return f"{line} (the only torch version tried)"
     found = regression_range(ordered)
     if found.range is not None:
         line += f": regression in ({found.range.last_good}, {found.range.first_bad}]"
