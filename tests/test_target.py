@@ -7,7 +7,7 @@ import pytest
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
-from minify_worker.target import Reproduced, Target, Unreproduced
+from minify_worker.target import Reproduced, Target, Unreproduced, next_step, original_output
 
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
                  text="RuntimeError: injected failure on relu")
@@ -173,3 +173,35 @@ def test_a_hang_is_never_an_accuracy_failure_known_in_advance() -> None:
     # hang is never the failure, whatever the original does.
     assert target(kind="accuracy").provisional(TimedOut(5.0)) is False
     assert target(kind="accuracy").provisional(OutOfMemory("killed")) is False
+
+
+# -- a not reproducible job: the original's own output and the next step (target.original_output, next_step)
+
+
+def test_the_originals_output_is_what_it_printed_and_what_it_raised() -> None:
+    chained = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
+                        text="RuntimeError: injected failure on relu",
+                        chain=("BackendCompilerFailed: backend raised", "RuntimeError: injected failure on relu"))
+
+    assert original_output(Passes(runs=3, output="UserWarning: TF32 is off\n")) == "UserWarning: TF32 is off"
+    assert original_output(Passes(runs=3)) == ""
+    assert original_output(Fails(RUNTIME, output="step 1\n")) == "step 1\n[raised] ValueError: bad value"
+    assert original_output(Fails(chained)) == ("[raised, outermost first]\nBackendCompilerFailed: backend raised\n"
+                                               "RuntimeError: injected failure on relu")
+    assert original_output(TimedOut(12.0)) == "[ran past its timeout: stopped after 12.0 s]"
+
+
+def test_the_next_step_fits_what_the_original_did() -> None:
+    spec = JobSpec.model_validate({"backend": "inductor", "failure": {"kind": "compile_error"},
+                                   "config": {"cpp.threads": 1}})
+
+    passed = next_step(Passes(runs=3), spec)
+    assert passed.startswith("the original passed 3 of 3 runs on inductor (cpu, cpp.threads=1)")
+    assert "--inputs" in passed and "--dynamic" not in passed
+    assert "--dynamic as_exported" in next_step(Passes(runs=3), spec.model_copy(update={"dynamic": "static"}))
+    assert next_step(Fails(RUNTIME), spec).endswith("submit with --failure runtime_error")
+    matched = spec.model_copy(update={"failure": spec.failure.model_copy(update={"kind": "any", "match": "relu"})})
+    assert "a --match its message holds" in next_step(Fails(COS), matched)
+    hung = next_step(TimedOut(30.0), spec)
+    assert "--failure timeout" in hung and "--original-timeout" in hung
+    assert "--memory-limit" in next_step(OutOfMemory("killed"), spec)

@@ -149,3 +149,18 @@ def test_a_probe_nobody_answered_is_not_kept_on_the_bug_but_every_run_is() -> No
     own = VersionRun(torch="2.13.0", outcome=VersionOutcome.same, reason="the job's own run of the minimal program")
 
     assert [ran(run) for run in (unanswered, lacking, own)] == [False, True, True]
+
+
+def test_with_one_torch_version_the_summary_tells_no_range_and_repro_py_gets_no_versions_line() -> None:
+    from minify_client.models import JobState, Report
+    from minify_worker.versions.phase import header_lines, with_versions
+
+    alone = [VersionRun(torch="2.13.0+cpu", outcome=VersionOutcome.same, seconds=1.0)]
+    report = with_versions(Report(status=JobState.succeeded, backend="inductor", device="cpu"), alone)
+    compared = with_versions(report, [*alone, VersionRun(torch="2.14.1", outcome=VersionOutcome.passes, seconds=1.0)])
+
+    assert summary(alone) == "fails on 2.13.0+cpu (the only torch version tried)"
+    assert not report.versions_compared and header_lines(report) == []
+    assert compared.versions_compared
+    assert header_lines(compared)[0] == ("Torch versions:   fails on 2.13.0+cpu; passes on 2.14.1: no regression range "
+                                         "(the oldest version tried (2.13.0+cpu) fails too); fixed in 2.14.1")
