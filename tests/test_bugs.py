@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -233,6 +234,66 @@ def test_the_client_says_same_program_waits_on_that_job_and_lists_bugs(
     assert "injected failure on neg" in listing.stdout and listing.stdout.startswith("BUG")
     assert one.returncode == 0 and "jobs:       2" in one.stdout, one.stdout
     assert f"/v1/jobs/{first_id}/artifacts/repro.py" in one.stdout
+
+
+def test_a_bug_closed_as_fixed_reopens_when_a_job_finds_it_again_but_one_closed_as_wont_fix_stays_closed(
+        service: Service, bug_programs: dict[str, list[Path]], tmp_path: Path) -> None:
+    programs = bug_programs["sigmoid"]  # four programs, one bug
+    with service.client() as client:
+        first = post(client, programs[0], FIVE_BUGS).json()["id"]
+        bug = wait_for_status(client, first, FINISHED)["bug"]
+    no_reason = run_client(service, "bugs", "close", bug, cwd=tmp_path)
+    closed = run_client(service, "bugs", "close", bug, "--reason", "fixed by #123", "--by", "alice", cwd=tmp_path)
+    twice = run_client(service, "bugs", "close", bug, "--reason", "again", cwd=tmp_path)
+    listed = run_client(service, "bugs", "--status", "closed", cwd=tmp_path)
+    with service.client() as client:
+        wait_for_status(client, post(client, programs[1], FIVE_BUGS).json()["id"], FINISHED)
+        regressed = client.get(f"/v1/bugs/{bug}").json()
+        open_ids = [found["id"] for found in client.get("/v1/bugs", params={"status": "open"}).json()["bugs"]]
+    wont_fix = run_client(service, "bugs", "close", bug, "--reason", "it fails on purpose", "--resolution", "wont_fix",
+                          "--by", "bob", cwd=tmp_path)
+    with service.client() as client:
+        wait_for_status(client, post(client, programs[2], FIVE_BUGS).json()["id"], FINISHED)
+        stays = client.get(f"/v1/bugs/{bug}").json()
+    reopened = run_client(service, "bugs", "reopen", bug, "--reason", "seen in CI", "--by", "carol", cwd=tmp_path)
+    shown = run_client(service, "bugs", bug, cwd=tmp_path)
+
+    assert no_reason.returncode == 2 and "needs --reason" in no_reason.stderr
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout.startswith(f"bug {bug}: closed (fixed) by alice") and "fixed by #123" in closed.stdout
+    assert "a job that finds it again reopens it" in closed.stdout
+    assert twice.returncode == 1 and "409" in twice.stderr and "closed already" in twice.stderr
+    assert bug in listed.stdout and "closed: fixed" in listed.stdout
+    assert regressed["status"] == "open" and bug in open_ids  # a new job after a close as fixed: regressed
+    assert [change["action"] for change in regressed["history"]] == ["closed", "regressed"]
+    assert regressed["history"][0]["by"] == "alice" and regressed["history"][1]["job"] in regressed["job_ids"]
+    assert wont_fix.returncode == 0 and "it stays closed" in wont_fix.stdout
+    assert stays["status"] == "closed" and stays["jobs_since_closed"] == 1 and stays["count"] == 3
+    assert stays["closure"]["resolution"] == "wont_fix" and stays["closure"]["by"] == "bob"
+    assert reopened.returncode == 0 and reopened.stdout.strip() == f"bug {bug}: open"
+    history = [line for line in shown.stdout.splitlines() if line.startswith("history:")]
+    assert [re.sub(r"^history:\s+\S+ \S+ ", "", line) for line in history] == [
+        "closed (fixed) by alice: fixed by #123", f"regressed: {regressed['history'][1]['reason']}",
+        "closed (won't fix) by bob: it fails on purpose", "reopened by carol: seen in CI"]
+
+
+def test_the_client_shows_a_jobs_log_and_what_a_not_reproducible_original_printed(
+        service: Service, bug_programs: dict[str, list[Path]], tmp_path: Path) -> None:
+    spec = {"backend": f"{PREFIX}:say_then_fail_on_cos", "culprit": False, "shrink": False}  # no cos: it passes
+    with service.client() as client:
+        job_id = post(client, bug_programs["neg"][0], spec).json()["id"]
+        assert wait_for_status(client, job_id, FINISHED)["status"] == "not_reproducible"
+    status = run_client(service, "status", job_id, cwd=tmp_path)
+    logs = run_client(service, "logs", job_id, cwd=tmp_path)
+    unknown = run_client(service, "logs", "0" * 32, cwd=tmp_path)
+
+    assert status.returncode == 0, status.stderr
+    assert "next:      the original passed 3 of 3 runs on tests.support.backends:say_then_fail_on_cos" in status.stdout
+    assert "the original's output in the worker:\n  say_then_fail_on_cos: compiling" in status.stdout
+    assert logs.returncode == 0, logs.stderr
+    assert f"job {job_id}: an attempt starts on worker" in logs.stdout
+    assert "the attempt ended after" in logs.stdout and logs.stdout.rstrip().endswith(": not_reproducible")
+    assert unknown.returncode == 1 and "no job" in unknown.stderr
 
 
 # -- 3. retention and a full disk ----------------------------------------------------------------
