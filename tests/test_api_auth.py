@@ -5,19 +5,23 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.support.service import Service, start_service
 
 TOKEN = "s3cret-token"
+ALICE = "alices-token"  # MINIFY_TOKENS names it: alice:alices-token
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with start_service(tmp_path_factory.mktemp("auth") / "data", workers=0, tokens=[TOKEN, "other"]) as running:
+    with start_service(tmp_path_factory.mktemp("auth") / "data", workers=0,
+                       tokens=[TOKEN, "other", f"alice:{ALICE}"]) as running:
         yield running
 
 
@@ -64,3 +68,22 @@ def test_server_refuses_a_public_host_without_tokens(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in result.stderr
+
+
+def test_who_closes_a_bug_is_the_tokens_name_not_the_name_the_request_claims(service: Service) -> None:
+    store = redis.Redis.from_url(service.redis_url, decode_responses=True)
+    bug = "ab" * 12  # filed as a worker files one (ledger.add_to_bug_index), without running a job
+    seen = datetime.now(timezone.utc)
+    store.hset(f"minify:bug:{bug}", mapping={"id": bug, "signature": "RuntimeError: x", "representative": "0" * 32,
+                                             "first_seen": seen.isoformat(), "last_seen": seen.isoformat()})
+    store.zadd("minify:bugs", {bug: seen.timestamp()})
+    as_alice = {"Authorization": f"Bearer {ALICE}"}
+
+    closed = httpx.post(f"{service.url}/v1/bugs/{bug}/close", headers=as_alice,
+                        json={"reason": "fixed upstream", "by": "mallory"})
+    reopened = httpx.post(f"{service.url}/v1/bugs/{bug}/reopen", headers=service.headers, json={"reason": "not yet"})
+    anonymous = httpx.post(f"{service.url}/v1/bugs/{bug}/close", json={"reason": "no token"})
+
+    assert closed.status_code == 200 and closed.json()["closure"]["by"] == "alice"
+    assert reopened.status_code == 200 and reopened.json()["history"][-1]["by"] == "token 1"  # unnamed: its place
+    assert anonymous.status_code == 401
