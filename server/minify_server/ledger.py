@@ -323,30 +323,32 @@ class AttemptSuperseded(Exception):
 
 def write_for_attempt(redis: Redis, record: str, attempt: int | None, statuses: Collection[JobState], mark: str,
                       queue_writes: Callable[[Any, int], object],
-                      before_commit: Callable[[], None] | None = None) -> int:
+                      before_commit: Callable[[], None] | None = None, worker: str | None = None) -> int:
     """Apply the writes `queue_writes(pipe, attempts)` queues, in one transaction with the check that
     they belong to the job's current attempt: the record's `attempts` is `attempt` (None: any) and
-    its status one of `statuses`. WATCH/MULTI on the record, so no re-queue or start can slip in
-    between the check and the writes. `before_commit` runs once the check passed, before the
-    transaction. `mark` (unique to this write) is left on the record: a retry of a write that
-    was applied but whose reply was lost finds it and applies nothing. Returns the record's
-    `attempts`; raises AttemptSuperseded when refused."""
+    its status one of `statuses`, and, given `worker`, the record names it (a Redis that lost its last
+    second of writes in a crash can hand one attempt to two workers). WATCH/MULTI on the record, so
+    no re-queue or start can slip in between the check and the writes. `before_commit` runs once
+    the check passed, before the transaction. `mark` (unique to this write) is left beside the
+    record (`write_mark_key`): a retry of a write that was applied but whose reply was lost finds
+    it and applies nothing. Returns the record's `attempts`; raises AttemptSuperseded when refused."""
     mark_key = write_mark_key(record)
     with redis.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(record, mark_key)
-                status, attempts = (_text(value) if value is not None else None
-                                    for value in pipe.hmget(record, ["status", "attempts"]))
+                status, attempts, running_on = (_text(value) if value is not None else None
+                                                for value in pipe.hmget(record, ["status", "attempts", "worker"]))
                 current = int(attempts or 0)
                 written = pipe.get(mark_key)
                 if written is not None and _text(written) == mark:
                     pipe.unwatch()
                     return current
-                if status not in {state.value for state in statuses} or (attempt is not None and current != attempt):
+                if (status not in {state.value for state in statuses} or (attempt is not None and current != attempt)
+                        or (worker is not None and running_on != worker)):
                     pipe.unwatch()
-                    raise AttemptSuperseded(f"{record}: attempt {attempt} writes, the record says attempt {current} "
-                                            f"{status or 'gone'}")
+                    raise AttemptSuperseded(f"{record}: attempt {attempt} of {worker or 'a worker'} writes, the record "
+                                            f"says attempt {current} of {running_on}, {status or 'gone'}")
                 if before_commit is not None:
                     before_commit()
                 pipe.multi()

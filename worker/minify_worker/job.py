@@ -159,6 +159,7 @@ class JobChannel:
         self.attempt = attempt
         self.patience_s = redis_patience_s() if patience_s is None else patience_s
         self.superseded = threading.Event()
+        self.worker: str | None = None  # the worker running the attempt, once this channel started it
         self._writer = uuid.uuid4().hex[:12]
         self._marks = itertools.count(1)
         self._write_lock = threading.Lock()
@@ -177,11 +178,12 @@ class JobChannel:
         """(the cancel flag is set, this attempt is still the job's current one), in one round trip."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.exists(self.keys.cancel)
-            pipe.hmget(self.keys.record, ["status", "attempts"])
-            cancel, (status, attempts) = self._reach(pipe.execute)
-        status = status.decode() if isinstance(status, bytes) else status
+            pipe.hmget(self.keys.record, ["status", "attempts", "worker"])
+            cancel, fields = self._reach(pipe.execute)
+        status, attempts, running_on = (value.decode() if isinstance(value, bytes) else value for value in fields)
         current = self.attempt is None or (int(attempts or 0) == self.attempt
-                                           and status in {state.value for state in _CURRENT})
+                                           and status in {state.value for state in _CURRENT}
+                                           and (self.worker is None or running_on == self.worker))
         return bool(cancel), current
 
     def unreachable_for(self) -> float:
@@ -220,7 +222,7 @@ class JobChannel:
             def once() -> None:
                 self._reach(lambda: write_for_attempt(self.redis, self.keys.record, self.attempt,
                                                       statuses if self.attempt is not None else _ANY, mark, writes,
-                                                      before_commit))
+                                                      before_commit, self.worker))
 
             try:
                 patiently(once, self.patience_s) if patient else once()
@@ -262,6 +264,7 @@ class JobChannel:
         except AttemptSuperseded:
             return False
         self.attempt = wanted if wanted is not None else (started[-1] if started else attempts)
+        self.worker = worker
         return True
 
     def publish(self, event: ProgressEvent) -> None:

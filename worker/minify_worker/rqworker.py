@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from types import FrameType
 
@@ -124,8 +125,8 @@ class MinifyWorker(Worker):
 
     @property
     def stop_requested(self) -> bool:
-        """A signal asked the worker to stop (RQ's warm shutdown)."""
-        return self._stop_requested
+        """A signal asked the worker to stop (RQ's warm shutdown, idle or busy)."""
+        return self._stop_requested or self._shutdown_requested_date is not None
 
     def _unreachable(self, error: RedisError) -> None:
         """A Redis call failed: said once per outage; the caller goes on."""
@@ -362,8 +363,18 @@ def main(argv: list[str]) -> int:
         if args.burst or (worker is not None and worker.stop_requested):
             return 0
         log.warning("worker %s: its loop ended without a stop request; starting it again in %.0f s", name, pause)
-        time.sleep(pause)
+        if _stopped_while_waiting(pause):
+            return 0
         pause = min(pause * 2, RESTART_MAX_S)
+
+
+def _stopped_while_waiting(seconds: float) -> bool:
+    """Wait `seconds` between two runs of the worker loop; True if SIGTERM or SIGINT came meanwhile
+    (RQ's own handlers, which ask the worker to stop, are installed again by its next run)."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, frame: stop.set())
+    return stop.wait(seconds)
 
 
 def _worker(redis: Redis, name: str, queues: list[str], args: argparse.Namespace) -> MinifyWorker:
