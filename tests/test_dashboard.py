@@ -147,6 +147,12 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
     download.save_as(saved)
     served = service.client().get(f"/v1/jobs/{job_id}/artifacts/repro.py").text
     assert saved.read_text() == served == page.inner_text("#repro-code")
+    assert "Torch versions" not in served  # one torch on the workers: no range to tell
+
+    # The worker's own log of the job, folded until asked for.
+    page.click("#worker-log-card summary")
+    page.wait_for_function("document.querySelector('#worker-log').textContent.includes('an attempt starts')")
+    assert f"job {job_id}: an attempt starts on worker" in page.inner_text("#worker-log")
 
     screenshot(page, "job-succeeded-laptop")
     page.set_viewport_size(PHONE)
@@ -200,12 +206,17 @@ def test_not_reproducible_job_says_why_in_words(browser: Any, service: Service, 
     page = browser.new_page(viewport=LAPTOP)
     page.goto(service.url)
     submit_through_page(page, program_dir / "linear_relu_sigmoid.pt2",
-                        backend=f"{PREFIX}:fail_on_cos")
+                        backend=f"{PREFIX}:say_then_fail_on_cos")  # prints a line as it compiles; no cos: passes
     page.wait_for_selector("#job-status [data-status=not_reproducible]", timeout=JOB_TIMEOUT_MS)
     reason = page.locator("#job-reason")
     reason.wait_for()
     assert "did not fail" in reason.inner_text()
-    assert "Next: check that the spec" in reason.inner_text()
+    # What the original printed in the worker, and a next step fitted to what it did (it passed every run).
+    page.wait_for_selector("#original-card:not([hidden])")
+    assert page.inner_text("#original-output") == "say_then_fail_on_cos: compiling 7 nodes"
+    assert page.inner_text("#next-step").startswith("Next: The original passed 3 of 3 runs on "
+                                                    f"{PREFIX}:say_then_fail_on_cos (cpu, no config)")
+    assert "Next:" not in reason.inner_text()  # said once, in the card
     # Nothing beside the verdict that reads as if something was minimized: no counts, chart or outcomes.
     page.wait_for_selector("#stats", state="hidden")
     for card in ("#progress-card", "#outcomes-card", "#graph-card", "#culprit-card"):

@@ -113,3 +113,48 @@ def test_jobs_and_bugs_are_searchable_and_say_what_each_found(
     assert not wraps
     assert "relu-0.pt2" in listed and "relu-1.pt2" in listed and "the representative repro" in listed
     assert errors == []
+
+
+def test_a_bug_is_closed_and_reopened_on_its_page_and_the_bugs_view_filters_closed_ones(
+        service_with_bugs: tuple[Service, dict[str, list[str]]]) -> None:
+    service, jobs = service_with_bugs
+    with service.client() as client:
+        exp_bug = client.get(f"/v1/jobs/{jobs['exp'][0]}").json()["bug"]
+    with launched_browser() as browser:
+        page = browser.new_page(viewport=LAPTOP)
+        errors = watch_for_errors(page)
+        page.goto(f"{service.url}/#/bugs/{exp_bug}")
+        page.wait_for_selector("#bug-action[data-action=close]")
+        page.click("#bug-action")  # no reason: refused on the page, nothing sent
+        refused = page.inner_text("#bug-action-error")
+        page.fill("#bug-reason", "not a compiler bug: the test backend fails on exp on purpose")
+        page.select_option("#bug-resolution", "not_a_bug")
+        page.fill("#bug-by", "dana")
+        page.click("#bug-action")
+        page.wait_for_selector("#bug-action[data-action=reopen]")
+        closed_state = page.inner_text("#bug-status")
+        screenshot(page, "bug-closed-laptop")
+
+        page.goto(f"{service.url}/#/bugs?status=closed")
+        page.wait_for_selector(f"tr.bug-row[data-bug-id='{exp_bug}']")
+        closed_rows = page.eval_on_selector_all("tr.bug-row", "rows => rows.map((row) => row.dataset.bugId)")
+        badge = page.inner_text(f"tr.bug-row[data-bug-id='{exp_bug}'] .bug-status")
+        page.click("[data-filter=open]")
+        page.wait_for_selector(f"tr.bug-row[data-bug-id='{exp_bug}']", state="detached")
+        open_rows = page.eval_on_selector_all("tr.bug-row", "rows => rows.map((row) => row.dataset.bugId)")
+
+        page.goto(f"{service.url}/#/bugs/{exp_bug}")
+        page.wait_for_selector("#bug-action[data-action=reopen]")
+        page.fill("#bug-reason", "it is one after all")
+        page.click("#bug-action")
+        page.wait_for_selector("#bug-action[data-action=close]")
+        history = page.eval_on_selector_all("#bug-history li", "items => items.map((item) => item.textContent)")
+    with service.client() as client:
+        bug = client.get(f"/v1/bugs/{exp_bug}").json()
+    assert "Say why you close it" in refused
+    assert closed_state.startswith("closed: not a bug by dana") and "fails on exp on purpose" in closed_state
+    assert closed_rows == [exp_bug] and badge == "closed: not a bug"
+    assert exp_bug not in open_rows and open_rows  # the relu bug is still open
+    assert len(history) == 2 and "closed (not a bug) by dana" in history[0] and "reopened by dana" in history[1]
+    assert bug["status"] == "open" and [change["by"] for change in bug["history"]] == ["dana", "dana"]
+    assert errors == []
