@@ -72,12 +72,17 @@ async function messageOf(response) {
   return text;
 }
 
-/** fetch() against the API: JSON back (or the Response itself with `raw: true`); ApiError on a non-2xx. */
-export async function api(path, { method = "GET", body, raw = false } = {}) {
+/**
+ * fetch() against the API: JSON back (or the Response itself with `raw: true`); ApiError on a
+ * non-2xx. `json`: a value sent as the JSON body.
+ */
+export async function api(path, { method = "GET", body, json, raw = false } = {}) {
   let sentToken = storedToken();
+  if (json !== undefined) body = JSON.stringify(json);
   for (;;) {
     const headers = {};
     if (sentToken) headers.Authorization = `Bearer ${sentToken}`;
+    if (json !== undefined) headers["Content-Type"] = "application/json";
     const response = await fetch(path, { method, body, headers });
     if (response.status === 401) {
       // A 401 with a token we did not send (another request already got a new one): just retry.

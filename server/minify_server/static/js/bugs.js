@@ -22,13 +22,39 @@ function reproLink(bug) {
   }, "repro.py");
 }
 
-/** "open", or "fixed in 2.15.0": a bug's status as its torch versions say (re-tested on new ones). */
+const RESOLUTION_WORDS = { fixed: "fixed", wont_fix: "won't fix", not_a_bug: "not a bug" };
+
+function regressed(bug) {
+  const last = bug.history?.[bug.history.length - 1];
+  return bug.status === "open" && last?.action === "regressed" ? last : null;
+}
+
+/** "open", "regressed", "closed: won't fix" (by hand) or "fixed in 2.15.0" (a newer torch passes its repro). */
 function statusBadge(bug) {
+  if (bug.status === "closed") {
+    const closure = bug.closure || {};
+    return h("span", {
+      class: "badge bug-status bug-closed", "data-state": "closed",
+      title: `closed by ${closure.by || "someone"}: ${closure.reason || ""}`,
+    }, `closed: ${RESOLUTION_WORDS[closure.resolution] || closure.resolution || "fixed"}`);
+  }
   const fixed = bug.status === "fixed";
+  const again = regressed(bug);
   return h("span", {
-    class: `badge bug-status ${fixed ? "status-succeeded" : "status-failed"}`,
-    title: bug.affected?.length ? `fails on torch ${bug.affected.join(", ")}` : "",
-  }, fixed ? `fixed in ${bug.fixed_in}` : "open");
+    class: `badge bug-status ${fixed ? "status-succeeded" : "status-failed"}`, "data-state": bug.status,
+    title: again ? again.reason : bug.affected?.length ? `fails on torch ${bug.affected.join(", ")}` : "",
+  }, fixed ? `fixed in ${bug.fixed_in}` : again ? "open: regressed" : "open");
+}
+
+/** One line of a bug's history: when, what, by whom, why. */
+function changeItem(change) {
+  const what = change.action === "closed" ? `closed (${RESOLUTION_WORDS[change.resolution] || change.resolution})`
+    : change.action === "regressed" ? "reopened: regressed" : "reopened";
+  return h("li", { class: `bug-change bug-change-${change.action}` },
+    h("span", { class: "muted small" }, formatClock(parseTime(change.at))), " ",
+    h("strong", {}, what), change.by ? ` by ${change.by}` : "", ": ", change.reason,
+    change.job ? h("span", {}, " (", h("a", { href: `#/jobs/${encodeURIComponent(change.job)}` },
+      `job ${change.job.slice(0, 12)}`), ")") : null);
 }
 
 function row(bug, now) {
@@ -64,7 +90,7 @@ function poller(refresh) {
 /** Render the bugs page into `root`; returns a function that stops its polling. */
 export function renderBugs(root, query) {
   const offset = Math.max(0, Number.parseInt(query.get("offset") || "0", 10) || 0);
-  const status = ["open", "fixed"].includes(query.get("status")) ? query.get("status") : "";
+  const status = ["open", "closed", "fixed"].includes(query.get("status")) ? query.get("status") : "";
   const search = (query.get("q") || "").trim();
   const hash = (state, at, text) => {
     const params = new URLSearchParams();
@@ -73,8 +99,9 @@ export function renderBugs(root, query) {
     if (at) params.set("offset", String(at));
     return `#/bugs${params.toString() ? `?${params}` : ""}`;
   };
-  const filters = h("div", { class: "filters", id: "bug-filters" }, [["", "All"], ["open", "Open"], ["fixed", "Fixed"]].map(
-    ([value, label]) => h("a", { class: `chip${value === status ? " active" : ""}`, href: hash(value, 0, search) }, label)));
+  const filters = h("div", { class: "filters", id: "bug-filters" }, [["", "All"], ["open", "Open"], ["closed", "Closed"], ["fixed", "Fixed"]].map(
+    ([value, label]) => h("a", { class: `chip${value === status ? " active" : ""}`, href: hash(value, 0, search),
+      "data-filter": value || "all" }, label)));
   const searchBox = searchForm("bugs-search", "signature, backend, device, id", search,
     (text) => { location.hash = hash(status, 0, text); });
   const tbody = h("tbody");
@@ -83,7 +110,8 @@ export function renderBugs(root, query) {
       h("th", { class: name === "Jobs" ? "num" : null }, name)))),
     tbody);
   const empty = h("p", { class: "empty", hidden: true },
-    search ? `No bugs match “${search}”.` : "No bugs yet: a job that succeeds files its minimal program under one.");
+    search ? `No bugs match “${search}”.` : status ? `No ${status} bugs.`
+      : "No bugs yet: a job that succeeds files its minimal program under one.");
   const pager = h("div", { class: "pager" });
   const error = h("p", { class: "error", hidden: true });
   root.replaceChildren(h("section", { class: "page-head" }, h("h1", {}, "Bugs")),
@@ -127,28 +155,117 @@ function jobItem(jobId, job, representative) {
     job.status !== "succeeded" ? h("div", { class: "muted small" }, outcomeText(job)) : null);
 }
 
-/** One bug: what it is, its representative repro and its jobs. */
+const NAME_KEY = "minify.name";
+
+/**
+ * The close / reopen form of a bug's page: a reason (required), a resolution when closing, and a
+ * name where no token is kept (a server with tokens records the token's name). Built once, so the
+ * page's polling never clears what is being typed; `show(bug)` switches it to what the bug allows.
+ */
+function stateForm(id, onChanged) {
+  const reason = h("textarea", { name: "reason", id: "bug-reason", rows: 2,
+    placeholder: "why: the fix (a PR, a torch version), or why it is not a bug" });
+  const resolution = h("select", { name: "resolution", id: "bug-resolution" },
+    Object.entries(RESOLUTION_WORDS).map(([value, words]) => h("option", { value }, words)));
+  const name = h("input", { name: "by", id: "bug-by", value: localStorage.getItem(NAME_KEY) || "",
+    placeholder: "your name" });
+  const rule = h("span", { class: "hint", id: "bug-rule" });
+  const resolutionField = h("label", { class: "field" }, h("span", { class: "field-label" }, "Resolution"), resolution,
+    rule);
+  const nameField = h("label", { class: "field" }, h("span", { class: "field-label" }, "Name"), name,
+    h("span", { class: "hint" }, "recorded with the reason"));
+  const submit = h("button", { type: "submit", class: "primary", id: "bug-action" }, "Close bug");
+  const heading = h("h3", {}, "Close this bug");
+  const error = h("p", { class: "error", id: "bug-action-error", hidden: true });
+  let action = "close";
+  const sayRule = () => {
+    rule.textContent = resolution.value === "fixed"
+      ? "a job that finds it again reopens it (regressed)" : "it stays closed; jobs that find it again are counted";
+  };
+  resolution.addEventListener("change", sayRule);
+  const form = h("form", { class: "bug-state-form", id: "bug-state-form" }, heading,
+    h("label", { class: "field" }, h("span", { class: "field-label" }, "Reason"), reason),
+    h("div", { class: "bug-state-row" }, resolutionField, nameField), error, h("div", { class: "actions" }, submit));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!reason.value.trim()) {
+      error.hidden = false;
+      error.textContent = `Say why you ${action} it: the reason is recorded with the change.`;
+      return;
+    }
+    if (name.value.trim()) localStorage.setItem(NAME_KEY, name.value.trim());
+    const body = { reason: reason.value.trim(), by: name.value.trim() || null };
+    if (action === "close") body.resolution = resolution.value;
+    submit.disabled = true;
+    try {
+      const bug = await api(`v1/bugs/${encodeURIComponent(id)}/${action}`, { method: "POST", json: body });
+      reason.value = "";
+      error.hidden = true;
+      onChanged(bug);
+    } catch (failure) {
+      error.hidden = false;
+      error.textContent = failure.message;
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  return {
+    form,
+    show(bug) {
+      action = bug.status === "closed" ? "reopen" : "close";
+      submit.textContent = action === "close" ? "Close bug" : "Reopen bug";
+      heading.textContent = action === "close" ? "Close this bug" : "Reopen this bug";
+      submit.dataset.action = action;
+      resolutionField.hidden = action !== "close";
+      nameField.hidden = Boolean(storedToken());
+      sayRule();
+    },
+  };
+}
+
+/** One bug: what it is, its state (close, reopen, the history), its representative repro and its jobs. */
 export function renderBug(root, id) {
   const details = h("dl", { class: "spec", id: "bug-details" });
   const jobs = h("ul", { class: "bug-jobs", id: "bug-jobs" });
+  const history = h("ul", { class: "bug-history", id: "bug-history" });
+  const stateLine = h("p", { class: "bug-state", id: "bug-status" });
+  const historyHead = h("h3", {}, "History");
   const error = h("p", { class: "error", hidden: true });
+  let actions = null;
+  const showState = (bug) => {
+    const again = regressed(bug);
+    const closure = bug.closure;
+    const since = bug.jobs_since_closed
+      ? ` · ${bug.jobs_since_closed} job${bug.jobs_since_closed === 1 ? "" : "s"} found it since` : "";
+    const evidence = bug.fixed_evidence;
+    stateLine.replaceChildren(statusBadge(bug), " ", bug.status === "closed" && closure
+      ? `by ${closure.by || "someone"} ${formatAgo(parseTime(closure.at))}: ${closure.reason}${since}`
+      : again ? `${again.reason}.`
+        : bug.status === "fixed" && evidence
+          ? `${evidence.how}: job ${evidence.job.slice(0, 12)}'s repro passed on torch ${evidence.torch}`
+          : "nobody has closed it");
+    history.replaceChildren(...(bug.history || []).map(changeItem));
+    historyHead.hidden = history.hidden = !bug.history?.length;
+    actions.show(bug);
+  };
+  actions = stateForm(id, showState);
   root.replaceChildren(
     h("section", { class: "page-head" }, h("h1", {}, "Bug ", h("code", {}, id.slice(0, 12))),
       h("a", { href: "#/bugs", class: "button" }, "All bugs")),
     error,
     h("section", { class: "card" }, details),
+    h("section", { class: "card", id: "bug-state-card" }, h("h2", {}, "State"), stateLine, historyHead, history,
+      actions.form),
     h("section", { class: "card" }, h("h2", {}, "Jobs"), jobs));
   return poller(async (stopped) => {
     try {
       const bug = await api(`v1/bugs/${encodeURIComponent(id)}`);
       if (stopped()) return;
+      showState(bug);
       const rows = [
         ["Signature", h("code", { class: "bug-signature" }, bug.signature)],
         ["Failure", bug.failure_kind || "–"], ["Backend", `${bug.backend} on ${bug.device}`],
         ["Jobs", String(bug.count)],
-        ["Status", h("span", { id: "bug-status" }, statusBadge(bug), bug.fixed_evidence
-          ? ` ${bug.fixed_evidence.how}: job ${bug.fixed_evidence.job.slice(0, 12)}'s repro passed on torch ${bug.fixed_evidence.torch}`
-          : "")],
         ["Fails on", bug.affected?.length ? bug.affected.join(", ") : "–"],
         ["Tried on", Object.entries(bug.versions_tried || {}).map(([version, outcome]) => `${version}: ${outcome}`).join(", ") || "–"],
         ["First seen", formatClock(parseTime(bug.first_seen))], ["Last seen", formatClock(parseTime(bug.last_seen))],

@@ -29,6 +29,9 @@ const OUTCOME_WORDS = {
   invalid: "could not be built",
 };
 const LOG_LINES_KEPT = 300;
+// The worker log's lines asked for (GET /v1/jobs/{id}/log?tail=), and how often while the job runs.
+const WORKER_LOG_TAIL = 500;
+const WORKER_LOG_REFRESH_MS = 5000;
 
 // How often the page asks again about a job that waits in its queue (its warnings change).
 const QUEUED_REFRESH_MS = 5000;
@@ -58,9 +61,12 @@ function reasonText(job, lastMessage) {
         ? `${reason} There was nothing to minimize.`
         : `The original program did not fail the way this job asks (${wanted}), so there was nothing to minimize.`;
       if (result.flaky) text += ` It is flaky: it failed in ${result.original_failures} of ${result.original_runs} runs.`;
-      // What to try next: the spec is the usual cause (the program fails only with a setting, a device or a backend).
-      text += " Next: check that the spec (backend, device, config, failure kind) is the one it failed with, " +
-        "and run the program where it failed with those settings to see what it does.";
+      // What to try next: the worker's own words fit what the original did (the card below); a
+      // report without them gets the usual cause (the spec: a setting, a device or a backend).
+      if (!result.next_step) {
+        text += " Next: check that the spec (backend, device, config, failure kind) is the one it failed with, " +
+          "and run the program where it failed with those settings to see what it does.";
+      }
       return text;
     }
     case "failed":
@@ -111,6 +117,7 @@ export function renderJob(root, id) {
   const outcomesList = h("div", { class: "outcomes", id: "outcomes" });
   const signatureBlock = h("pre", { class: "code signature", id: "signature" }, "not known yet");
   const specList = h("dl", { class: "spec", id: "job-facts" });
+  const failureHeading = h("h2", {}, "Failure being preserved");
 
   const resultSection = h("section", { class: "card", id: "result", hidden: true });
   const environmentList = h("dl", { class: "spec", id: "environment" });
@@ -144,6 +151,16 @@ export function renderJob(root, id) {
   const graphCard = h("section", { class: "card", id: "graph-card" },
     h("div", { class: "card-head" }, graphHeading, graphNote), graphSlot);
   const logCount = h("span", { class: "muted small" });
+  const nextStep = h("p", { class: "next-step", id: "next-step" });
+  const originalOutput = h("pre", { class: "log", id: "original-output" });
+  const originalCard = h("section", { class: "card", id: "original-card", hidden: true },
+    h("div", { class: "card-head" }, h("h2", {}, "The original in the worker"),
+      h("span", { class: "muted small" }, "what it printed (stdout and stderr, the last lines) and raised")),
+    originalOutput, nextStep);
+  const workerLog = h("pre", { class: "log", id: "worker-log" });
+  const workerLogNote = h("span", { class: "muted small", id: "worker-log-note" });
+  const workerLogCard = h("details", { class: "card", id: "worker-log-card" },
+    h("summary", {}, h("h2", {}, "Worker log"), workerLogNote), workerLog);
 
   const stats = h("div", { class: "stats", id: "stats" },
     stat("Nodes", nodesValue),
@@ -155,7 +172,7 @@ export function renderJob(root, id) {
   root.replaceChildren(
     h("section", { class: "page-head" },
       h("a", { href: "#/jobs", class: "back" }, "← Jobs"), title, badgeSlot, program, h("span", { class: "grow" }), cancelButton),
-    error, reason, warnings,
+    error, reason, warnings, originalCard,
     stats,
     resultSection,
     versionsCard,
@@ -164,9 +181,10 @@ export function renderJob(root, id) {
     progressCard,
     h("div", { class: "columns" },
       outcomesCard,
-      h("section", { class: "card" }, h("h2", {}, "Failure being preserved"), signatureBlock, specList)),
+      h("section", { class: "card" }, failureHeading, signatureBlock, specList)),
     environmentCard,
     h("details", { class: "card" }, h("summary", {}, h("h2", {}, "Log"), logCount), logList),
+    workerLogCard,
   );
   const chart = new NodeChart(chartBox);
 
@@ -179,10 +197,39 @@ export function renderJob(root, id) {
     reason.hidden = !text;
     reason.textContent = text;
     reason.dataset.status = job.status;
+    renderOriginal();
     const notes = job.status === "queued" ? (job.warnings || []) : [];
     warnings.hidden = !notes.length;
     warnings.textContent = notes.map((note) => `${note[0].toUpperCase()}${note.slice(1)}.`).join(" ");
   }
+
+  /** A not reproducible job: what the original printed and raised in the worker, and what to try next. */
+  function renderOriginal() {
+    const result = job.result || {};
+    originalCard.hidden = job.status !== "not_reproducible" || result.original_output == null;
+    if (originalCard.hidden) return;
+    originalOutput.textContent = result.original_output.trim() || "(nothing: it printed nothing and raised nothing)";
+    originalOutput.classList.toggle("empty-output", !result.original_output.trim());
+    nextStep.replaceChildren(h("strong", {}, "Next: "), result.next_step
+      ? `${result.next_step[0].toUpperCase()}${result.next_step.slice(1)}.` : "check the spec it ran with.");
+  }
+
+  /** The job's own log (GET /v1/jobs/{id}/log), asked for when the card is opened, and again while the job runs. */
+  let workerLogTimer = 0;
+  async function loadWorkerLog() {
+    clearTimeout(workerLogTimer);
+    if (stopped || !workerLogCard.open) return;
+    try {
+      const found = await api(`${base}/log?tail=${WORKER_LOG_TAIL}`);
+      workerLog.textContent = found.lines.length ? found.lines.join("\n")
+        : job?.status === "queued" ? "Nothing yet: no worker has taken the job." : "Nothing logged.";
+      workerLogNote.textContent = `${plural(found.lines.length, "line")}${found.more ? ` (the last ${WORKER_LOG_TAIL})` : ""}`;
+    } catch (failure) {
+      workerLog.textContent = `Could not load the worker log: ${failure.message}`;
+    }
+    if (job && !FINISHED.has(job.status) && !stopped) workerLogTimer = setTimeout(loadWorkerLog, WORKER_LOG_REFRESH_MS);
+  }
+  workerLogCard.addEventListener("toggle", loadWorkerLog);
 
   function renderSpec() {
     const spec = job.spec || {};
@@ -358,6 +405,9 @@ export function renderJob(root, id) {
     if (job && FINISHED.has(job.status) && !lastGraphCode) {
       graphSlot.replaceChildren(h("p", { class: "muted" }, "No graph: the job ended before the engine reported one."));
     }
+    // Nothing was preserved of a job the original did not reproduce: what it asked for, and how it ran.
+    failureHeading.textContent = job?.status === "not_reproducible" ? "What the job asked for" : "Failure being preserved";
+    signatureBlock.hidden = job?.status === "not_reproducible";
     if (!progress.signature && job?.status === "not_reproducible") {
       signatureBlock.textContent = "none: the original program did not fail";
     } else if (!progress.signature && job && FINISHED.has(job.status)) {
@@ -539,6 +589,7 @@ export function renderJob(root, id) {
     renderElapsed();
     showGraph(result.graph_code || lastGraphCode, job.status === "succeeded");
     renderResult();
+    loadWorkerLog();
     // A stream that ended at the status (no culprit phase follows) tells nothing of what still runs.
     if (!source && phaseRunning()) pollCulprit();
   }
@@ -576,7 +627,9 @@ export function renderJob(root, id) {
     const bugReport = copyButton(async () => bugReportMarkdown(job, await repro.catch(() => null)), "Copy as bug report");
     bugReport.id = "copy-bug-report";
     bugReport.title = "the signature, repro.py and the environment as one Markdown block, for a PyTorch issue";
-    const parts = [h("div", { class: "card-head" }, h("h2", {}, "Result"), result.signature ? bugReport : null)];
+    // A job that delivered no result still has its report to download.
+    const heading = job.status === "succeeded" ? "Result" : "Report";
+    const parts = [h("div", { class: "card-head" }, h("h2", {}, heading), result.signature ? bugReport : null)];
     if (job.status === "succeeded") {
       parts.push(h("p", { class: "summary", id: "result-summary" },
         `Minimized from ${formatCount(result.nodes_original ?? progress.nodes_original)} to `,
@@ -657,6 +710,7 @@ export function renderJob(root, id) {
     clearTimeout(reconnectTimer);
     clearTimeout(culpritTimer);
     clearTimeout(confirmTimer);
+    clearTimeout(workerLogTimer);
     closeStream();
     chart.destroy();
   };

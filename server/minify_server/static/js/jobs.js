@@ -32,7 +32,7 @@ function row(job, now) {
       job.program_name ? h("div", { class: "muted small" }, job.program_name) : null),
     h("td", { "data-label": "Status" }, statusBadge(job.status),
       job.status === "running" && progress.phase ? h("div", { class: "muted small" }, progress.phase) : null),
-    h("td", { "data-label": "Backend" }, h("span", { class: "mono" }, job.spec?.backend ?? "–"),
+    h("td", { "data-label": "Backend" }, h("span", { class: "mono" }, ...breakable(job.spec?.backend ?? "–")),
       h("div", { class: "muted small" }, job.spec?.device ?? "")),
     h("td", { "data-label": "Nodes", class: "num nodes" }, nodesText(original, current)),
     h("td", { "data-label": "Checks", class: "num" }, formatCount(checks),
@@ -51,6 +51,11 @@ export function outcomeText(job) {
 }
 
 /** A search box that calls `go(text)` when submitted (Enter); the server does the matching. */
+/** `text` with a line-break opportunity after each dot and colon: a module path wraps at its parts. */
+function breakable(text) {
+  return text.split(/(?<=[.:])/).flatMap((part, index) => (index ? [h("wbr"), part] : [part]));
+}
+
 export function searchForm(id, placeholder, value, go) {
   const input = h("input", { type: "search", id, name: "q", value, placeholder: `Search: ${placeholder}`, "aria-label": "search" });
   return h("form", { class: "search", role: "search", onsubmit: (event) => { event.preventDefault(); go(input.value.trim()); } },
