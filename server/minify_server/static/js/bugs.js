@@ -215,6 +215,8 @@ function stateForm(id, onChanged) {
       action = bug.status === "closed" ? "reopen" : "close";
       submit.textContent = action === "close" ? "Close bug" : "Reopen bug";
       heading.textContent = action === "close" ? "Close this bug" : "Reopen this bug";
+      reason.placeholder = action === "close" ? "why: the fix (a PR, a torch version), or why it is not a bug"
+        : "why: where it was seen again, or why the close was wrong";
       submit.dataset.action = action;
       resolutionField.hidden = action !== "close";
       nameField.hidden = Boolean(storedToken());

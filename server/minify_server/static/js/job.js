@@ -210,8 +210,11 @@ export function renderJob(root, id) {
     if (originalCard.hidden) return;
     originalOutput.textContent = result.original_output.trim() || "(nothing: it printed nothing and raised nothing)";
     originalOutput.classList.toggle("empty-output", !result.original_output.trim());
-    nextStep.replaceChildren(h("strong", {}, "Next: "), result.next_step
-      ? `${result.next_step[0].toUpperCase()}${result.next_step.slice(1)}.` : "check the spec it ran with.");
+    // The flags as code, each kept on one line.
+    const words = result.next_step ? `${result.next_step[0].toUpperCase()}${result.next_step.slice(1)}.`
+      : "Check the spec it ran with.";
+    nextStep.replaceChildren(h("strong", {}, "Next: "), ...words.split(/(--[a-z-]+(?: [A-Z]+)?)/)
+      .map((part, index) => (index % 2 ? h("code", { class: "flag" }, part) : part)));
   }
 
   /** The job's own log (GET /v1/jobs/{id}/log), asked for when the card is opened, and again while the job runs. */
