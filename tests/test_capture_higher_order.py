@@ -28,7 +28,8 @@ from minify_client.capture.higher_order import CaptureRefused
 from minify_client.models import JobSpec, JobState
 from minify_worker import graph as G
 from minify_worker.engine import minify
-from minify_worker.loader import PreparedProgram, prepare
+from minify_worker.loader import prepare
+from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import fail_on_relu_anywhere, fail_on_relu_in_subgraph
 from tests.support.graphs import ops_of, targets_of
 

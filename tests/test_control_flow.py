@@ -21,7 +21,8 @@ from minify_client.models import JobSpec, JobState
 from minify_worker import graph as G
 from minify_worker import strategies
 from minify_worker.engine import MinifyResult, minify
-from minify_worker.loader import PreparedProgram, prepare
+from minify_worker.loader import prepare
+from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, targets_of
 from tests.support.repro import run_repro

@@ -15,8 +15,10 @@ import pytest
 import torch.fx as fx
 
 from minify_worker import graph as g
-from minify_worker.scheduler import Scheduler, Stopped, reduce
-from minify_worker.strategies import PASSES, Candidate, StrategyContext, Tier
+from minify_worker.outcomes import Stopped
+from minify_worker.programs.candidates import Candidate, StrategyContext, Tier
+from minify_worker.scheduler import Scheduler, reduce
+from minify_worker.strategies import PASSES
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import flat_chain, ops_of
 

@@ -476,11 +476,3 @@ def apply_inductor_config(overrides: dict[str, Any]) -> None:
             setattr(owner, leaf, value)
         except Exception as error:
             raise BackendError(f"cannot set {module_name}.{setting} = {value!r}: {error}") from error
-
-
-def configure_child(compile_threads: int = 1) -> None:
-    """Settings every sandbox child compiles under: one compile thread, caches in the work dir
-    (the environment set by the pool points TORCHINDUCTOR_CACHE_DIR and TMPDIR there)."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.compile_threads = compile_threads

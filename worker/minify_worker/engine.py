@@ -29,9 +29,9 @@ from minify_client.progress import culprit_summary
 from minify_worker import artifacts, culprit, environment, programs, strategies
 from minify_worker.evaluator import SandboxEvaluator, in_sandbox
 from minify_worker.hang import HangCalibration
-from minify_worker.loader import ProgramError
 from minify_worker.original import OriginalRun
-from minify_worker.outcomes import Signature
+from minify_worker.outcomes import Signature, Stopped
+from minify_worker.programs.prepared import ProgramError
 from minify_worker.progress import Progress
 from minify_worker.report import RunFacts, after_verdict, build_report
 from minify_worker.sandbox import (
@@ -40,7 +40,7 @@ from minify_worker.sandbox import (
     SandboxPool,
     prepare_program,
 )
-from minify_worker.scheduler import Scheduler, Stopped, reduce
+from minify_worker.scheduler import Scheduler, reduce
 from minify_worker.target import Unreproduced
 from minify_worker.workdirs import make_job_dir
 

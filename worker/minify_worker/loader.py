@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,40 +45,11 @@ from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, fin
 
 from . import export_load
 from .op_modules import ALLOWED_OP_MODULES_ENV
-
-PROGRAM_JSON = "program.json"
-VALUES = "values.pt"
-FORMAT = "minify-program/1"
+from .programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError
 
 EXPORT_HINT = (
     "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
 )
-
-
-class ProgramError(Exception):
-    """The program or its inputs cannot be used; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class PreparedProgram:
-    """What prepare wrote into the work dir."""
-
-    wire_graph: dict[str, Any]
-    values_path: Path
-    program_json: Path
-    metadata: dict[str, Any]
-
-    @property
-    def nodes_original(self) -> int:
-        return int(self.metadata.get("nodes_original", 0))
-
-    @classmethod
-    def read(cls, workdir: Path) -> PreparedProgram:
-        path = Path(workdir) / PROGRAM_JSON
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise ProgramError(f"{path} is not a {FORMAT} file")
-        return cls(data["graph"], Path(workdir) / VALUES, path, data["metadata"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,10 +24,10 @@ from minify_client.models import JobSpec, JobState, Milestone, OriginalState
 from minify_worker import oracle
 from minify_worker.evaluator import SandboxEvaluator
 from minify_worker.hang import HangCalibration, HangWatch, Refuted
-from minify_worker.outcomes import Fails, Outcome, TimedOut
+from minify_worker.outcomes import Fails, Outcome, Stopped, TimedOut
 from minify_worker.report import RunFacts
 from minify_worker.sandbox import wait_unless_stopped
-from minify_worker.scheduler import Scheduler, Stopped
+from minify_worker.scheduler import Scheduler
 from minify_worker.target import (
     Reproduced,
     Restart,

@@ -1,4 +1,5 @@
-"""What running one candidate can come to: typed values, never exceptions (docs/internals.md)."""
+"""What running one candidate can come to: typed values, never exceptions (docs/internals.md); and
+`Stopped`, the one exception that ends work early (a cancel, the job's deadline)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,11 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
 def signature_from_dict(data: dict[str, Any]) -> Signature:
     """A `Signature` from its `asdict` form (JSON turns its chain into a list)."""
     return Signature(**{**data, "chain": tuple(data.get("chain") or ())})
+
+
+class Stopped(Exception):
+    """The job was cancelled or ran out of time; the best program so far is still valid."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

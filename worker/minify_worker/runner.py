@@ -22,7 +22,6 @@ classified by the parent.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import os
 import re
@@ -35,15 +34,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_client import signatures
 from minify_client.accuracy import ACCURACY_EXC_TYPE, float_divergence, fp64_reference, integer_divergence
 from minify_client.models import JobSpec
 
-from . import oracle
 from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
-from .outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
-
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+from .outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
+from .programs.classify import EnvironmentFault, environment_fault, failure, repeated
 
 # What the loader and the linker say about a half-written binary: a child killed while its
 # compiler wrote into the shared compile cache (a cancelled or timed-out candidate) leaves one.
@@ -53,44 +49,7 @@ _DAMAGED_BINARY = re.compile(
     r"file truncated|file format not recognized|file not recognized)"
 )
 
-# What torch says when this process cannot use the job's device at all: the sandbox's problem (a
-# fork after CUDA was initialized, a CPU-only build, no driver, a missing device), never the bug.
-_ENVIRONMENT_FAULT = re.compile(
-    r"Cannot re-initialize CUDA in forked subprocess|Torch not compiled with CUDA enabled|"
-    r"Found no NVIDIA driver|No CUDA GPUs are available|CUDA driver initialization failed|"
-    r"CUDA call failed lazily at initialization|invalid device ordinal|"
-    r"CUDA driver version is insufficient|no kernel image is available for execution on the device"
-)
-
 log = logging.getLogger(__name__)
-
-
-class EnvironmentFault(Exception):
-    """This child cannot run the job's candidates at all (see `environment_fault`)."""
-
-
-def environment_fault(error: BaseException) -> str | None:
-    """The message of `error` (or of any exception it wraps) if it says the device is unusable in
-    this process, rather than anything about the candidate."""
-    seen: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in seen and len(seen) < 8:
-        seen.append(current)
-        for _, message in signatures.exception_chain(current):
-            found = _ENVIRONMENT_FAULT.search(message)
-            if found:
-                line = next((text for text in message.splitlines() if found.group(0) in text), found.group(0))
-                return f"the job's device is unusable in this sandbox child: {line.strip()}"
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    error = oracle.unwrap_exception(error)
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return True
-    text = str(error).lower()
-    return any(marker in text for marker in _OOM_MARKERS)
 
 
 def _clone_inputs(inputs: list[Any]) -> list[Any]:
@@ -105,16 +64,6 @@ def _synchronize(device: str) -> None:
     # CUDA errors are asynchronous: make them surface while the candidate is "running".
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
-
-
-def _failure(error: BaseException, kind: str, started: float) -> Outcome:
-    fault = environment_fault(error)
-    if fault is not None:
-        raise EnvironmentFault(fault) from error
-    duration = time.monotonic() - started
-    if is_out_of_memory(error):
-        return OutOfMemory(message=str(oracle.unwrap_exception(error))[:2000], duration_s=duration)
-    return Fails(signature=oracle.signature_from_exception(error, kind), duration_s=duration)  # type: ignore[arg-type]
 
 
 def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple[fx.GraphModule, list[Any]]:
@@ -200,7 +149,7 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
     try:
         compiled = backend(gm, _clone_inputs(inputs))
     except Exception as error:
-        return _failure(error, "compile_error", started)
+        return failure(error, "compile_error", started)
 
     def run_once() -> Outcome:
         run_started = time.monotonic()
@@ -209,34 +158,20 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
             run_compiled(compiled, inputs if runs == 1 else _clone_inputs(inputs))
             _synchronize(spec.device)
         except Exception as error:
-            return _failure(error, "runtime_error", run_started)
+            return failure(error, "runtime_error", run_started)
         return Passes(duration_s=time.monotonic() - run_started)
 
-    return _repeated(run_once, runs, spec.device, time.monotonic() - started)
+    return repeated(run_once, runs, time.monotonic() - started, _stops(spec.device))
 
 
-def _repeated(run_once: Callable[[], Outcome], runs: int, device: str, compile_s: float) -> Outcome:
-    """Run a compiled program `runs` times: one outcome that counts the runs that failed like the
-    first failure. Its duration is the compile plus the slowest run, what one candidate would take.
-    Stops early after an outcome that is not a plain pass or failure (out of memory), or an
-    exception on CUDA (the context may be unusable after one)."""
-    outcomes: list[Outcome] = []
-    for _ in range(runs):
-        outcome = run_once()
-        outcomes.append(outcome)
-        if not isinstance(outcome, Passes | Fails):
-            break
-        if isinstance(outcome, Fails) and outcome.signature.kind != "accuracy" and device.startswith("cuda"):
-            break
-    duration = compile_s + max(getattr(outcome, "duration_s", 0.0) for outcome in outcomes)
-    first = next((outcome for outcome in outcomes if not isinstance(outcome, Passes)), None)
-    if first is None:
-        return Passes(duration_s=duration, runs=len(outcomes))
-    if not isinstance(first, Fails):
-        return first
-    failed = sum(1 for outcome in outcomes
-                 if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
-    return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)
+def _stops(device: str) -> Callable[[Outcome], bool]:
+    """After which run the original's runs end early: an outcome that is not a plain pass or
+    failure (out of memory), or an exception on CUDA (the context may be unusable after one)."""
+    def stops(outcome: Outcome) -> bool:
+        return not isinstance(outcome, Passes | Fails) or (
+            isinstance(outcome, Fails) and outcome.signature.kind != "accuracy" and device.startswith("cuda"))
+    return stops
+
 
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
                       started: float, runs: int = 1) -> Outcome:
@@ -260,7 +195,7 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
     try:
         compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
     except Exception as error:
-        return _failure(error, "compile_error", started)
+        return failure(error, "compile_error", started)
     compile_s = time.monotonic() - started
 
     def run_once() -> Outcome:
@@ -269,7 +204,7 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
             result = run_compiled(compiled, _clone_inputs(inputs))
             _synchronize(spec.device)
         except Exception as error:
-            return _failure(error, "runtime_error", run_started)
+            return failure(error, "runtime_error", run_started)
         tolerance = spec.failure.tolerance
         floats = float_divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
         integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
@@ -282,4 +217,4 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
                               text=f"{ACCURACY_EXC_TYPE}: {detail}")
         return Fails(signature=signature, duration_s=duration)
 
-    return _repeated(run_once, runs, spec.device, compile_s)
+    return repeated(run_once, runs, compile_s, _stops(spec.device))

@@ -18,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from minify_worker.outcomes import Fails, Outcome, Passes
+from minify_worker.outcomes import Fails, Outcome, Passes, Stopped
 from minify_worker.programs import Representation, representation
-from minify_worker.strategies import Candidate, StrategyContext, Tier
+from minify_worker.programs.candidates import Candidate, StrategyContext, Tier
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,6 @@ class Evaluator(Protocol):
 
     def cancel(self, future: Future[Outcome]) -> None: ...
 
-
-Strategy = Callable[[Any, StrategyContext], Iterator[Candidate]]
-
-
-class Stopped(Exception):
-    """The job was cancelled or ran out of time; the best graph so far is still valid."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass

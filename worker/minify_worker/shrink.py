@@ -40,8 +40,8 @@ import torch
 import torch.fx as fx
 
 from minify_worker import graph as g
+from minify_worker.programs.candidates import Candidate
 from minify_worker.scheduler import Scheduler
-from minify_worker.strategies import Candidate
 
 # The phase's budget in checks: a size-bound dim of 4096 takes 6 rounds to reach 64, and each round
 # may try a few candidates before one fails; when every dim must shrink alone, it bounds the phase.
@@ -183,7 +183,7 @@ def shrink(scheduler: Scheduler, graph: fx.Graph, *, max_checks: int = MAX_CHECK
            on_accept: Callable[[fx.Graph, str], None] | None = None) -> Shrinking:
     """Halve `graph`'s tensor inputs while the failure holds (module docstring), through `scheduler`.
 
-    Raises `scheduler.Stopped` as the reduction does; what `on_accept` saw stays valid.
+    Raises `outcomes.Stopped` as the reduction does; what `on_accept` saw stays valid.
     """
     result = Shrinking(graph)
     done: set[Dim] = set()

@@ -30,45 +30,12 @@ asks for it.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 
 import torch.fx as fx
 
 from minify_worker import graph as g
-
-
-@dataclass(frozen=True)
-class Candidate:
-    graph: fx.Graph
-    description: str
-
-
-@dataclass(frozen=True)
-class StrategyContext:
-    """What strategies may know about the failure being minimized.
-
-    In accuracy mode every output is compared, integer and boolean ones exactly
-    (`minify_client.accuracy`), so only a candidate without outputs cannot fail: strategies do
-    not propose it. (torch's non-strict rule compared floating-point outputs only: a candidate of
-    boolean or integer outputs could not fail there.) `max_granularity` caps the coarsest chunk
-    size, as torch's `--max-granularity`.
-    `parallelism` is how many candidates the scheduler tests at once (`scheduler.reduce` sets
-    it): `probe_kinds` proposes that many probes, one batch.
-    """
-
-    accuracy: bool = False
-    max_granularity: int | None = None
-    parallelism: int = 1
-
-    @classmethod
-    def for_failure(cls, kind: str, max_granularity: int | None = None) -> StrategyContext:
-        return cls(accuracy=kind == "accuracy", max_granularity=max_granularity)
-
-
-
-Strategy = Callable[[fx.Graph, StrategyContext], Iterator[Candidate]]
-
+from minify_worker.programs.candidates import Candidate, Strategy, StrategyContext, Tier, chunk_sizes
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -111,19 +78,6 @@ class _Proposals:
 def granularities(graph: fx.Graph, context: StrategyContext) -> list[int]:
     """Torch's chunk sizes: the largest power of two <= the node count (all nodes), halving to 1."""
     return chunk_sizes(len(graph.nodes), context)
-
-
-def chunk_sizes(count: int, context: StrategyContext) -> list[int]:
-    """The largest power of two <= `count`, halving to 1, capped by `context.max_granularity`: the
-    chunk sizes of truncation and delta debugging, for any representation."""
-    top = 1 << (max(count, 1).bit_length() - 1)
-    if context.max_granularity is not None:
-        top = min(top, context.max_granularity)
-    sizes = []
-    while top >= 1:
-        sizes.append(top)
-        top //= 2
-    return sizes
 
 
 def _is_output_candidate(node: fx.Node) -> bool:
@@ -221,13 +175,6 @@ def truncate_suffix(graph: fx.Graph, context: StrategyContext) -> Iterator[Candi
     proposals = _Proposals(graph, context)
     for granularity in granularities(graph, context):
         yield from truncations_at(graph, context, granularity, proposals)
-
-
-def delta_debugging(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
-    """Promotion of node chunks alone at every granularity."""
-    proposals = _Proposals(graph, context)
-    for granularity in granularities(graph, context):
-        yield from promotions_at(graph, context, granularity, proposals)
 
 
 def remove_outputs(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
@@ -440,27 +387,6 @@ FINAL_STRATEGIES: list[Strategy] = [
     one_minimal,
     simplify_subgraphs,
 ]
-
-
-@dataclass(frozen=True)
-class Tier:
-    """Strategies `scheduler.reduce` drives to a fixed point together.
-
-    An `opening` tier runs once, first: after a success in a later tier the loop goes back to the
-    first tier that is not an opening, so a failure that needs several ops pays for the aiming
-    strategies once, not after every step of the sweep.
-    """
-
-    strategies: tuple[tuple[str, Strategy], ...]
-    opening: bool = False
-
-    @classmethod
-    def of(cls, strategies: Iterable[Strategy], *, opening: bool = False) -> Tier:
-        return cls(tuple((strategy.__name__, strategy) for strategy in strategies), opening)
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _ in self.strategies]
 
 
 PASSES: list[Tier] = [

@@ -10,9 +10,8 @@ from typing import Any
 
 from minify_client.models import CulpritState, JobSpec, Report
 from minify_worker import artifacts
-from minify_worker.outcomes import Signature
+from minify_worker.outcomes import Signature, Stopped
 from minify_worker.sandbox import SandboxError
-from minify_worker.scheduler import Stopped
 
 from .phase import find
 from .report import header_lines, pending_header_lines, report_fields, stopped_fields, stopped_header_lines

@@ -47,7 +47,7 @@ def budget_s(elapsed_s: float) -> float:
 def find(evaluator: SandboxEvaluator, *, original: fx.Graph, minimal: fx.Graph, target: Signature, spec: JobSpec,
          timeout_s: float, budget: float, should_stop: Callable[[], str | None],
          say: Callable[[str], None]) -> Found:
-    """The culprit phase, its probes run through the job's `evaluator`; raises `scheduler.Stopped`
+    """The culprit phase, its probes run through the job's `evaluator`; raises `outcomes.Stopped`
     when `should_stop` answers (a cancel)."""
     prober = Prober(evaluator, spec, target, timeout_s, time.monotonic() + budget, should_stop)
     for key, why in known_failing(minimal, spec).items():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from minify_client.models import JobSpec
 from minify_worker import bisector, oracle
-from minify_worker.outcomes import Outcome, Passes, Signature
+from minify_worker.outcomes import Outcome, Passes, Signature, Stopped
 
 if TYPE_CHECKING:
     from minify_worker.evaluator import SandboxEvaluator
@@ -122,8 +122,6 @@ class Prober:
 
     def wait(self, futures: list[Future[Outcome]]) -> None:
         """Wait for `futures`; `OutOfBudget` past the deadline, `Stopped` on a stop."""
-        from minify_worker.scheduler import Stopped
-
         pending = [future for future in futures if not future.done()]
         while pending:
             reason = self.should_stop()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from minify_worker.outcomes import Outcome
-    from minify_worker.strategies import Tier
+    from minify_worker.programs.candidates import Tier
 
 # The name every wire form carries under this key, so a child knows which representation runs it.
 WIRE_KEY = "representation"

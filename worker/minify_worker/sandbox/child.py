@@ -144,7 +144,7 @@ def run_to_file(setup: ChildSetup, request: dict[str, Any], result_path: Path) -
 
 
 def run_request(setup: ChildSetup, request: dict[str, Any]) -> dict[str, Any]:
-    from ..runner import EnvironmentFault, environment_fault
+    from ..programs.classify import EnvironmentFault, environment_fault
 
     if request["kind"] == "candidate":
         from ..programs import of_wire

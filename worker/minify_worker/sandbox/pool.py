@@ -22,9 +22,9 @@ from typing import Any, Protocol
 from minify_client.models import JobSpec
 
 from .. import oracle
-from ..loader import PreparedProgram, ProgramError
 from ..op_modules import OpModuleError, custom_ops_of_program, import_op_modules
 from ..outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict
+from ..programs.prepared import PreparedProgram, ProgramError
 from .child import ALLOWED_CALLS_ENV, call_allowed
 from .limits import (
     ADDRESS_SPACE_ENV,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from minify_worker.strategies import Candidate, StrategyContext, Tier, chunk_sizes
+from minify_worker.programs.candidates import Candidate, StrategyContext, Tier, chunk_sizes
 
 from . import surgery
 from .module import Module, Op, key, size

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from minify_worker.loader import FORMAT, PROGRAM_JSON, VALUES, ProgramError
+from minify_worker.programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError
 
 from . import arrays as array_io
 from . import xla

@@ -9,7 +9,7 @@ from typing import Any
 
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY
-from minify_worker.strategies import Tier
+from minify_worker.programs.candidates import Tier
 
 from . import module as hlo
 from .moves import PASSES

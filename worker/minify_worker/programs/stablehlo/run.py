@@ -1,5 +1,5 @@
-"""Run one StableHLO candidate in a sandbox child and classify what happened, by the FX jobs'
-rules (runner.py, oracle.py): an exception while compiling is `Fails(compile_error)`, while
+"""Run one StableHLO candidate in a sandbox child and classify what happened, by the rules every
+runner shares (`programs.classify`, oracle.py): an exception while compiling is `Fails(compile_error)`, while
 running `Fails(runtime_error)`, outputs that differ from the reference `Fails(accuracy,
 AccuracyError)` (`accuracy.py`), a module that does not
 build or parse `Invalid`; a crash, a hang or a memory blow-up is classified by the sandbox from
@@ -16,9 +16,8 @@ Backends (`spec.backend`):
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,8 @@ import numpy as np
 
 from minify_client.models import JobSpec
 from minify_worker import oracle
-from minify_worker.outcomes import INTEGER_ONLY, Crashed, Fails, Invalid, Outcome, OutOfMemory, Passes, Signature
+from minify_worker.outcomes import INTEGER_ONLY, Crashed, Fails, Invalid, Outcome, Passes, Signature
+from minify_worker.programs.classify import failure, repeated
 
 from . import accuracy, command, xla
 from . import arrays as array_io
@@ -117,7 +117,7 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
     except xla.OptionError as error:
         return Invalid(message=str(error)[:2000], duration_s=time.monotonic() - started)
     except Exception as error:
-        return _failure(error, "compile_error", started)
+        return failure(error, "compile_error", started)
     compile_s = time.monotonic() - started
 
     def run_once() -> Outcome:
@@ -125,7 +125,7 @@ def run_module(text: str, inputs: list[np.ndarray], spec: JobSpec, workdir: Path
         try:
             outputs = compiled(inputs)
         except Exception as error:
-            return _failure(error, "runtime_error", run_started)
+            return failure(error, "runtime_error", run_started)
         if reference is not None:
             detail = compare(reference, outputs, spec, fp64)
             if detail is not None:
@@ -181,26 +181,3 @@ def accuracy_signature(detail: str, reference: Sequence[np.ndarray], outputs: Se
                    None if fp64 is None else [fp64[i] for i in floats]) is None:
             key = INTEGER_ONLY
     return Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key, text=f"{ACCURACY_EXC_TYPE}: {detail}")
-
-
-def _failure(error: BaseException, kind: str, started: float) -> Outcome:
-    from minify_worker.runner import is_out_of_memory
-
-    duration = time.monotonic() - started
-    if is_out_of_memory(error):
-        return OutOfMemory(message=str(error)[:2000], duration_s=duration)
-    return Fails(signature=oracle.signature_from_exception(error, kind), duration_s=duration)  # type: ignore[arg-type]
-
-
-def repeated(run_once: Callable[[], Outcome], runs: int, compile_s: float) -> Outcome:
-    """`runs` runs of one compiled module as one outcome: the first failure, with how many runs
-    failed that way (fewer than `runs`: flaky)."""
-    outcomes = [run_once() for _ in range(max(1, runs))]
-    duration = compile_s + max(getattr(outcome, "duration_s", 0.0) for outcome in outcomes)
-    first = next((outcome for outcome in outcomes if not isinstance(outcome, Passes)), None)
-    if first is None:
-        return Passes(duration_s=duration, runs=len(outcomes))
-    if not isinstance(first, Fails):
-        return first
-    failed = sum(1 for outcome in outcomes if isinstance(outcome, Fails) and outcome.signature.same_as(first.signature))
-    return dataclasses.replace(first, duration_s=duration, runs=len(outcomes), failed_runs=failed)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from minify_client.models import Milestone
-from minify_worker.strategies import Candidate
+from minify_worker.programs.candidates import Candidate
 
 from .module import Module, Value, tensor_shape
 
