@@ -183,7 +183,7 @@ def describe_program(path: Path) -> dict[str, Any]:
     (`range_constraints`: the symbols the program keeps symbolic); `{"error"}` when it cannot be
     loaded. Loaded as the worker loads it (`export_load`: transformers' output types need no
     import), with the custom-op modules a capture's spec.json beside it names (MoE models)."""
-    from minify_worker.export_load import load
+    from minify_worker.programs.fx.export_load import load
 
     spec = path.parent / "spec.json"
     for module in json.loads(spec.read_text()).get("op_modules", []) if spec.exists() else []:

@@ -81,7 +81,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def test_backends_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sandbox children may import the test backends (tests/support/backends.py)."""
-    from minify_worker.backends import ALLOWED_BACKENDS_ENV
+    from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
     from tests.support.backends import PREFIX
 
     monkeypatch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)

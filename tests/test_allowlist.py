@@ -32,6 +32,6 @@ def test_the_environment_is_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -
 
 def test_reading_the_allowlist_does_not_import_torch() -> None:
     # op_modules reads it in a spawned fork server before torch is imported.
-    script = "import sys, minify_worker.allowlist, minify_worker.op_modules; print('torch' in sys.modules)"
+    script = "import sys, minify_worker.allowlist, minify_worker.programs.fx.op_modules; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

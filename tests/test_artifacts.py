@@ -25,8 +25,10 @@ import torch.fx as fx
 from examples import programs
 from minify_client.models import JobSpec, JobState, Report, TimelinePoint
 from minify_worker import artifacts
-from minify_worker import graph as G
 from minify_worker.outcomes import Signature
+from minify_worker.programs.fx import artifacts as fx_artifacts
+from minify_worker.programs.fx import graph as G
+from minify_worker.programs.fx import repro
 from tests.support.graphs import AOTI_RELU_CODE
 from tests.support.repro import run_repro
 
@@ -110,7 +112,7 @@ def _cos_only(relu_cos: tuple[fx.Graph, dict[str, Any]]) -> fx.Graph:
 
 def _write(graph: fx.Graph, values: dict[str, Any], out_dir: Path, signature: Signature | None = None,
            **spec: Any) -> dict[str, Any]:
-    return artifacts.write_program_files(graph, values, out_dir, JobSpec(**spec), signature)
+    return fx_artifacts.write_program_files(graph, values, out_dir, JobSpec(**spec), signature)
 
 
 def _failure_line(stderr: str) -> str:
@@ -187,7 +189,7 @@ def test_write_program_artifacts_is_a_sandbox_call_with_json_arguments(seed_aoti
         "signature": asdict(signature),
     }))
 
-    result = artifacts.write_program_artifacts(SimpleNamespace(values=values), **kwargs)
+    result = fx_artifacts.write_program_artifacts(SimpleNamespace(values=values), **kwargs)
 
     assert json.loads(json.dumps(result)) == {
         "files": [artifacts.INPUTS, artifacts.REPRO, artifacts.SIGNATURE_RULES, artifacts.MINIMIZED], "errors": {}}
@@ -198,7 +200,7 @@ def test_write_program_artifacts_writes_nothing_to_a_relative_out_dir_and_says_w
                                                                                   monkeypatch):
     monkeypatch.chdir(tmp_path)  # a sandbox child's working directory is not its caller's
     graph, values = seed_aoti
-    result = artifacts.write_program_artifacts(SimpleNamespace(values=values), wire_graph=G.graph_to_wire(graph),
+    result = fx_artifacts.write_program_artifacts(SimpleNamespace(values=values), wire_graph=G.graph_to_wire(graph),
                                                out_dir="out/relu", spec_json=JobSpec().model_dump_json())
 
     assert result["files"] == []
@@ -211,7 +213,7 @@ def test_write_program_artifacts_writes_nothing_to_a_relative_out_dir_and_says_w
 
 
 def test_repro_forward_is_the_graph_as_aten_calls_in_a_repro_module(seed_aoti):
-    text = artifacts.render_repro(seed_aoti[0], JobSpec(), None, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], JobSpec(), None, "2.13.0")
 
     assert textwrap.dedent("""\
         class Repro(torch.nn.Module):
@@ -229,7 +231,7 @@ def test_repro_header_states_kind_signature_backend_device_torch_version_and_how
                           "RuntimeError: shape mismatch: 3 vs 4\nmore detail")
     spec = JobSpec(backend="aot_inductor", device="cuda:1")
 
-    header = artifacts.render_repro(seed_aoti[0], spec, signature, "2.11.0").split("\nimport ")[0]
+    header = repro.render_repro(seed_aoti[0], spec, signature, "2.11.0").split("\nimport ")[0]
 
     assert "# Expected failure: runtime_error" in header
     assert "# Signature:        RuntimeError: shape mismatch: N vs N" in header
@@ -244,14 +246,14 @@ def test_repro_header_leaves_out_the_observed_text_when_the_signature_says_it_al
     signature = Signature("compile_error", "CppCompileError", "C++ compile error",
                           "CppCompileError: C++ compile error\nCommand: g++ ...")
 
-    text = artifacts.render_repro(seed_aoti[0], JobSpec(), signature, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], JobSpec(), signature, "2.13.0")
 
     assert "# Signature:        CppCompileError: C++ compile error" in text
     assert "# As observed:" not in text
 
 
 def test_repro_of_a_custom_backend_says_its_module_must_be_importable(seed_aoti):
-    text = artifacts.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
 
     assert "# Custom backend:   imported by path: pkg.backends must be importable" in text
     assert "importlib.import_module('pkg.backends'), 'broken')" in text
@@ -260,7 +262,7 @@ def test_repro_of_a_custom_backend_says_its_module_must_be_importable(seed_aoti)
 def test_repro_expects_the_observed_failure_kind_over_the_spec_kind(seed_aoti):
     observed = Signature("accuracy", "AccuracyError", "Bad accuracy detected")
 
-    text = artifacts.render_repro(seed_aoti[0], JobSpec(), observed, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], JobSpec(), observed, "2.13.0")
 
     assert "FAILURE_KIND = 'accuracy'" in text
 
@@ -268,7 +270,7 @@ def test_repro_expects_the_observed_failure_kind_over_the_spec_kind(seed_aoti):
 def test_repro_sets_each_recorded_inductor_config_override(seed_aoti):
     spec = JobSpec(config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error", "max_autotune": True})
 
-    text = artifacts.render_repro(seed_aoti[0], spec, None, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], spec, None, "2.13.0")
 
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = 'compile_error'\n" in text
     assert "torch._inductor.config.max_autotune = True\n" in text
@@ -278,7 +280,7 @@ def test_repro_sets_recorded_dynamo_and_functorch_config_in_their_modules(seed_a
     spec = JobSpec(config={"torch._dynamo.config.assume_static_by_default": False,
                            "torch._functorch.config.donated_buffer": False, "freezing": True})
 
-    text = artifacts.render_repro(seed_aoti[0], spec, None, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], spec, None, "2.13.0")
 
     assert "import torch._dynamo.config\nimport torch._functorch.config\n" in text
     assert "\ntorch._dynamo.config.assume_static_by_default = False\n" in text
@@ -289,11 +291,11 @@ def test_repro_sets_recorded_dynamo_and_functorch_config_in_their_modules(seed_a
 
 def test_repro_refuses_a_config_key_that_is_not_a_dotted_name(seed_aoti):
     with pytest.raises(ValueError, match="dotted"):
-        artifacts.render_repro(seed_aoti[0], JobSpec(config={"cpp..x": 1}), None, "2.13.0")
+        repro.render_repro(seed_aoti[0], JobSpec(config={"cpp..x": 1}), None, "2.13.0")
 
 
 def test_repro_imports_nothing_from_minify(seed_aoti):
-    text = artifacts.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
+    text = repro.render_repro(seed_aoti[0], JobSpec(backend="pkg.backends:broken"), None, "2.13.0")
 
     imports = [line for line in text.splitlines() if line.lstrip().startswith(("import ", "from "))]
     assert imports
@@ -410,7 +412,7 @@ def test_repro_moves_inputs_to_the_spec_device(relu_cos, tmp_path):
     torch.empty(0, 3),
 ])
 def test_inline_inputs_give_back_every_value_bit_for_bit(value: torch.Tensor) -> None:
-    written = artifacts.repro.inline_inputs([value, 3, 0.5, True])
+    written = repro.inline_inputs([value, 3, 0.5, True])
     assert written is not None
     read = eval(f"[{written}]", {"torch": torch})
 
@@ -429,7 +431,7 @@ def test_inline_inputs_give_back_every_value_bit_for_bit(value: torch.Tensor) ->
     [float("nan")],
 ])
 def test_inputs_a_literal_would_not_keep_stay_in_inputs_pt(inputs: list[Any]) -> None:
-    assert artifacts.repro.inline_inputs(inputs) is None
+    assert repro.inline_inputs(inputs) is None
 
 
 SMALL_X = torch.tensor([-1.5, 0.25, 2.0, -0.0])
@@ -439,7 +441,7 @@ def test_a_one_op_repro_with_small_inputs_holds_them_and_reads_top_to_bottom(rel
     signature = Signature("compile_error", "CppCompileError", "'tmpN' was not declared in this scope")
     spec = JobSpec(backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
-    text = artifacts.render_repro(_relu_only(relu_cos), spec, signature, "2.13.0", {"OS": "Linux"},
+    text = repro.render_repro(_relu_only(relu_cos), spec, signature, "2.13.0", {"OS": "Linux"},
                                   inputs=[SMALL_X])
 
     assert len(text.splitlines()) < 40
@@ -454,7 +456,7 @@ def test_a_one_op_repro_with_small_inputs_holds_them_and_reads_top_to_bottom(rel
 
 
 def test_a_repro_that_reads_inputs_pt_lists_the_environment_in_its_header(relu_cos):
-    text = artifacts.render_repro(_relu_only(relu_cos), JobSpec(), None, "2.13.0", {"OS": "Linux", "GPU": "none"},
+    text = repro.render_repro(_relu_only(relu_cos), JobSpec(), None, "2.13.0", {"OS": "Linux", "GPU": "none"},
                                   inputs=[torch.randn(100)])
     header = text.split("\nimport ")[0]
     assert "# Environment it failed in (torch.utils.collect_env, on the worker):\n#   OS: Linux\n#   GPU: none" \
@@ -462,7 +464,7 @@ def test_a_repro_that_reads_inputs_pt_lists_the_environment_in_its_header(relu_c
 
 
 def test_an_aot_inductor_repro_reads_inputs_pt_whatever_their_size(relu_cos):
-    text = artifacts.render_repro(_relu_only(relu_cos), JobSpec(backend="aot_inductor"), None, "2.13.0",
+    text = repro.render_repro(_relu_only(relu_cos), JobSpec(backend="aot_inductor"), None, "2.13.0",
                                   inputs=[SMALL_X])
     assert "def load_inputs(path):" in text and "aoti_compile_and_package" in text
 

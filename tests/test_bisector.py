@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from minify_worker import bisector
+from minify_worker.programs.fx import bisector
 
 
 def test_a_bisection_ended_by_an_error_prints_nothing_on_stdout(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:

@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from minify_client.bugs import bug_key
-from minify_worker import graph as G
+from minify_worker.programs.fx import graph as G
 
 aten = torch.ops.aten
 

@@ -18,10 +18,10 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 from minify_client.models import JobSpec, JobState
-from minify_worker import graph as G
-from minify_worker import strategies
 from minify_worker.engine import MinifyResult, minify
-from minify_worker.loader import prepare
+from minify_worker.programs.fx import graph as G
+from minify_worker.programs.fx import strategies
+from minify_worker.programs.fx.loader import prepare
 from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, targets_of

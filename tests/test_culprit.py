@@ -19,9 +19,9 @@ from examples import programs
 from minify_client.models import Culprit, CulpritState, JobSpec, JobState, Report, Workaround
 from minify_client.progress import culprit_summary
 from minify_client.specflags import add_spec_arguments, spec_from_args
-from minify_worker import culprit
-from minify_worker.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.engine import MinifyResult, minify
+from minify_worker.programs.fx import culprit
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.sandbox.warmup import compile_cache_dir
 from tests.support.backends import PREFIX
 

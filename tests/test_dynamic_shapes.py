@@ -19,10 +19,11 @@ from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
 from minify_client.models import JobSpec, JobState
-from minify_worker.artifacts import export_minimized, write_program_files
-from minify_worker.backends import ALLOWED_BACKENDS_ENV, dynamic_shapes_of, resolve_backend
 from minify_worker.engine import MinifyResult, minify
-from minify_worker.graph import (
+from minify_worker.outcomes import Fails, Passes
+from minify_worker.programs.fx.artifacts import export_minimized, write_program_files
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV, dynamic_shapes_of, resolve_backend
+from minify_worker.programs.fx.graph import (
     derive,
     flat_graph_from_exported_program,
     graph_from_wire,
@@ -30,9 +31,8 @@ from minify_worker.graph import (
     placeholders,
     to_graph_module,
 )
-from minify_worker.loader import concrete_values, placeholder_values
-from minify_worker.outcomes import Fails, Passes
-from minify_worker.runner import run_wire_candidate
+from minify_worker.programs.fx.loader import concrete_values, placeholder_values
+from minify_worker.programs.fx.runner import run_wire_candidate
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from examples import programs
-from minify_worker import graph as G
+from minify_worker.programs.fx import graph as G
 from tests.support.graphs import targets_of
 
 

@@ -15,8 +15,8 @@ import torch
 
 from examples import programs
 from minify_client.models import JobSpec
-from minify_worker.graph import graph_from_wire
-from minify_worker.loader import prepare
+from minify_worker.programs.fx.graph import graph_from_wire
+from minify_worker.programs.fx.loader import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError
 from minify_worker.sandbox import prepare_program
 

@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from minify_worker.export_load import model_documents
-from minify_worker.op_modules import custom_ops_of_program
+from minify_worker.programs.fx.export_load import model_documents
+from minify_worker.programs.fx.op_modules import custom_ops_of_program
 
 
 def _graph(*targets: str, subgraph: dict[str, Any] | None = None) -> dict[str, Any]:

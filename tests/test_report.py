@@ -8,9 +8,9 @@ import torch.fx as fx
 
 from minify_client.bugs import bug_key
 from minify_client.models import JobSpec, JobState, OriginalState, Report
-from minify_worker import graph as g
 from minify_worker.outcomes import Signature
 from minify_worker.programs import representation
+from minify_worker.programs.fx import graph as g
 from minify_worker.report import RunFacts, after_verdict, build_report
 from minify_worker.scheduler import Stats
 

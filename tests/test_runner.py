@@ -17,9 +17,9 @@ import torch
 from torch import fx
 
 from minify_client.models import FailureSpec, JobSpec
-from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
-from minify_worker.runner import run_candidate
+from minify_worker.programs.fx.graph import graph_to_wire
+from minify_worker.programs.fx.runner import run_candidate
 from minify_worker.sandbox import SandboxPool, compile_cache_dir
 from tests.support import calls
 from tests.support.backends import PREFIX
@@ -179,7 +179,7 @@ def test_config_keys_of_dynamo_and_functorch_are_set_in_their_modules() -> None:
     import torch._dynamo.config as dynamo_config
     import torch._functorch.config as functorch_config
 
-    from minify_worker.backends import apply_inductor_config
+    from minify_worker.programs.fx.backends import apply_inductor_config
 
     saved = dynamo_config.cache_size_limit, functorch_config.donated_buffer
     try:

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from minify_client.models import JobSpec
-from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
+from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
 from minify_worker.sandbox.processes import process_stats
 from tests.support import backends, calls
@@ -245,7 +245,7 @@ PARENT = textwrap.dedent("""
     from pathlib import Path
     from torch import fx
     from minify_client.models import JobSpec
-    from minify_worker.graph import graph_to_wire
+    from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxPool, preload
 
     workdir = Path(sys.argv[1])
@@ -284,7 +284,7 @@ FORK_ORIGIN = textwrap.dedent("""
     import json, sys, threading, torch
     from pathlib import Path
     from minify_client.models import JobSpec
-    from minify_worker.graph import graph_to_wire
+    from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxPool, fork_refusal, preload
     from tests.support.graphs import chain_graph
 

@@ -12,8 +12,8 @@ import torch
 
 from minify_client.models import JobSpec, JobState
 from minify_worker.engine import minify
-from minify_worker.graph import graph_to_wire
 from minify_worker.outcomes import Crashed, Fails, Passes, TimedOut
+from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxPool
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import chain_graph, save_chain

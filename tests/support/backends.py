@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_worker.backends import ALLOWED_BACKENDS_ENV
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 
 PREFIX = "tests.support.backends"
 # What a process that starts sandbox children needs in its environment for them to import these (a

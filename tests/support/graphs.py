@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from minify_worker.graph import flat_graph_from_exported_program, target_name
+from minify_worker.programs.fx.graph import flat_graph_from_exported_program, target_name
 
 # The minimal program of an aot_inductor bug on relu in examples/programs.py's linear_relu_sigmoid
 # (or its dict form), as minimized.pt2's module prints it: relu of the linear, now an input.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from minify_client.models import CulpritState, JobState, OriginalState, ProgressEvent, Report, detect_program_format
 from minify_client.progress import culprit_summary, not_reproduced_lines, original_summary, shrunk_inputs
 from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
+from minify_worker import programs
 
 if TYPE_CHECKING:
     from minify_worker.engine import MinifyResult
@@ -123,7 +124,7 @@ def minify_command(argv: list[str]) -> int:
         _print_summary(result, args.out.resolve())  # the result first, then the version phase
         sys.stdout.flush()
     report = result.report
-    if spec.versions and spec.program_format == "pt2" and result.status is JobState.succeeded:
+    if spec.versions and programs.of_format(spec.program_format).versions_phase and result.status is JobState.succeeded:
         report = _version_phase(report, args.out.resolve(), display)
     if args.json:
         print(report.model_dump_json(indent=2))

@@ -26,11 +26,13 @@ import torch
 
 from minify_client.models import CulpritState, JobSpec, JobState, Milestone, OriginalState, ProgressEvent, Report
 from minify_client.progress import culprit_summary
-from minify_worker import artifacts, culprit, environment, programs, strategies
+from minify_worker import artifacts, environment, programs
 from minify_worker.evaluator import SandboxEvaluator, in_sandbox
 from minify_worker.hang import HangCalibration
 from minify_worker.original import OriginalRun
 from minify_worker.outcomes import Signature, Stopped
+from minify_worker.programs import culprit
+from minify_worker.programs.candidates import StrategyContext
 from minify_worker.programs.prepared import ProgramError
 from minify_worker.progress import Progress
 from minify_worker.report import RunFacts, after_verdict, build_report
@@ -232,7 +234,7 @@ class _Run:
         self.progress.say(Milestone.writing_artifacts, "writing artifacts")
         # The culprit phase follows the delivered result, unless the job was cut short (a stop); so
         # does the original's verdict where the result went out before it.
-        follows = (self.spec.culprit and getattr(self.program, "culprit_phase", False)
+        follows = (self.spec.culprit and self.program.culprit is not None
                    and status is JobState.succeeded and not stopped_early)
         self._culprit_pending = follows
         try:
@@ -315,17 +317,19 @@ class _Run:
             self.progress.enter("reduce")
 
     def _culprit_phase(self, evaluator: SandboxEvaluator, delivered: MinifyResult) -> MinifyResult:
-        """The culprit phase (culprit/), after the result was delivered: its finding rewrites
+        """The culprit phase (`Representation.culprit`), after the result was delivered: its finding rewrites
         report.json, repro.py's header and the bundle; it never fails the succeeded job."""
         assert self.facts.best is not None and self.facts.signature is not None
         started = time.monotonic()
         self.progress.phase = "culprit"  # after "done": its own clock, not the phase clock's
         self.progress.say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
-        report, state = culprit.after_result(
+        phase = self.program.culprit
+        assert phase is not None
+        report, state = phase.after_result(
             evaluator, delivered.report, self.out_dir, original=self.original.graph, minimal=self.facts.best,
             target=self.facts.signature, spec=self.spec,
             timeout_s=self.facts.candidate_timeout_s or self.original.first_timeout(),
-            budget=culprit.budget_s(delivered.report.elapsed_s), should_stop=self._stop_reason,
+            budget=phase.budget_s(delivered.report.elapsed_s), should_stop=self._stop_reason,
             say=lambda message: self.progress.say(Milestone.culprit_step, message))
         self.facts.phase_s["culprit"] = round(time.monotonic() - started, 3)
         self.progress.phase = "done"
@@ -336,21 +340,17 @@ class _Run:
 
     def _shrink_inputs(self) -> None:
         """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
-        program's inputs while the failure holds (`programs.Shrinks`)."""
+        program's inputs while the failure holds (`Representation.shrink`)."""
         if not self.spec.shrink or self.facts.best is None:
             return
         assert self.scheduler is not None
         self.progress.enter("shrink")
         self.facts.unshrunk = self.facts.best
-        shrinks = getattr(self.program, "shrink", None)
-        if shrinks is None:
-            self.progress.say(Milestone.shrink_skipped, f"shrink skipped: {self.program.name} cannot shrink inputs")
-            return
-        shrinks(self.scheduler, self.facts.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
+        self.program.shrink(self.scheduler, self.facts.best, dynamic=self.spec.dynamic, on_accept=self._accepted,
                 say=self.progress.say)
 
-    def _context(self) -> strategies.StrategyContext:
-        return strategies.StrategyContext.for_failure(self.spec.failure.kind)
+    def _context(self) -> StrategyContext:
+        return StrategyContext.for_failure(self.spec.failure.kind)
 
     def _accepted(self, graph: Any, description: str) -> None:
         self.facts.best = graph
@@ -399,7 +399,7 @@ class _Run:
             self._mark_original_stopped()  # the sandbox's end stops its run (evaluator.close)
         self.facts.hang_confirm_timeout_s = self.original.hang_watch.confirm_timeout_s
         culprit_fields = (culprit.pending_fields() if self._culprit_pending and status is JobState.succeeded
-                          else culprit.report_fields(None, self.spec))
+                          else culprit.report_fields(None, self.spec, has_phase=self.program.culprit is not None))
         report = build_report(status, reason, self.facts, stats=self.scheduler.stats if self.scheduler else None,
                               elapsed_s=self.progress.elapsed_s(), culprit_fields=culprit_fields, seen=seen)
         status, reason = report.status, report.reason
@@ -415,7 +415,8 @@ class _Run:
             self._culprit_pending = False  # nothing delivered: no phase follows
             report = report.model_copy(update={"status": status, "reason": reason, "graph_shape_hash": None,
                                                "bug": None, "artifacts": sorted(files),
-                                               **culprit.report_fields(None, self.spec)})
+                                               **culprit.report_fields(None, self.spec,
+                                                                       has_phase=self.program.culprit is not None)})
         self.progress.emit(force=True, status=status, milestone=Milestone.finished, message=reason or status.value,
                            culprit_state=CulpritState.running if status is JobState.succeeded and self._culprit_pending
                            else None)

@@ -51,7 +51,7 @@ from minify_server.ledger import (
     record_fields,
     write_for_attempt,
 )
-from minify_worker import joblog
+from minify_worker import joblog, programs
 from minify_worker.versions import bisect as versions_bisect
 from minify_worker.versions import bugs as versions_bugs
 from minify_worker.versions import phase as versions_phase
@@ -476,8 +476,8 @@ def run_job(wire: dict[str, Any]) -> str:
         """The final status and result; for a succeeded job, then the version phase's probes go out
         to the workers holding other torch versions (`versions_phase.fan_out`)."""
         # Which torch has the bug: a question for torch programs only (a StableHLO job's repro needs jax).
-        versions = (spec.versions and spec.program_format == "pt2" and status is JobState.succeeded
-                    and report is not None)
+        versions = (spec.versions and programs.of_format(spec.program_format).versions_phase
+                    and status is JobState.succeeded and report is not None)
         if versions:
             report = report.model_copy(update={"versions_state": CulpritState.running})
         channel.finish(status, reason, report, folder)
@@ -620,7 +620,8 @@ def _culprit_lost(report: Report, out_dir: Path, why: str) -> Report:
     lost = report.model_copy(update={**culprit_fields, "versions_state": versions_state, **original})
     if (out_dir / "report.json").is_file():
         # torch is behind these two: the worker preloaded it, and the server never calls this
-        from minify_worker import artifacts, culprit
+        from minify_worker import artifacts
+        from minify_worker.programs import culprit
 
         try:
             artifacts.rewrite_for_culprit(out_dir, lost, pending_lines=culprit.pending_header_lines(),

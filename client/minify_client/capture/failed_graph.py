@@ -169,7 +169,7 @@ def capture_key(failed: FailedCompile) -> str:
 
 def structure(graph: Any) -> list[str]:
     """One line per node, nodes by position instead of name, so renamed copies compare equal. Not
-    the worker's graph hashes (minify_worker.graph): a graph as dynamo hands it over has methods and
+    the worker's graph hashes (minify_worker.programs.fx.graph): a graph as dynamo hands it over has methods and
     Python functions as targets, which those refuse, and the client never imports the worker."""
     index: dict[Any, int] = {}
     lines = []

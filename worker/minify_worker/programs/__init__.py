@@ -1,8 +1,11 @@
 """What the engine reduces: one plug-in per kind of program (`Representation`).
 
-The engine's loop, the scheduler and the sandbox know programs only through this protocol: the FX
-graph of a `.pt2` (`programs/fx.py`) is one representation, and another kind of program (a
-StableHLO module) adds a package beside it, not branches in the engine. A representation is two
+The engine's loop, the scheduler, the sandbox and the service know programs only through this
+protocol and this registry: the FX graph of a `.pt2` (`programs/fx/`) is one representation, a
+StableHLO module (`programs/stablehlo/`) another, and a new kind of program adds a package beside
+them, not branches in the engine. Neither representation imports the other: what both need lives
+here, above them (`candidates`, `prepared`, `classify`, `culprit`), or in the neutral modules
+(`minify_worker.outcomes`, `oracle`, `artifacts`); tests/test_layout.py checks it. A representation is two
 halves: pure functions over a program in the engine's process (memo key, size, op kinds, its
 strategies, the wire form a sandbox child gets), and entry points that run only in sandbox
 children, named as call targets (`module:function`), because only children parse untrusted
@@ -12,11 +15,13 @@ programs and import compilers.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from minify_worker.outcomes import Outcome
+    from minify_client.models import CulpritState, JobSpec, Report
+    from minify_worker.outcomes import Outcome, Signature
     from minify_worker.programs.candidates import Tier
 
 # The name every wire form carries under this key, so a child knows which representation runs it.
@@ -32,11 +37,30 @@ class Representation(Protocol):
     name: str
     # Sandbox call targets (`module:function`, run in a child as `fn(context, **kwargs) -> dict`):
     # `prepare_target(context, *, program, inputs)` parses the upload and writes program.json (the
-    # wire form) and values.pt into `context.workdir` (loader.PreparedProgram), raising
-    # `loader.ProgramError` for bad input; `artifacts_target` takes `artifacts.write_program_artifacts`'
-    # keyword arguments and returns its `{"files": [...], "errors": {...}}`.
+    # wire form) and values.pt into `context.workdir` (`prepared.PreparedProgram`), raising
+    # `prepared.ProgramError` for bad input; `artifacts_target` takes the keyword arguments of
+    # `programs/fx/artifacts.py`'s `write_program_artifacts` and returns its `{"files": [...], "errors": {...}}`.
     prepare_target: str
     artifacts_target: str
+
+    # -- what it can do, as the engine, the service and the sandbox ask -----------------------
+    # Its culprit phase (`CulpritPhase`), or None: the phase is then `skipped` in report.json.
+    culprit: CulpritPhase | None
+    # Whether repro.py can run under other torch versions (the version phase, versions/).
+    versions_phase: bool
+    # Modules every candidate child imports: the fork server imports them once, before forking.
+    child_modules: tuple[str, ...]
+    # Whether a worker's origin process imports `child_modules` before any job (sandbox.preload):
+    # children of every job then inherit them already imported.
+    preloaded: bool
+
+    def check_upload(self, program: Path, spec: JobSpec) -> None:
+        """In the engine's process, before the loader's child runs: make this process able to
+        rebuild what the loader will write; raises `prepared.ProgramError` saying what is missing."""
+
+    def set_up_children(self, spec: JobSpec) -> None:
+        """In the fork server, before its first child: what every child of the job needs; raises
+        `prepared.ProgramError` when the job cannot run here."""
 
     # -- the engine's process: pure, no compiler --------------------------------------------
     def key(self, program: Any) -> str:
@@ -53,6 +77,11 @@ class Representation(Protocol):
 
     def code(self, program: Any) -> str:
         """The program as text for progress events and report.json."""
+
+    def shrink(self, scheduler: Any, program: Any, *, dynamic: str, say: Any, on_accept: Any) -> Any:
+        """The shrink phase: shrink `program`'s inputs while the failure holds, accepting each smaller
+        program (`on_accept(program, description)`) and telling each step (`say(Milestone, message)`),
+        or saying why it cannot (`Milestone.shrink_skipped`)."""
 
     def passes(self) -> Sequence[Tier]:
         """The strategy tiers `scheduler.reduce` drives to a fixed point."""
@@ -79,19 +108,18 @@ class Representation(Protocol):
         classify the result. Called in a sandbox child."""
 
 
-class Shrinks(Protocol):
-    """A representation that can shrink its inputs' sizes once the program is minimal (the shrink
-    phase; one that cannot says so in the job's progress)."""
+class CulpritPhase(Protocol):
+    """The culprit phase of a representation whose compiler can be bisected (FX: `programs/fx/culprit/`),
+    run after the result was delivered."""
 
-    def shrink(self, scheduler: Any, program: Any, *, dynamic: str, say: Any, on_accept: Any) -> Any:
-        """Shrink `program`'s inputs while the failure holds, accepting each smaller program
-        (`on_accept(program, description)`) and telling each step (`say(Milestone, message)`)."""
+    def budget_s(self, elapsed_s: float) -> float:
+        """How long the phase may take after a job that took `elapsed_s`."""
 
-
-class HasCulprit(Protocol):
-    """A representation whose compiler the culprit phase can bisect (culprit.py: inductor's)."""
-
-    culprit_phase: bool
+    def after_result(self, evaluator: Any, delivered: Report, out_dir: Path, *, original: Any, minimal: Any,
+                     target: Signature, spec: JobSpec, timeout_s: float, budget: float,
+                     should_stop: Callable[[], str | None], say: Callable[[str], None],
+                     ) -> tuple[Report, CulpritState]:
+        """Find the culprit and rewrite the delivered artifacts in `out_dir` with it."""
 
 
 def representation(name: str) -> Representation:
@@ -107,6 +135,17 @@ def of_format(program_format: str) -> Representation:
     """The representation of a job spec's `program_format`: a `.pt2` is FX; StableHLO and HLO text
     are both StableHLO (HLO is converted when it is loaded)."""
     return representation("fx" if program_format in ("pt2", "fx") else "stablehlo")
+
+
+def preloaded() -> list[Representation]:
+    """The representations whose children's modules a worker's origin process imports ahead of jobs."""
+    return [kind for kind in map(representation, sorted(_MODULES)) if kind.preloaded]
+
+
+def import_modules(names: Sequence[str]) -> None:
+    """Import `names` (a representation's `child_modules`) in this process."""
+    for name in names:
+        importlib.import_module(name)
 
 
 def of_wire(wire: dict[str, Any]) -> Representation:

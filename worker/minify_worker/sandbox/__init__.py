@@ -27,7 +27,7 @@ API (parent side)::
     future = pool.submit(wire_graph, timeout_s, purpose="candidate")   # Future[Outcome]
     pool.cancel(future)               # or future.cancel(): kills that child
     pool.set_timeout(future, 30.0)    # a new timeout for a queued or running request
-    value = pool.call("minify_worker.artifacts:write_minimized", kwargs, timeout_s)   # -> dict
+    value = pool.call("minify_worker.environment:collect_in_child", kwargs, timeout_s)   # -> dict
     pool.load_values(values_path)     # (re)load the value store in the server, e.g. after prepare
     pool.wait_ready(timeout_s)        # -> the server's warm-up report
     pool.close()                      # kills everything, reaps, removes workdir/sandbox

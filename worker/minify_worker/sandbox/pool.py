@@ -21,8 +21,7 @@ from typing import Any, Protocol
 
 from minify_client.models import JobSpec
 
-from .. import oracle
-from ..op_modules import OpModuleError, custom_ops_of_program, import_op_modules
+from .. import oracle, programs
 from ..outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict
 from ..programs.prepared import PreparedProgram, ProgramError
 from .child import ALLOWED_CALLS_ENV, call_allowed
@@ -484,24 +483,23 @@ def wait_unless_stopped(pool: _Cancels, futures: list[Future],
 def prepare_program(program: Path, inputs: Path | None, workdir: Path, spec: JobSpec, *,
                     timeout_s: float | None = 600.0, pool: SandboxPool | None = None,
                     should_stop: Callable[[], str | None] | None = None,
-                    target: str = "minify_worker.loader:prepare_in_child") -> PreparedProgram:
-    """Run the loader in a sandbox child: values.pt and program.json into `workdir`. `target`: the
-    representation's loader (`programs.Representation.prepare_target`), the `.pt2` loader by default.
+                    target: str | None = None) -> PreparedProgram:
+    """Run the loader in a sandbox child: values.pt and program.json into `workdir`. `target`: a
+    loader (`module:function`), by default the one of the spec's representation
+    (`programs.Representation.prepare_target`).
 
     Uses `pool` if given (it need not have a value store yet), else a one-shot pool without
     inductor warm-up. Any failure (a bad file, inputs that do not fit, a crash or hang while
     loading) raises `ProgramError` with a message for the user. When `should_stop` answers a
     reason (a cancel, a job deadline), the loading child is killed and `PrepareStopped` raised.
 
-    First the spec's `op_modules` are imported in this process, which rebuilds the prepared graph
-    whose targets their custom ops are (the fork server imports them for its children): one the
-    worker does not allow, or that does not import, is a `ProgramError` naming it and the program's
-    custom ops (`op_modules.import_op_modules`).
+    First the representation checks the upload in this process, which rebuilds what the loader
+    writes (`Representation.check_upload`; FX: the spec's `op_modules` imported, for the custom ops
+    of the program's graph), raising `ProgramError` for what is missing.
     """
-    try:
-        import_op_modules(spec.op_modules, custom_ops_of_program(Path(program)) if spec.op_modules else ())
-    except OpModuleError as error:
-        raise ProgramError(str(error)) from None
+    representation = programs.of_format(spec.program_format)
+    representation.check_upload(Path(program), spec)
+    target = target or representation.prepare_target
     own_pool = pool is None
     active = pool or SandboxPool(workdir, None, spec, 1, warm=False)
     kwargs = {"program": str(Path(program).resolve()),

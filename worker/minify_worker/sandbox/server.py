@@ -23,7 +23,8 @@ from typing import Any
 
 from minify_client.models import JobSpec
 
-from ..op_modules import OpModuleError, import_op_modules
+from .. import programs
+from ..programs.prepared import ProgramError
 from .child import ChildSetup, run_child, run_long_lived_child
 from .processes import (
     PR_SET_CHILD_SUBREAPER,
@@ -39,7 +40,7 @@ from .processes import (
     write_all,
     write_line,
 )
-from .warmup import import_stablehlo_modules, origin_warmed_up, warm_up
+from .warmup import origin_warmed_up, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -121,17 +122,18 @@ def run_server(options: ServerOptions, request_fd: int, event_fd: int) -> int:
         # overrides per thread context, so a server forked from another thread than the one that
         # preloaded would not see preload()'s: set it here, in the context every child inherits.
         inductor_config.compile_threads = 1
-        try:  # before anything is forked: every child needs the program's custom ops registered
-            import_op_modules(server.spec.op_modules)
-        except OpModuleError as error:
+        representation = programs.of_format(server.spec.program_format)
+        try:  # before anything is forked: what every child needs (FX: the program's custom ops registered)
+            representation.set_up_children(server.spec)
+        except ProgramError as error:
             server.emit({"event": "fatal", "message": str(error)})
             return 2
         info: dict[str, Any] = {"imports_s": round(time.monotonic() - started, 3), "warmup_s": 0.0,
                                 "cuda_initialized": bool(torch.cuda.is_initialized())}
         if options.warm and not origin_warmed_up():
             server.deferred_warm_up = lambda: warm_up(server.spec)
-        elif server.spec.program_format != "pt2":
-            import_stablehlo_modules()  # a warm origin warmed inductor, not jax: once here, not per child
+        elif not representation.preloaded:  # a warm origin imported only the preloaded: once here, not per child
+            programs.import_modules(representation.child_modules)
         if options.values is not None:
             loaded = server.load_values(str(options.values))
             if not loaded["ok"]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.models import JobSpec
+from minify_worker import programs
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ def preload(warm: bool = True) -> dict[str, float]:
     global _fork_origin_warm
     started = time.monotonic()
     _import_compiler_modules()
+    for representation in programs.preloaded():
+        programs.import_modules(representation.child_modules)
     imported = time.monotonic()
     before = _native_threads_beyond_python()
     warmed = False
@@ -198,8 +201,7 @@ def warm_up(spec: JobSpec) -> dict[str, Any]:
     """
     started = time.monotonic()
     _import_compiler_modules()
-    if spec.program_format != "pt2":
-        import_stablehlo_modules()
+    programs.import_modules(programs.of_format(spec.program_format).child_modules)
     import torch
 
     imported = time.monotonic()
@@ -263,23 +265,14 @@ def _warm_inductor_cpu() -> None:
 
 
 def _import_compiler_modules() -> None:
-    """What every candidate child imports: torch, dynamo, inductor's compiler, export, our runner."""
+    """What every candidate child imports, whatever its program: torch, dynamo, inductor's
+    compiler, export (a representation's own modules: `Representation.child_modules`)."""
     import torch
     import torch._dynamo
     import torch._inductor.codecache
     import torch._inductor.compile_fx
     import torch._inductor.cpu_vec_isa
     import torch.export  # noqa: F401
-
-    from .. import backends, runner  # noqa: F401
-
-
-def import_stablehlo_modules() -> None:
-    """What a StableHLO job's children import: jax (0.7 s a child otherwise) and its candidate
-    runner. Imports only: jax starts no thread until a child makes its backend."""
-    import jax.extend  # noqa: F401
-
-    from ..programs.stablehlo import run  # noqa: F401
 
 
 def _compile_warm_up_graph(device: Any = "cpu") -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minify_client.models import JobSpec
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY
 from minify_worker.programs.candidates import Tier
@@ -23,6 +24,18 @@ class StablehloRepresentation:
     # Sandbox call targets (`SandboxPool.call`) for the engine: the loader and the artifact writer.
     prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
     artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
+    culprit = None  # the culprit phase bisects torch's compiler
+    versions_phase = False  # repro.py needs jax, not torch
+    # jax (0.7 s a child otherwise) and the candidate runner. Imports only: jax starts no thread
+    # until a child makes its backend. Not in a worker's origin: an inductor job's children need none.
+    child_modules = ("jax.extend", f"{_PACKAGE}.run")
+    preloaded = False
+
+    def check_upload(self, program: Path, spec: JobSpec) -> None:
+        """Nothing to import: a module names no Python code."""
+
+    def set_up_children(self, spec: JobSpec) -> None:
+        """Nothing beyond `child_modules`."""
 
     def key(self, program: hlo.Module) -> str:
         return hlo.key(program)

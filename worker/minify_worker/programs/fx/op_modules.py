@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.capture.custom_ops import TORCH_NAMESPACES
-
-from .allowlist import allowed_prefixes
-from .export_load import model_documents
+from minify_worker.allowlist import allowed_prefixes
+from minify_worker.programs.fx.export_load import model_documents
 
 ALLOWED_OP_MODULES_ENV = "MINIFY_ALLOWED_OP_MODULES"
 

@@ -27,10 +27,10 @@ import torch.fx as fx
 from minify_client import accuracy, signatures
 from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_client.models import BUILTIN_BACKENDS, JobSpec
-
-from ..backends import DynamicShapes, dynamic_shapes_of
-from ..graph import subgraph_of, subgraphs, to_graph_module
-from ..outcomes import Signature
+from minify_worker.artifacts import SIGNATURE_RULES_MODULE, header_tail
+from minify_worker.outcomes import Signature
+from minify_worker.programs.fx.backends import DynamicShapes, dynamic_shapes_of
+from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_module
 
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
@@ -239,24 +239,6 @@ def _backend_notes(spec: JobSpec) -> list[str]:
     return notes
 
 
-def header_tail(culprit_lines: list[str] | None, environment: Mapping[str, str] | None, environment_source: str,
-                run_line: str) -> list[str]:
-    """The end of a repro.py header, whatever the program: the culprit's lines, the environment it
-    failed in, how to run it and what it prints."""
-    lines: list[str] = []
-    if culprit_lines:
-        lines += ["", *culprit_lines]
-    if environment:
-        lines += ["", f"Environment it failed in ({environment_source}):"]
-        lines += [f"  {key}: {'; '.join(value.splitlines())[:_MAX_HEADER_TEXT]}" for key, value in environment.items()]
-    return [
-        *lines,
-        "",
-        run_line,
-        "While the bug is there it exits non-zero with the exception's traceback (a crash: the",
-        "process dies by that signal); once fixed it prints 'repro passed' and exits 0.",
-    ]
-
 
 _IMPORTS = """
 import argparse
@@ -401,7 +383,6 @@ def check_accuracy(gm, inputs, result):
 '''
 
 # The module beside an accuracy repro.py that holds minify's accuracy rule (files.ACCURACY_RULES).
-ACCURACY_RULES_MODULE = "accuracy_rules"
 
 
 def accuracy_rules_module() -> str:
@@ -410,7 +391,6 @@ def accuracy_rules_module() -> str:
 
 
 # The module beside repro.py that names a failure as minify records it (files.SIGNATURE_RULES).
-SIGNATURE_RULES_MODULE = "signature_rules"
 
 
 def _main(kind: str, cuda: bool) -> str:
@@ -468,7 +448,7 @@ def install(expected_signature):
 def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
     """`compile_repro`; with dynamic dims, what keeps them symbolic as the worker does: aot_inductor
     exports with them, any other backend (then `backend_repro`) runs under torch.compile with them
-    marked (`minify_worker.backends`)."""
+    marked (`minify_worker.programs.fx.backends`)."""
     symbolic = shapes is not None and backend != "aot_inductor"
     if backend == "inductor":
         body = _COMPILE_BODIES[backend]

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator
 
 import torch.fx as fx
 
-from minify_worker import graph as g
 from minify_worker.programs.candidates import Candidate, Strategy, StrategyContext, Tier, chunk_sizes
+from minify_worker.programs.fx import graph as g
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers

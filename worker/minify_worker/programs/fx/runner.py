@@ -36,10 +36,16 @@ from torch import fx
 
 from minify_client.accuracy import ACCURACY_EXC_TYPE, float_divergence, fp64_reference, integer_divergence
 from minify_client.models import JobSpec
-
-from .backends import Backend, BackendError, apply_inductor_config, dynamic_shapes_of, resolve_backend, run_compiled
-from .outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
-from .programs.classify import EnvironmentFault, environment_fault, failure, repeated
+from minify_worker.outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
+from minify_worker.programs.classify import EnvironmentFault, environment_fault, failure, repeated
+from minify_worker.programs.fx.backends import (
+    Backend,
+    BackendError,
+    apply_inductor_config,
+    dynamic_shapes_of,
+    resolve_backend,
+    run_compiled,
+)
 
 # What the loader and the linker say about a half-written binary: a child killed while its
 # compiler wrote into the shared compile cache (a cancelled or timed-out candidate) leaves one.
@@ -70,8 +76,8 @@ def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple
     """The candidate's GraphModule and its inputs, in placeholder order, from the value store
     (a shrunk input sliced to its `minify_narrow` sizes: `shrink.narrowed`; a graph whose ops do
     not fit them is refused: `shrink.check_sizes`)."""
-    from .graph import META_NARROW, graph_from_wire, to_graph_module
-    from .shrink import check_sizes, narrowed
+    from minify_worker.programs.fx.graph import META_NARROW, graph_from_wire, to_graph_module
+    from minify_worker.programs.fx.shrink import check_sizes, narrowed
 
     graph = graph_from_wire(wire_graph)
     gm = to_graph_module(graph)

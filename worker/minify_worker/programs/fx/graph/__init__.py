@@ -18,10 +18,10 @@ By concept: `form` (the meta keys, queries, copying, a runnable GraphModule), `i
 ExportedProgram), `targets` (naming and resolving call targets), `wire` (the JSON-safe form sandbox
 children exchange), `hashing` (the structural and the bug-shape hash), `surgery` (the pure
 candidate-making operations), `higher_order` (inlining and editing subgraphs). Everything public
-is re-exported here: `from minify_worker.graph import X` and `graph.X`.
+is re-exported here: `from minify_worker.programs.fx.graph import X` and `graph.X`.
 """
 
-from .form import (
+from minify_worker.programs.fx.graph.form import (
     META_KIND,
     META_NARROW,
     META_ROLE,
@@ -48,22 +48,15 @@ from .form import (
     subgraphs,
     to_graph_module,
 )
-from .hashing import (
-    graph_shape_hash,
-    structural_hash,
-)
-from .higher_order import (
+from minify_worker.programs.fx.graph.hashing import graph_shape_hash, structural_hash
+from minify_worker.programs.fx.graph.higher_order import (
     drop_in_subgraph,
     inlinable_subgraphs,
     inline_subgraph,
     with_subgraph,
 )
-from .ingest import (
-    dynamic_dims,
-    flat_graph_from_exported_program,
-    tensor_meta,
-)
-from .surgery import (
+from minify_worker.programs.fx.graph.ingest import dynamic_dims, flat_graph_from_exported_program, tensor_meta
+from minify_worker.programs.fx.graph.surgery import (
     canonicalize,
     consolidate_inputs,
     cut_chain,
@@ -80,15 +73,8 @@ from .surgery import (
     stand_in_for,
     truncate_after,
 )
-from .targets import (
-    resolve_target,
-    target_name,
-)
-from .wire import (
-    WIRE_VERSION,
-    graph_from_wire,
-    graph_to_wire,
-)
+from minify_worker.programs.fx.graph.targets import resolve_target, target_name
+from minify_worker.programs.fx.graph.wire import WIRE_VERSION, graph_from_wire, graph_to_wire
 
 __all__ = [
     "META_KIND",

@@ -13,15 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minify_client.models import JobSpec
-from minify_worker import bisector, oracle
+from minify_worker import oracle
 from minify_worker.outcomes import Outcome, Passes, Signature, Stopped
+from minify_worker.programs.fx import bisector
 
 if TYPE_CHECKING:
     from minify_worker.evaluator import SandboxEvaluator
 
-from .settings import BACKEND
+from minify_worker.programs.fx.culprit.settings import BACKEND
 
-CALL_TARGET = "minify_worker.culprit.probe:probe_in_child"
+CALL_TARGET = "minify_worker.programs.fx.culprit.probe:probe_in_child"
 
 
 class OutOfBudget(Exception):

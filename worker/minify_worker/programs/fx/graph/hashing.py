@@ -11,8 +11,15 @@ from typing import Any
 
 import torch.fx as fx
 
-from .form import META_KIND, META_NARROW, META_SCALAR, META_TENSOR, META_VALUE, subgraph_of
-from .targets import target_name
+from minify_worker.programs.fx.graph.form import (
+    META_KIND,
+    META_NARROW,
+    META_SCALAR,
+    META_TENSOR,
+    META_VALUE,
+    subgraph_of,
+)
+from minify_worker.programs.fx.graph.targets import target_name
 
 
 def structural_hash(graph: fx.Graph) -> str:

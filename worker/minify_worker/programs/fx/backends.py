@@ -46,8 +46,7 @@ from torch import fx
 
 from minify_client.config_keys import config_setting
 from minify_client.models import BUILTIN_BACKENDS
-
-from .allowlist import allowed_prefixes
+from minify_worker.allowlist import allowed_prefixes
 
 logger = logging.getLogger(__name__)
 

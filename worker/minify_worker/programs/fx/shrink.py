@@ -34,14 +34,16 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
 
-from minify_worker import graph as g
 from minify_worker.programs.candidates import Candidate
-from minify_worker.scheduler import Scheduler
+from minify_worker.programs.fx import graph as g
+
+if TYPE_CHECKING:
+    from minify_worker.scheduler import Scheduler
 
 # The phase's budget in checks: a size-bound dim of 4096 takes 6 rounds to reach 64, and each round
 # may try a few candidates before one fails; when every dim must shrink alone, it bounds the phase.

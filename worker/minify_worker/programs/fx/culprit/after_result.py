@@ -11,10 +11,15 @@ from typing import Any
 from minify_client.models import CulpritState, JobSpec, Report
 from minify_worker import artifacts
 from minify_worker.outcomes import Signature, Stopped
+from minify_worker.programs.culprit import (
+    header_lines,
+    pending_header_lines,
+    report_fields,
+    stopped_fields,
+    stopped_header_lines,
+)
+from minify_worker.programs.fx.culprit.phase import find
 from minify_worker.sandbox import SandboxError
-
-from .phase import find
-from .report import header_lines, pending_header_lines, report_fields, stopped_fields, stopped_header_lines
 
 log = logging.getLogger(__name__)
 

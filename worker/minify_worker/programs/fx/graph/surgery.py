@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from .form import (
+from minify_worker.programs.fx.graph.form import (
     _BODY_OPS,
     _META_KEYS,
     META_KIND,

@@ -8,7 +8,7 @@ from typing import Any
 
 from minify_client.config_keys import config_setting
 from minify_client.models import JobSpec
-from minify_worker import bisector
+from minify_worker.programs.fx import bisector
 
 BACKEND = "backend"  # a workaround that changes the backend, not a config key
 

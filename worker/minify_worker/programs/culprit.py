@@ -1,5 +1,6 @@
-"""What the culprit phase found, as the job says it: report.json's culprit fields, and repro.py's
-header lines (while the phase runs, once it found something, or when it stopped)."""
+"""What a culprit phase found, as the job says it, whatever the representation that has one
+(`Representation.culprit`): report.json's culprit fields, and repro.py's header lines (while the
+phase runs, once it found something, or when it stopped; none for a program without a phase)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ class Found:
 PENDING_REASON = "pending: the culprit phase runs after the repro is delivered"
 
 
-def report_fields(found: Found | None, spec: JobSpec) -> dict[str, Any]:
+def report_fields(found: Found | None, spec: JobSpec, *, has_phase: bool = True) -> dict[str, Any]:
     """report.json's culprit_state, culprit, culprit_reason, workarounds and workarounds_tried, for
-    a phase that found `found`, or (None) did not run."""
+    a phase that found `found`, or (None) did not run; `has_phase`: whether the job's program has
+    a culprit phase at all."""
     if found is None:
         reason = ("not asked for (spec culprit: false)" if not spec.culprit
                   else f"none for {spec.program_format} programs: the culprit phase bisects torch's compiler"
-                  if spec.program_format != "pt2" else "not run: the job ended before the culprit phase")
+                  if not has_phase else "not run: the job ended before the culprit phase")
         return stopped_fields(CulpritState.skipped, reason)
     return {"culprit_state": CulpritState.done, "culprit": found.culprit, "culprit_reason": found.reason,
             "workarounds": found.workarounds, "workarounds_tried": found.tried}

@@ -20,11 +20,7 @@ By concept: `settings` (what the phase tries), `phase` (the phase, in the engine
 re-exported here.
 """
 
-from .after_result import after_result
-from .phase import BUDGET_FRACTION, MIN_BUDGET_ENV, MIN_BUDGET_S, budget_s, find, known_failing
-from .probe import probe_in_child
-from .prober import CALL_TARGET
-from .report import (
+from minify_worker.programs.culprit import (
     PENDING_REASON,
     Found,
     header_lines,
@@ -34,7 +30,18 @@ from .report import (
     stopped_fields,
     stopped_header_lines,
 )
-from .settings import BACKEND, EXTRA_SETTINGS, no_stages, settings
+from minify_worker.programs.fx.culprit.after_result import after_result
+from minify_worker.programs.fx.culprit.phase import (
+    BUDGET_FRACTION,
+    MIN_BUDGET_ENV,
+    MIN_BUDGET_S,
+    budget_s,
+    find,
+    known_failing,
+)
+from minify_worker.programs.fx.culprit.probe import probe_in_child
+from minify_worker.programs.fx.culprit.prober import CALL_TARGET
+from minify_worker.programs.fx.culprit.settings import BACKEND, EXTRA_SETTINGS, no_stages, settings
 
 __all__ = [
     "BACKEND",

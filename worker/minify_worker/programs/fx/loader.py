@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
-
-from . import export_load
-from .op_modules import ALLOWED_OP_MODULES_ENV
-from .programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError
+from minify_worker.programs.fx import export_load
+from minify_worker.programs.fx.op_modules import ALLOWED_OP_MODULES_ENV
+from minify_worker.programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError
 
 EXPORT_HINT = (
     "export it instead: ep = torch.export.export(model, args, kwargs); torch.export.save(ep, 'program.pt2')"
@@ -66,7 +65,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     """Load `program` (and `inputs`), write values.pt and program.json into `workdir`; returns the metadata."""
     import torch
 
-    from .graph import count_ops, flat_graph_from_exported_program, graph_to_wire
+    from minify_worker.programs.fx.graph import count_ops, flat_graph_from_exported_program, graph_to_wire
 
     raw_inputs = read_inputs(inputs) if inputs is not None else None
     ep, source = load_program(program, raw_inputs)
@@ -368,7 +367,7 @@ def placeholder_values(ep: Any, graph: Any, flat_inputs: list[Any]) -> dict[str,
     import torch
     from torch.export.graph_signature import InputKind
 
-    from .graph import placeholders
+    from minify_worker.programs.fx.graph import placeholders
 
     given = iter(flat_inputs)
     values: dict[str, Any] = {}
@@ -407,7 +406,7 @@ def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str
     """
     import torch
 
-    from .graph import is_mutating, to_graph_module
+    from minify_worker.programs.fx.graph import is_mutating, to_graph_module
 
     gm = to_graph_module(graph)
     args = [_to_device(inputs[node.name], device) for node in gm.graph.nodes if node.op == "placeholder"]
@@ -454,7 +453,7 @@ def mark_taken_branches(graph: Any, values: dict[str, Any], prefix: str = "") ->
     import torch
     from torch import fx
 
-    from .graph import META_KIND, META_TAKEN, META_VALUE, PROMOTABLE_KINDS, subgraph_of
+    from minify_worker.programs.fx.graph import META_KIND, META_TAKEN, META_VALUE, PROMOTABLE_KINDS, subgraph_of
 
     for node in graph.nodes:
         if prefix and node.op == "call_function" and node.meta.get(META_KIND) in PROMOTABLE_KINDS \
@@ -474,7 +473,7 @@ def mark_taken_branches(graph: Any, values: dict[str, Any], prefix: str = "") ->
 
 
 def _drop_missing_value_keys(graph: Any, values: dict[str, Any]) -> None:
-    from .graph import META_VALUE
+    from minify_worker.programs.fx.graph import META_VALUE
 
     for node in graph.nodes:
         if node.meta.get(META_VALUE) is not None and node.meta[META_VALUE] not in values:

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch.fx as fx
 
 from minify_client.models import Culprit, JobSpec, Workaround
-from minify_worker import bisector, oracle
-from minify_worker.graph import graph_to_wire
+from minify_worker import oracle
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
+from minify_worker.programs.culprit import Found
+from minify_worker.programs.fx import bisector
+from minify_worker.programs.fx.culprit.prober import Key, OutOfBudget, Prober, probe_key, screen_key, verify_key
+from minify_worker.programs.fx.culprit.settings import current_value, no_stages, settings
+from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxError
-
-from .prober import Key, OutOfBudget, Prober, probe_key, screen_key, verify_key
-from .report import Found
-from .settings import current_value, no_stages, settings
 
 if TYPE_CHECKING:
     from minify_worker.evaluator import SandboxEvaluator

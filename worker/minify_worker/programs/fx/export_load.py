@@ -120,7 +120,7 @@ def unregistered_ops(path: Path) -> list[str]:
     """The custom ops ("namespace::op") the program at `path` calls that `torch.ops` lacks here."""
     import torch
 
-    from .op_modules import custom_ops_of_program
+    from minify_worker.programs.fx.op_modules import custom_ops_of_program
 
     missing = []
     for op in custom_ops_of_program(path):

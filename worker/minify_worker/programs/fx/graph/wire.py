@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .form import _META_KEYS, META_SUBGRAPH, GraphFormatError, dtype_name, subgraph_of
-from .targets import resolve_target, target_name
+from minify_worker.programs.fx.graph.form import _META_KEYS, META_SUBGRAPH, GraphFormatError, dtype_name, subgraph_of
+from minify_worker.programs.fx.graph.targets import resolve_target, target_name
 
 WIRE_VERSION = 1
 

@@ -3,21 +3,55 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch.fx as fx
 
-from minify_client.models import Milestone
-from minify_worker import graph, shrink, strategies
+from minify_client.models import JobSpec, Milestone
 from minify_worker.outcomes import Outcome
-from minify_worker.programs import WIRE_KEY
+from minify_worker.programs import WIRE_KEY, CulpritPhase
+from minify_worker.programs.fx import graph, shrink, strategies
+from minify_worker.programs.prepared import ProgramError
+
+_PACKAGE = "minify_worker.programs.fx"
 
 
 class FxRepresentation:
     name = "fx"
-    prepare_target = "minify_worker.loader:prepare_in_child"
-    artifacts_target = "minify_worker.artifacts:write_program_artifacts"
-    culprit_phase = True
+    prepare_target = f"{_PACKAGE}.loader:prepare_in_child"
+    artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
+    versions_phase = True
+    # The runner and its backends (torch's compiler stack is every child's: sandbox/warmup.py).
+    child_modules = (f"{_PACKAGE}.backends", f"{_PACKAGE}.runner")
+    preloaded = True
+
+    @property
+    def culprit(self) -> CulpritPhase:
+        """torch's compiler bisector and the settings that avoid the bug (culprit/)."""
+        from minify_worker.programs.fx import culprit
+
+        return culprit
+
+    def check_upload(self, program: Path, spec: JobSpec) -> None:
+        """The spec's `op_modules` imported here, which rebuilds the prepared graph whose targets
+        their custom ops are: one the worker does not allow, or that does not import, is a
+        `ProgramError` naming it and the program's custom ops (`op_modules.import_op_modules`)."""
+        from minify_worker.programs.fx.op_modules import OpModuleError, custom_ops_of_program, import_op_modules
+
+        try:
+            import_op_modules(spec.op_modules, custom_ops_of_program(Path(program)) if spec.op_modules else ())
+        except OpModuleError as error:
+            raise ProgramError(str(error)) from None
+
+    def set_up_children(self, spec: JobSpec) -> None:
+        """Every child needs the program's custom ops registered: the spec's `op_modules` imported."""
+        from minify_worker.programs.fx.op_modules import OpModuleError, import_op_modules
+
+        try:
+            import_op_modules(spec.op_modules)
+        except OpModuleError as error:
+            raise ProgramError(str(error)) from None
 
     def key(self, program: fx.Graph) -> str:
         return graph.structural_hash(program)
@@ -76,7 +110,7 @@ class FxRepresentation:
 
     def run_wire_candidate(self, wire: dict[str, Any], values: dict[str, Any], spec: Any, workdir: Any,
                            runs: int = 1) -> Outcome:
-        from minify_worker.runner import run_wire_candidate
+        from minify_worker.programs.fx.runner import run_wire_candidate
 
         return run_wire_candidate(wire, values, spec, workdir, runs)
 

@@ -10,9 +10,18 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .form import _BODY_OPS, META_SUBGRAPH, META_TAKEN, _node, copy_graph, outputs, placeholders, subgraph_of
-from .surgery import derive, drop_node
-from .targets import target_name
+from minify_worker.programs.fx.graph.form import (
+    _BODY_OPS,
+    META_SUBGRAPH,
+    META_TAKEN,
+    _node,
+    copy_graph,
+    outputs,
+    placeholders,
+    subgraph_of,
+)
+from minify_worker.programs.fx.graph.surgery import derive, drop_node
+from minify_worker.programs.fx.graph.targets import target_name
 
 
 def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:
