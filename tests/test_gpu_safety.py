@@ -1,4 +1,4 @@
-"""GPU correctness that a CPU machine can prove (issue 11; ARCHITECTURE.md, "CUDA facts").
+"""GPU correctness that a CPU machine can prove (issue 11; docs/isolation.md, "CUDA and forks").
 
 - No process that forks candidates initializes CUDA: the engine, a preloaded worker, the fork
   server, forked or spawned. A spy (tests/support/cuda_spy) makes torch report a GPU and records

@@ -1,5 +1,5 @@
 """Long-lived sandbox children (reuse): many candidates per child, and still no candidate's crash or
-leftover state decides another candidate's outcome (issue 13; ARCHITECTURE.md, "Isolation model")."""
+leftover state decides another candidate's outcome (issue 13; docs/isolation.md, "Long-lived children")."""
 
 from __future__ import annotations
 

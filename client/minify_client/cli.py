@@ -1,4 +1,4 @@
-"""`minify-client`: submit a failing program, follow it, fetch the repro (ARCHITECTURE.md, "Commands").
+"""`minify-client`: submit a failing program, follow it, fetch the repro (README.md, docs/client.md).
 
 Exit codes: 0 minimized (or the command did what it was asked), 3 not reproducible, 1 failed,
 cancelled or an error talking to the server, 2 usage, 130 interrupted.

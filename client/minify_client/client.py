@@ -1,4 +1,4 @@
-"""The HTTP client of the minify API (ARCHITECTURE.md, "HTTP API (v1)")."""
+"""The HTTP client of the minify API (docs/service.md, "HTTP API")."""
 
 from __future__ import annotations
 

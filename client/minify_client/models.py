@@ -1,6 +1,6 @@
 """Wire models shared by the client, the server and the worker.
 
-This module is the contract of ../shared/ARCHITECTURE.md in code. It imports no torch: the
+This module is the contract of docs/architecture.md ("Contracts") in code. It imports no torch: the
 client installs without it, and the server must never import it.
 """
 
@@ -102,7 +102,7 @@ class BisectRequest(_Strict):
 
 
 class JobSpec(_Strict):
-    """The job spec every side shares (ARCHITECTURE.md, "Job spec")."""
+    """The job spec every side shares (README.md's spec flags; docs/architecture.md, "Contracts")."""
 
     backend: str = "inductor"
     device: str = "cpu"

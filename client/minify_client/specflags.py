@@ -1,4 +1,4 @@
-"""The spec flags shared by `minify-worker minify` and `minify-client submit` (ARCHITECTURE.md)."""
+"""The spec flags shared by `minify-worker minify` and `minify-client submit` (README.md, "Minify a program")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minify's worker: the RQ job entry, the minimization engine and the sandbox (ARCHITECTURE.md).
+"""minify's worker: the RQ job entry, the minimization engine and the sandbox (docs/architecture.md).
 
 Importing this package sets `PYTORCH_NVML_BASED_CUDA_CHECK=1` (unless the environment says
 otherwise): with it, `torch.cuda.is_available()` and `device_count()` ask NVML instead of

@@ -3,7 +3,7 @@
 prepare (sandbox child) → reproduce the original, compiled once and run 3 times (target signature,
 flakiness, calibrated timeout), while the reduction starts, judging against the first candidate
 failure until the original's is known → reduce with the strategies (scheduler, sandbox children)
-→ shrink the inputs of the minimal graph (shrink.py, same scheduler) → artifacts. Where the spec
+→ shrink the inputs of the minimal graph (the representation's `shrink`, same scheduler) → artifacts. Where the spec
 says which failure is meant (its signature, or an accuracy failure) and a candidate showed it, the
 result goes out before the original's verdict, which follows it (deliver first, confirm after).
 User errors (a bad upload, a program that does not fail) come back as results, never raised.

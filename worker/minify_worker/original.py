@@ -180,7 +180,7 @@ class OriginalRun:
             return self._empty.result()
 
         settled = self.target.settle(outcome, empty)
-        self.facts.original_compiles = 1  # its runs reused the one compiled program (runner.run_candidate)
+        self.facts.original_compiles = 1  # its runs reused the one compiled program (run_wire_candidate's `runs`)
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced) and settled.reproduced:  # the empty program fails so too
             self.facts.original_state = OriginalState.confirmed

@@ -1,4 +1,4 @@
-"""Run candidates in child processes forked from a warm fork server (ARCHITECTURE.md, "Isolation model").
+"""Run candidates in child processes forked from a warm fork server (docs/architecture.md, "Isolation model").
 
 Processes::
 

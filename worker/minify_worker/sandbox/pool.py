@@ -158,7 +158,7 @@ class SandboxPool:
                output: bool = False) -> Future[Outcome]:
         """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
         child that ran no other candidate before (every child is fresh unless the pool reuses them);
-        with `runs`, compiled once and run that many times (`runner.run_candidate`); with `output`,
+        with `runs`, compiled once and run that many times (`Representation.run_wire_candidate`); with `output`,
         the outcome's `output` is the tail of what the child printed (the original's, for its report)."""
         payload = {"graph": wire_graph, "fresh": fresh, "runs": runs, "output": output}
         return self._request("candidate", payload, timeout_s, purpose)

@@ -1,4 +1,4 @@
-// The HTTP API (ARCHITECTURE.md, "HTTP API (v1)") as the dashboard uses it, with token handling:
+// The HTTP API (docs/service.md, "HTTP API") as the dashboard uses it, with token handling:
 // on a 401 the user is asked for a token once; it is kept in localStorage and sent as
 // `Authorization: Bearer` on fetches and as `?token=` where headers cannot be set (EventSource).
 

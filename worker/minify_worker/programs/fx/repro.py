@@ -1,6 +1,6 @@
 """repro.py: the standalone script (plain torch, no minify import) that compiles and runs the
 minimized graph as the worker does. `render_repro` is pure: a graph, a JobSpec and (optionally)
-the inputs in, the script's text out; `files.write_program_files` writes it beside inputs.pt and
+the inputs in, the script's text out; `artifacts.write_program_files` writes it beside inputs.pt and
 signature_rules.py.
 
 It reads top to bottom as the bug: a short header, the settings, the minimal program, its inputs,
@@ -382,7 +382,7 @@ def check_accuracy(gm, inputs, result):
         raise AccuracyError(detail)
 '''
 
-# The module beside an accuracy repro.py that holds minify's accuracy rule (files.ACCURACY_RULES).
+# The module beside an accuracy repro.py that holds minify's accuracy rule (minify_worker.artifacts.ACCURACY_RULES).
 
 
 def accuracy_rules_module() -> str:
@@ -390,7 +390,7 @@ def accuracy_rules_module() -> str:
     return inspect.getsource(accuracy)
 
 
-# The module beside repro.py that names a failure as minify records it (files.SIGNATURE_RULES).
+# The module beside repro.py that names a failure as minify records it (minify_worker.artifacts.SIGNATURE_RULES).
 
 
 def _main(kind: str, cuda: bool) -> str:

@@ -2,7 +2,7 @@
 minimal module as `minimized.mlir` (and `minimized.hlo`, XLA's HLO text of it), its arguments as
 `inputs.npz`, and `repro.py`, which needs only jax and numpy.
 
-repro.py follows the FX repro's conventions (artifacts/repro.py): a header that says what fails
+repro.py follows the FX repro's conventions (programs/fx/repro.py): a header that says what fails
 and where, the job's settings as constants, minify's signature rules verbatim; `python repro.py`
 exits non-zero with the failure's traceback and a `repro failed with: <signature>` line while the
 bug is there (a crash: the process dies by that signal), and prints `repro passed` and exits 0
