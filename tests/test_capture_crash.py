@@ -55,8 +55,9 @@ def _no_pending(directory: Path) -> None:
     assert not list((directory / crash.PENDING).glob("*")), "a pending capture was left behind"
 
 
-@pytest.mark.parametrize("how", sorted(DEATHS))
-def test_runner_captures_a_graph_whose_first_run_kills_the_script(tmp_path: Path, how: str) -> None:
+def _capture_by_the_runner(tmp_path: Path, how: str) -> dict:
+    """`python -m minify_client.capture --crash` of SCRIPT dying `how`: the capture's entry, after
+    checking that the runner ended as the script ends and wrote what a crash capture holds."""
     (tmp_path / "script.py").write_text(SCRIPT)
     captured = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py", how],
                     tmp_path)
@@ -71,6 +72,14 @@ def test_runner_captures_a_graph_whose_first_run_kills_the_script(tmp_path: Path
     assert spec["backend"] == f"tests.support.dying_backends:{how}_at_run_on_relu"
     assert "relu" in ops_of(torch.export.load(tmp_path / "caps" / entry["program"]).graph)
     _no_pending(tmp_path / "caps")
+    return entry
+
+
+# The segfault is captured by test_the_capture_of_a_crash_reproduces_as_that_crash, which goes on to
+# minimize it.
+@pytest.mark.parametrize("how", ["abort", "exit"])
+def test_runner_captures_a_graph_whose_first_run_kills_the_script(tmp_path: Path, how: str) -> None:
+    _capture_by_the_runner(tmp_path, how)
 
 
 def test_runner_with_crash_capture_leaves_nothing_when_nothing_dies(tmp_path: Path) -> None:
@@ -86,8 +95,9 @@ def test_runner_with_crash_capture_leaves_nothing_when_nothing_dies(tmp_path: Pa
     _no_pending(tmp_path / "caps")
 
 
-@pytest.mark.parametrize("how", ["abort", "segfault"])
-def test_pytest_plugin_captures_a_test_whose_compiled_code_kills_pytest(tmp_path: Path, how: str) -> None:
+# One death under pytest (the runner's tests take all three): the plugin's supervision is the same.
+def test_pytest_plugin_captures_a_test_whose_compiled_code_kills_pytest(tmp_path: Path) -> None:
+    how = "abort"
     command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_crash.py"), "-v"]
     plain = _run(command, REPO, CRASH_HOW=how)
     captured = _run(command, REPO, CRASH_HOW=how, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"),
@@ -116,10 +126,7 @@ def test_a_death_no_supervisor_saw_is_adopted_by_the_next_session(tmp_path: Path
 
 
 def test_the_capture_of_a_crash_reproduces_as_that_crash(tmp_path: Path) -> None:
-    (tmp_path / "script.py").write_text(SCRIPT)
-    _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py", "segfault"],
-         tmp_path)
-    entry = _only_entry(tmp_path / "caps")
+    entry = _capture_by_the_runner(tmp_path, "segfault")
     spec = {**json.loads((tmp_path / "caps" / entry["spec"]).read_text()), "culprit": False, "versions": False}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     done = _run([sys.executable, "-m", "minify_worker.cli", "minify", str(tmp_path / "caps" / entry["program"]),

@@ -4,8 +4,9 @@ and aot_eager, then its own backend, and the layer to blame is said, with the ne
 runner's output or the plugin's summary and in DIR/diagnoses.json. The user's outcome is unchanged.
 
 The family: real dynamo-level and AOT-level bugs of torch 2.13 CPU (restated from public PyTorch
-issues), the program's own failure (it fails without torch.compile too), and a backend's wrong
-values that the accuracy capture (off here) would have caught.
+issues, in tests/crash_suite/case_no_graph.py), the program's own failure (it fails without
+torch.compile too), and a backend's wrong values that the accuracy capture (off here) would have
+caught.
 """
 
 from __future__ import annotations
@@ -24,39 +25,6 @@ from tests.support.subprocesses import run_clean
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tests" / "crash_suite"
 
-# https://github.com/pytorch/pytorch/issues/196173 (dynamo folds `is` on objects it does not guard)
-DYNAMO = """
-import torch
-class Holder:
-    def __init__(self):
-        self.left, self.right = object(), object()
-        self.current = self.left
-def toggle(x, holder):
-    if holder.current is holder.left:
-        holder.current = holder.right
-        return x + 1
-    holder.current = holder.left
-    return x - 1
-x, compiled = torch.zeros(2), torch.compile(toggle, backend="eager")
-eager_holder, compiled_holder = Holder(), Holder()
-eager = [toggle(x, eager_holder).tolist() for _ in range(3)]
-actual = [compiled(x, compiled_holder).tolist() for _ in range(3)]
-assert actual == eager, f"compiled {actual} != eager {eager}"
-"""
-# https://github.com/pytorch/pytorch/issues/139789 (a compiled input mutation reused for aliasing inputs)
-AOT = """
-import torch
-def scale_then_add(x, y):
-    x.mul_(2)
-    return x + y
-compiled = torch.compile(scale_then_add, backend="aot_eager")
-compiled(torch.ones(4), torch.ones(4))
-base = torch.ones(8)
-actual = compiled(base[:4], base[2:6])
-eager_base = torch.ones(8)
-expected = scale_then_add(eager_base[:4], eager_base[2:6])
-assert torch.equal(actual, expected), f"compiled {actual.tolist()} != eager {expected.tolist()}"
-"""
 PROGRAM = """
 import torch
 total = torch.compile(lambda x: x.sum(), backend="eager")(torch.ones(3))
@@ -68,18 +36,18 @@ from tests.support.backends import wrong_on_relu
 x = torch.randn(8)
 assert torch.equal(torch.compile(torch.relu, backend=wrong_on_relu)(x), torch.relu(x)), "relu differs"
 """
-CASES = {"dynamo": (DYNAMO, ["no torch.compile", "eager"]),
-         "aot_autograd": (AOT, ["no torch.compile", "eager", "aot_eager"]),
-         "program": (PROGRAM, ["no torch.compile"]),
+CASES = {"program": (PROGRAM, ["no torch.compile"]),
          "backend": (BACKEND, ["no torch.compile", "eager", "aot_eager", "your backend"])}
-SAID = {"dynamo": "so dynamo is to blame", "aot_autograd": "so AOT autograd is to blame",
-        "program": "it fails without torch.compile too", "backend": "so your backend's compiled code is to blame"}
+SAID = {"program": "it fails without torch.compile too", "backend": "so your backend's compiled code is to blame"}
 
 
 def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     return run_clean(command, cwd, timeout_s=900, **extra)
 
 
+# The runner takes the layers the plugin's summary test does not: the program's own failure and the
+# backend's (all four rerun settings). Dynamo's and AOT autograd's are the plugin test's two cases,
+# and AOT autograd's the runner's too in tests/test_realbugs.py (#139789, through bench/realbugs).
 @pytest.mark.parametrize("layer", sorted(CASES))
 def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, layer: str) -> None:
     script, settings = CASES[layer]
