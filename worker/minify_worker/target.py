@@ -197,12 +197,12 @@ def not_reproducible_reason(outcome: Outcome, spec: JobSpec) -> str:
     """Why the original's run (one that could run) is not the failure asked for."""
     seen = f"{outcome.kind} {getattr(outcome, 'runs', 1)}x"
     failure = oracle.outcome_signature(outcome)
-    wanted = spec.failure.kind if spec.failure.kind != "any" else "a failure"
+    wanted = f" with {spec.failure.kind}" if spec.failure.kind != "any" else ""
     if spec.failure.match:
-        wanted += f" matching {spec.failure.match!r}"
+        wanted += f"{wanted and ','} matching {spec.failure.match!r}"
     if spec.failure.signature:
         wanted += f" with the signature the spec gives ({spec.failure.signature})"
-    reason = f"the original program did not fail with {wanted} on backend {spec.backend} ({spec.device}): {seen}"
+    reason = f"the original program did not fail{wanted} on backend {spec.backend} ({spec.device}): {seen}"
     if failure is not None and spec.failure.kind != "any":
         reason += f"; it failed differently: {failure.text or failure}"
     elif failure is not None:
