@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from minify_client.models import JobState
 from minify_server.bugs import BugIndex
 from minify_server.connections import UNAVAILABLE
-from minify_server.ledger import INDEX_KEY, JobFootprint, cancel_key, events_key, record_key
+from minify_server.ledger import INDEX_KEY, JobFootprint, cancel_key, events_key, record_key, write_mark_key
 from minify_server.records import JobRecords
 from minify_server.store import ArtifactStore
 
@@ -63,7 +63,7 @@ async def sweep(redis: Redis, store: ArtifactStore, retention_s: float, now: flo
     records = JobRecords(redis)
     for job_id, content in expired:
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.delete(record_key(job_id), events_key(job_id), cancel_key(job_id))
+            pipe.delete(record_key(job_id), events_key(job_id), cancel_key(job_id), write_mark_key(record_key(job_id)))
             pipe.zrem(INDEX_KEY, job_id)
             await pipe.execute()
         if content:

@@ -12,6 +12,18 @@ to a small graph and a repro that needs only torch.
 - `representation.py`: all of it as a `programs.Representation`.
 """
 
-from .representation import REPRESENTATION, FxRepresentation
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["REPRESENTATION", "FxRepresentation"]
+
+
+def __getattr__(name: str) -> Any:
+    # The representation imports torch; the package itself must not: a spawned fork server reads
+    # op_modules (the allowlist of custom-op modules) before torch is imported.
+    if name in __all__:
+        from . import representation
+
+        return getattr(representation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
