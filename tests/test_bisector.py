@@ -1,4 +1,4 @@
-"""The adapter around torch's CompilerBisector (worker/minify_worker/bisector.py), without compiling:
+"""The adapter around torch's CompilerBisector (worker/minify_worker/programs/fx/bisector.py), without compiling:
 the probes are answered by a function."""
 
 from __future__ import annotations

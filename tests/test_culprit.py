@@ -1,4 +1,4 @@
-"""The culprit phase (worker/minify_worker/culprit.py): which compiler stage is to blame, found by
+"""The culprit phase (worker/minify_worker/programs/fx/culprit/): which compiler stage is to blame, found by
 torch's compiler bisector on the minimal program with every probe in a sandbox child, and which
 settings avoid the bug, verified on the original program.
 
