@@ -74,6 +74,11 @@ def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEF
     ops when the graph and its `inputs` are given)."""
     floats = float_divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
     integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
+    return described(floats, integers)
+
+
+def described(floats: str | None, integers: str | None) -> str | None:
+    """One detail of what `float_divergence` and `integer_divergence` found; None when neither did."""
     if floats is None and integers is None:
         return None
     return "; ".join(part for part in (floats, integers) if part)[:2000] or "compiled result differs from eager"

@@ -34,7 +34,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_client.accuracy import ACCURACY_EXC_TYPE, float_divergence, fp64_reference, integer_divergence
+from minify_client.accuracy import (
+    ACCURACY_EXC_TYPE,
+    described,
+    float_divergence,
+    fp64_reference,
+    integer_divergence,
+)
 from minify_client.models import JobSpec
 from minify_worker.outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
 from minify_worker.programs.classify import EnvironmentFault, environment_fault, failure, repeated
@@ -215,9 +221,9 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         floats = float_divergence(reference, result, fp64, tolerance=tolerance, strict=strict)
         integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
         duration = time.monotonic() - run_started
-        if floats is None and integers is None:
+        detail = described(floats, integers)
+        if detail is None:
             return Passes(duration_s=duration)
-        detail = "; ".join(part for part in (floats, integers) if part)[:2000] or "compiled result differs from eager"
         key = "" if floats is not None else INTEGER_ONLY
         signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key,
                               text=f"{ACCURACY_EXC_TYPE}: {detail}")
