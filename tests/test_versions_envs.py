@@ -11,6 +11,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -121,3 +126,73 @@ def test_configured_envs_are_the_own_then_the_listed_then_the_cached_ones_one_pe
     envs = configured_envs(environ)
     assert [(env.torch, env.origin) for env in envs] == [
         (own_env().torch, "own"), ("9.1.0", ENVS_ENV), ("9.3.0", "index")]
+
+
+# A repro that starts a grandchild (as inductor starts a compiler) and then waits: its pids land in `pids`.
+_LINGERING_REPRO = """
+import subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[0] + ".pids", "w").write(f"{__import__('os').getpid()} {grandchild.pid}")
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split(") ")[-1][:1] != "Z"
+
+
+def _wait_for_pids(repro: Path) -> list[int]:
+    marks = repro.with_name(repro.name + ".pids")
+    deadline = time.monotonic() + 30
+    while not (marks.exists() and marks.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(pid) for pid in marks.read_text().split()]
+
+
+def test_a_stopped_probe_ends_at_once_with_what_it_started(tmp_path: Path) -> None:
+    """A cancelled job or a worker shutting down (`stop_all`) ends a running probe and its
+    grandchildren now, not at the probe's timeout."""
+    from minify_worker.versions.probe import run_repro, stop_all
+
+    repro = tmp_path / "repro.py"
+    repro.write_text(_LINGERING_REPRO)
+    env = own_env()
+    results = []
+    runner = threading.Thread(target=lambda: results.append(run_repro(env, repro, None, None, timeout_s=120)))
+    started = time.monotonic()
+    runner.start()
+    pids = _wait_for_pids(repro)
+    stop_all()
+    runner.join(30)
+    assert not runner.is_alive() and time.monotonic() - started < 30
+    assert results[0].outcome.value != "passed"
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def test_a_probe_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
+    """A work horse killed outright (SIGKILL, no handler runs) takes its probe's repro with it."""
+    repro = tmp_path / "repro.py"
+    repro.write_text(_LINGERING_REPRO)
+    horse = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path\n"
+        "from minify_worker.versions.envs import own_env\n"
+        "from minify_worker.versions.probe import run_repro\n"
+        f"run_repro(own_env(), Path({str(repro)!r}), None, None, timeout_s=120)\n")])
+    try:
+        repro_pid = _wait_for_pids(repro)[0]
+        horse.send_signal(signal.SIGKILL)
+        horse.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(repro_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(repro_pid)
+    finally:
+        horse.kill()

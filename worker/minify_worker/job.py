@@ -55,6 +55,7 @@ from minify_worker import joblog, programs
 from minify_worker.versions import bisect as versions_bisect
 from minify_worker.versions import bugs as versions_bugs
 from minify_worker.versions import phase as versions_phase
+from minify_worker.versions import probe as versions_probe
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +437,7 @@ class _Watcher(threading.Thread):
         """SIGTERM in the work horse (the worker's cold shutdown): stop the engine, then re-queue."""
         self.interrupted = True
         self.cancel.set()
+        versions_probe.stop_all()  # a version probe running after delivery would hold the horse to its timeout
 
     def stop(self) -> None:
         self._done.set()

@@ -26,7 +26,7 @@ from typing import Any
 from minify_client.models import Bisection, BisectRequest, Report, VersionOutcome, VersionRun
 from minify_client.progress import bisect_summary
 from minify_worker.versions.envs import EnvError, IndexInstaller
-from minify_worker.versions.probe import run_repro
+from minify_worker.versions.probe import run_repro, stop_on_sigterm
 from minify_worker.versions.ranges import VersionError, parse_version
 
 
@@ -178,6 +178,7 @@ def bisect_job(ticket: dict[str, Any]) -> str:
 
     rq_job = get_current_job()
     assert rq_job is not None, "bisect_job runs inside an RQ work horse"
+    stop_on_sigterm()
     keys = TicketKeys.model_validate(ticket["keys"])
     channel = JobChannel(rq_job.connection, keys, ticket["job_id"])
     report = Report.model_validate_json(channel.redis.hget(keys.record, "result"))

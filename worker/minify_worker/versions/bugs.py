@@ -70,10 +70,11 @@ def retest_job(ticket: dict[str, Any]) -> str:
     from rq import get_current_job
 
     from minify_worker.versions.phase import env_for
-    from minify_worker.versions.probe import run_repro
+    from minify_worker.versions.probe import run_repro, stop_on_sigterm
 
     rq_job = get_current_job()
     assert rq_job is not None, "retest_job runs inside an RQ work horse"
+    stop_on_sigterm()
     env = env_for(ticket["version"])
     if env is None:
         run = VersionRun(torch=ticket["version"], outcome=VersionOutcome.cannot_run,

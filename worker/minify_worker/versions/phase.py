@@ -37,7 +37,7 @@ from minify_client.models import CulpritState, Report, VersionOutcome, VersionRu
 from minify_server.ledger import WORKERS_TORCH_KEY, job_versions_key
 from minify_worker.versions import ranges
 from minify_worker.versions.envs import TorchEnv, configured_envs
-from minify_worker.versions.probe import probe_timeout_s, run_repro
+from minify_worker.versions.probe import probe_timeout_s, run_repro, stop_all, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ def probe_job(ticket: dict[str, Any]) -> str:
 
     rq_job = get_current_job()
     assert rq_job is not None, "probe_job runs inside an RQ work horse"
+    stop_on_sigterm()
     run = _probe(ticket)
     _record(rq_job.connection, ticket, run)
     return run.outcome.value
@@ -204,6 +205,7 @@ def collect(redis: Redis, job_id: str, out_dir: Path, report: Report, versions: 
             time.sleep(POLL_S)
         if stopped is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+            stop_all()  # the probes running here end now, not at their timeout
     raw = redis.hgetall(job_versions_key(job_id))
     runs = {}
     for value in raw.values():

@@ -7,16 +7,23 @@ what it prints decides the outcome (`ranges.classify`: `repro passed`, or the `r
 with:` line its excepthook writes). It is no sandbox child: a repro is one run of a program the
 job already ran hundreds of times in the sandbox, and the interpreter is another torch's, which
 the sandbox's fork server cannot host.
+
+A probe never outlives what asked for it: the repro gets `PR_SET_PDEATHSIG=SIGKILL` (the work horse
+killed outright), and `stop_all` kills the group of every probe still running (a cancelled job, a
+SIGTERM in the horse: `stop_on_sigterm`), so a worker's shutdown leaves no repro or compiler behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 from minify_client.models import VersionRun
 from minify_worker.versions.envs import TorchEnv
@@ -25,6 +32,10 @@ from minify_worker.versions.ranges import classify
 DEFAULT_TIMEOUT_S = 300.0  # a fresh interpreter's torch import and one compile, on a loaded box
 TIMEOUT_ENV = "MINIFY_VERSION_PROBE_TIMEOUT_S"
 _OUTPUT_KEPT = 64 * 1024
+_PR_SET_PDEATHSIG = 1
+
+_running: set[int] = set()  # process groups of the probes running in this process
+_running_lock = threading.Lock()
 
 
 def probe_timeout_s() -> float:
@@ -36,6 +47,31 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_all() -> None:
+    """Kill every probe running in this process, with what it started (a cancelled job's phase,
+    a worker shutting down); each `run_repro` then returns at once."""
+    with _running_lock:
+        groups = list(_running)
+    for pid in groups:
+        _kill_group(pid)
+
+
+def stop_on_sigterm() -> None:
+    """In an RQ entry that runs probes: SIGTERM (the worker's cold shutdown) kills the running
+    probes' groups first, then the horse dies of it as it would have."""
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        stop_all()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the repro is killed when the process that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _environment() -> dict[str, str]:
@@ -54,7 +90,10 @@ def run_repro(env: TorchEnv, repro: Path, inputs: Path | None, expected_signatur
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="minify-version-probe-") as workdir:
         process = subprocess.Popen(command, cwd=workdir, env=_environment(), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                   preexec_fn=_die_with_parent)
+        with _running_lock:
+            _running.add(process.pid)
         returncode: int | None
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
@@ -65,6 +104,8 @@ def run_repro(env: TorchEnv, repro: Path, inputs: Path | None, expected_signatur
             returncode = None
         finally:
             _kill_group(process.pid)  # what it left behind in its group
+            with _running_lock:
+                _running.discard(process.pid)
     seconds = round(time.monotonic() - started, 2)
     signal_name = None
     if returncode is not None and returncode < 0:
