@@ -25,6 +25,15 @@ when the values differ):
   compared.
 Each rule applies to the op's output as the graph returns it (through reshapes and copies); an
 index used in further computation is compared exactly.
+
+Beyond the forward outputs (issue 38), two more ways a compiled graph is wrong, each its own
+failure type so a minimization never drifts from one into another:
+- `MissingError`: eager raises and the compiled graph returns a result (a dtype, shape or bounds
+  check the compiler dropped). Its message names eager's error, so its signature is keyed by it.
+  Eager and compiled both raising is no failure: the program is wrong, not the compiler.
+- `GradientError`: the forward outputs agree, the gradients do not. The loss is the sum of every
+  floating-point output that requires grad; the gradients of the chosen inputs (`gradient_inputs`)
+  are judged by torch's float rule against eager's, with an fp64 reference (`gradient_divergence`).
 """
 
 from __future__ import annotations
@@ -35,11 +44,29 @@ from dataclasses import dataclass
 from typing import Any
 
 ACCURACY_EXC_TYPE = "AccuracyError"
+MISSING_ERROR_EXC_TYPE = "MissingError"
+GRADIENT_EXC_TYPE = "GradientError"
 DEFAULT_TOLERANCE = 1e-3
 
 
 class AccuracyError(Exception):
     """A compiled graph's outputs differ from eager beyond the tolerance (the message says how)."""
+
+
+class MissingError(Exception):
+    """Eager raises where the compiled graph returns a result (the message names eager's error)."""
+
+
+class GradientError(Exception):
+    """A compiled graph's gradients differ from eager's beyond the tolerance; its outputs agree."""
+
+
+def missing_error(eager_error: BaseException) -> MissingError:
+    """The failure of a compiled graph that returned where eager raised `eager_error`: one line,
+    eager's error type and first line, so the signature's key is what eager raised."""
+    lines = [line.strip() for line in str(eager_error).splitlines() if line.strip()]
+    said = f"{type(eager_error).__name__}: {lines[0]}" if lines else type(eager_error).__name__
+    return MissingError(f"eager raises {said[:300]}; the compiled graph returns a result")
 
 
 def without_dtype_asserts(gm: Any) -> Any:
@@ -191,6 +218,112 @@ def compare_to_eager(gm: Any, inputs: list[Any], run_compiled: Callable[[list[An
             fp64 = None
         result = run_compiled(clone_inputs(inputs))
         return divergence(reference, result, fp64, tolerance=tolerance, strict=strict, gm=gm, inputs=inputs)
+
+
+def gradient_inputs(inputs: Sequence[Any], *, requiring_grad_only: bool) -> list[int]:
+    """The positions of the floating-point tensor inputs whose gradients are judged: those that
+    require grad (the capture: what the user's program differentiates), or all of them (the
+    worker, whose inputs come from a file that keeps no `requires_grad`)."""
+    import torch
+
+    return [position for position, value in enumerate(inputs)
+            if isinstance(value, torch.Tensor) and value.is_floating_point()
+            and (value.requires_grad or not requiring_grad_only)]
+
+
+def gradients(run: Callable[..., Any], inputs: Sequence[Any], positions: Sequence[int]) -> list[Any] | None:
+    """The gradients of the inputs at `positions` of the sum of `run(*inputs)`'s floating-point
+    outputs that require grad (on copies of the inputs; zeros for an input the loss does not use);
+    None when no output requires grad."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    with torch.enable_grad():
+        args = [value.detach().clone().requires_grad_(position in positions) if isinstance(value, torch.Tensor)
+                else value for position, value in enumerate(inputs)]
+        outputs = [value for value in tree_leaves(run(*args))
+                   if isinstance(value, torch.Tensor) and value.requires_grad and value.is_floating_point()]
+        if not outputs:
+            return None
+        loss = sum(output.sum() for output in outputs)
+        found = torch.autograd.grad(loss, [args[position] for position in positions], allow_unused=True,
+                                    materialize_grads=True)
+    return [gradient.detach() for gradient in found]
+
+
+def gradient_divergence(gm: Any, inputs: list[Any], run_compiled: Callable[..., Any], positions: Sequence[int], *,
+                        tolerance: float = DEFAULT_TOLERANCE, strict: bool = False) -> str | None:
+    """None when the compiled gradients of the inputs at `positions` pass for eager's (torch's float
+    rule, with gradients computed in fp64 as the reference), else what differs. Without an fp64
+    reference a non-strict check passes, as the forward one does."""
+    from torch._dynamo.debug_utils import cast_to_fp64
+
+    if not positions:
+        return None
+    reference = gradients(gm, inputs, positions)
+    if reference is None:
+        return None
+    try:
+        fp64_model, fp64_inputs = cast_to_fp64(without_dtype_asserts(gm), clone_inputs(inputs))
+        fp64 = gradients(fp64_model, fp64_inputs, positions)
+    except Exception:
+        if not strict:
+            return None
+        fp64 = None
+    result = gradients(run_compiled, inputs, positions)
+    if result is None:
+        return "the compiled graph's outputs do not require grad; eager's do"
+    found = float_divergence(tuple(reference), tuple(result), tuple(fp64) if fp64 is not None else None,
+                             tolerance=tolerance, strict=strict)
+    if found is None:
+        return None
+    worst = max(range(len(reference)), key=lambda i: _distance(reference[i], result[i]))
+    said = (f"gradient of input {positions[worst]} differs from eager's: compiled {_short(result[worst])}, "
+            f"eager {_short(reference[worst])}")
+    return (said + (f" ({found})" if found else ""))[:2000]
+
+
+def _distance(expected: Any, got: Any) -> float:
+    if expected.shape != got.shape or not expected.numel():
+        return float("inf") if expected.shape != got.shape else 0.0
+    return float((expected.double() - got.double()).abs().nan_to_num(float("inf")).max())
+
+
+def compile_for_training(backend: str, gm: Any, inputs: Sequence[Any]) -> Any:
+    """`gm` compiled by `backend` (as a job spec names it: "inductor", a registered name, or
+    "module:callable") in grad mode, as torch.compile compiles a training step."""
+    import importlib
+
+    import torch
+
+    with torch.enable_grad():
+        if backend == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, list(inputs))
+        if ":" in backend:
+            module, attribute = backend.split(":", 1)
+            return getattr(importlib.import_module(module), attribute)(gm, list(inputs))
+        return torch._dynamo.lookup_backend(backend)(gm, list(inputs))
+
+
+def check_gradients(gm: Any, inputs: list[Any], backend: str, *, tolerance: float = DEFAULT_TOLERANCE,
+                    strict: bool = False) -> None:
+    """repro.py's gradient check: `gm` compiled by `backend` for training (every floating-point input
+    requiring grad), its gradients against eager's; raises `GradientError` when they differ."""
+    positions = gradient_inputs(inputs, requiring_grad_only=False)
+    args = [value.detach().clone().requires_grad_(True) if position in positions else value
+            for position, value in enumerate(inputs)]
+    compiled = compile_for_training(backend, gm, args)
+    detail = gradient_divergence(gm, inputs, compiled, positions, tolerance=tolerance, strict=strict)
+    if detail is not None:
+        raise GradientError(detail)
+
+
+def _short(value: Any) -> str:
+    flat = value.detach().reshape(-1)
+    shown = ", ".join(f"{float(item):.4g}" for item in flat[:6])
+    return f"[{shown}{', ...' if flat.numel() > 6 else ''}]"
 
 
 def clone_inputs(inputs: list[Any]) -> list[Any]:

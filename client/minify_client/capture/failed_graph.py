@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from minify_client import signatures
-from minify_client.accuracy import ACCURACY_EXC_TYPE
+from minify_client.accuracy import ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE
 from minify_client.models import JobSpec
 
 from .config import changed_config
@@ -61,9 +61,9 @@ class Program:
 
 def signature_of(failed: FailedCompile) -> str:
     """The failure's signature as the worker's report writes it ("Type: normalized key")."""
-    if failed.kind == "accuracy":
-        return ACCURACY_EXC_TYPE  # the worker's accuracy signature carries no key
-    return signatures.signature_line(failed.error)
+    if failed.kind == "accuracy" and type(failed.error).__name__ in (ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE):
+        return type(failed.error).__name__  # the worker's signatures of wrong values carry no key
+    return signatures.signature_line(failed.error)  # a MissingError is keyed by eager's error
 
 
 def chain_of(failed: FailedCompile) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ class FailedCompile:
     inputs: list[Any] = field(default_factory=list)
     program: Any = None  # torch.export.ExportedProgram (level "aoti")
     is_backward: bool = False
-    kind: Literal["compile_error", "accuracy"] = "compile_error"
+    kind: Literal["compile_error", "runtime_error", "accuracy"] = "compile_error"
     # What each placeholder was compiled with (fake values, SymInt sizes), for a dynamic export.
     symbolic: list[Any] = field(default_factory=list)
     # The grad mode of the compile: a graph of torch.func transforms is lowered in it (`transforms`).
@@ -176,8 +176,11 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
+        # A run that raises is reported once, where eager runs the same inputs (`_watch_runs`).
+        watched = _watch_runs(compiled, lambda error, args: _runtime_failure(
+            error, args, self.compiler_fn, _module(gm, graph), example_inputs, grad_enabled))
         # The first run guarded for crashes, described with its own inputs (capture/crash.py).
-        return crash.watch_compiled(compiled, list(_listeners), lambda args: FailedCompile(
+        return crash.watch_compiled(watched, list(_listeners), lambda args: FailedCompile(
             level="dynamo", error=crash.CompiledCodeDied("the compiled graph's first run"),
             backend=backend_name(self.compiler_fn), config=_config(self.compiler_fn), graph=_module(gm, graph),
             inputs=list(args), symbolic=symbolic_values(graph, example_inputs),
@@ -336,9 +339,57 @@ def from_metadata(value: Any) -> Any:
     return torch.empty_strided(shape, strides, dtype=value.dtype, device=device).copy_(made)
 
 
+def _watch_runs(compiled: Any, report: Callable[[BaseException, tuple[Any, ...]], None]) -> Callable[..., Any]:
+    """`compiled` behind a wrapper that, when a run raises (a kernel's assertion, a shape check of
+    the generated code), calls `report(error, args)` once per compiled graph, then re-raises the
+    error as it was. A run that returns costs one Python call and nothing else."""
+    reported = [False]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as error:
+            if _listeners and not reported[0] and not _recorded(error) and not _control_flow(error):
+                reported[0] = True
+                try:
+                    report(error, args)
+                except Exception:  # a capture must never change what the user's code raises
+                    logger.exception("minify: recording a failing run failed")
+            raise
+
+    return run
+
+
+def _runtime_failure(error: BaseException, args: tuple[Any, ...], compiler_fn: Any, graph: Any,
+                     example_inputs: list[Any], grad_enabled: bool) -> None:
+    """Report `error`, raised by a run of the compiled `graph` on `args`, as a `runtime_error`
+    failure, unless eager raises on the same inputs too: then the program is wrong, not the
+    compiler, and nothing is reported. Autograd and functorch state is put back, as the accuracy
+    check puts it back; a graph of transforms runs eagerly lowered (`transforms.lower`)."""
+    import torch
+
+    from .transforms import lower, preserved_state, transform_calls
+
+    inputs = snapshot(args)
+    try:
+        with preserved_state(), torch.no_grad():
+            eager = lower(graph, inputs, grad_enabled=grad_enabled) if transform_calls(graph.graph) else graph
+            eager(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+    except Exception as eager_error:
+        logger.debug("minify: a compiled graph raised and so does eager (%s): not captured", eager_error)
+        return
+    _notify(FailedCompile(
+        level="dynamo", error=error, backend=backend_name(compiler_fn), config=_config(compiler_fn), graph=graph,
+        inputs=inputs, kind="runtime_error", symbolic=symbolic_values(graph.graph, example_inputs),
+        grad_enabled=grad_enabled))
+
+
 def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> None:
     """MINIFY_CAPTURE_ACCURACY=1: the compiled graph's first outputs against eager, with the
-    worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict).
+    worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict); a graph that raises
+    eagerly and returns compiled is a `MissingError`; where the compile is for training (grad mode
+    on, an input requiring grad) and the outputs agree, the gradients of the inputs that require
+    grad are judged too (`GradientError`: `_judged`).
 
     It runs inside dynamo's compile of the user's frame, so whatever it does, the autograd and
     functorch state dynamo guards on is put back (`transforms.preserved_state`). A graph of
@@ -346,7 +397,7 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
     its compiled code runs in the grad mode it was compiled in, as the user's program runs it."""
     import torch
 
-    from minify_client.accuracy import AccuracyError, compare_to_eager
+    from minify_client.accuracy import gradient_inputs
 
     from .transforms import lower, preserved_state, transform_calls
 
@@ -357,15 +408,50 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
             transforms = bool(transform_calls(graph.graph))
             if transforms:
                 graph = lower(graph, inputs, grad_enabled=grad_enabled)
-            divergence = compare_to_eager(graph, inputs, _run_compiled(compiled, grad_enabled if transforms else None))
+            training = grad_enabled and not transforms
+            found = _judged(graph, inputs, compiled, _run_compiled(compiled, grad_enabled if transforms else None),
+                            gradient_inputs(example_inputs, requiring_grad_only=True) if training else [])
     except Exception:  # the check is best effort: a graph it cannot run is not the user's failure
         logger.debug("minify: accuracy check skipped", exc_info=True)
         return
-    if divergence is not None:
+    if found is not None:
         _report(lambda: FailedCompile(
-            level="dynamo", error=AccuracyError(divergence), backend=backend_name(compiler_fn),
+            level="dynamo", error=found, backend=backend_name(compiler_fn),
             config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs), kind="accuracy",
             symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=grad_enabled))
+
+
+def _judged(graph: Any, inputs: list[Any], compiled: Any, run: Callable[[list[Any]], Any],
+            positions: list[int]) -> Exception | None:
+    """What the compiled graph gets wrong on `inputs`, as the worker judges it: eager raises and it
+    returns (`MissingError`), its outputs differ (`AccuracyError`), its gradients of the inputs at
+    `positions` differ (`GradientError`); None when it agrees, or when both raise."""
+    import torch
+
+    from minify_client.accuracy import (
+        AccuracyError,
+        GradientError,
+        clone_inputs,
+        compare_to_eager,
+        gradient_divergence,
+        missing_error,
+    )
+
+    try:
+        with torch.no_grad():
+            graph(*clone_inputs(inputs))
+    except Exception as eager_error:
+        try:
+            with torch.no_grad():
+                run(clone_inputs(inputs))
+        except Exception:
+            return None  # both raise: the program's own error
+        return missing_error(eager_error)
+    divergence = compare_to_eager(graph, inputs, run)
+    if divergence is not None:
+        return AccuracyError(divergence)
+    wrong = gradient_divergence(graph, inputs, compiled, positions) if positions else None
+    return GradientError(wrong) if wrong is not None else None
 
 
 def _run_compiled(compiled: Any, grad_enabled: bool | None = None) -> Callable[[list[Any]], Any]:

@@ -16,6 +16,12 @@ classified by the parent.
   exactly (ties and other ambiguous integer results by what they mean) → `Fails(accuracy, "AccuracyError")`,
   keyed `INTEGER_ONLY` when only integer or boolean outputs differ: a float failure does not drift
   into an integer one a candidate exposes (a boolean intermediate another bug flips), nor back;
+  eager raising where the compiled graph returns → `Fails(accuracy, "MissingError")`, keyed by
+  eager's error (both raising: `Invalid`, the program's own error); and, where the job's signature
+  is `GradientError` (a capture of a training step whose gradients were wrong), the program is
+  compiled for training (every floating-point input requiring grad) and, its outputs agreeing,
+  the gradients of the sum of its outputs are judged against eager's with an fp64 reference
+  → `Fails(accuracy, "GradientError")`;
 - a candidate that cannot be built, or whose eager reference cannot run → `Invalid`.
 """
 
@@ -34,12 +40,17 @@ from typing import Any
 import torch
 from torch import fx
 
+from minify_client import signatures
 from minify_client.accuracy import (
     ACCURACY_EXC_TYPE,
+    GRADIENT_EXC_TYPE,
     described,
     float_divergence,
     fp64_reference,
+    gradient_divergence,
+    gradient_inputs,
     integer_divergence,
+    missing_error,
 )
 from minify_client.models import JobSpec
 from minify_worker.outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
@@ -185,17 +196,58 @@ def _stops(device: str) -> Callable[[Outcome], bool]:
     return stops
 
 
+def judges_gradients(spec: JobSpec) -> bool:
+    """Whether an accuracy job judges gradients: its signature is a `GradientError` (a capture of
+    a training step whose gradients differed from eager's)."""
+    parsed = signatures.parse_signature(spec.failure.signature) if spec.failure.signature else None
+    return spec.failure.kind == "accuracy" and parsed is not None and parsed[0] == GRADIENT_EXC_TYPE
+
+
+def _training(backend: Backend, spec: JobSpec) -> Backend:
+    """The spec's backend compiling for training (grad mode on): inductor through `compile_fx`, as
+    torch.compile calls it, without the no_grad of inference; any other backend as it is."""
+    if spec.backend != "inductor":
+        return backend
+
+    def compile_for_training(gm: fx.GraphModule, inputs: list[Any]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        with torch.enable_grad():
+            return compile_fx(gm, inputs)
+
+    return compile_for_training
+
+
+def _missing_error(gm: fx.GraphModule, inputs: list[Any], backend: Backend, eager_error: Exception,
+                   started: float) -> Outcome:
+    """Eager raised `eager_error`: a `MissingError` when the compiled graph returns a result,
+    `Invalid` when it raises too (the program's own error, no compiler bug)."""
+    said = f"{type(eager_error).__name__}: {eager_error}"
+    try:
+        compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
+        run_compiled(compiled, _clone_inputs(inputs))
+    except Exception as error:
+        fault = environment_fault(error)
+        if fault is not None:
+            raise EnvironmentFault(fault) from error
+        return Invalid(message=f"the eager reference run failed, and so does the compiled program: {said}"[:2000],
+                       duration_s=time.monotonic() - started)
+    return failure(missing_error(eager_error), "accuracy", started)
+
+
 def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, spec: JobSpec,
                       started: float, runs: int = 1) -> Outcome:
     strict = spec.failure.strict_accuracy
+    training = judges_gradients(spec)
+    if training:
+        backend = _training(backend, spec)
     try:
         reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
     except Exception as error:
         fault = environment_fault(error)
         if fault is not None:
             raise EnvironmentFault(fault) from error
-        return Invalid(message=f"the eager reference run failed: {type(error).__name__}: {error}"[:2000],
-                       duration_s=time.monotonic() - started)
+        return _missing_error(gm, inputs, backend, error, started)
     fp64 = None
     try:
         fp64 = fp64_reference(gm, inputs)
@@ -204,8 +256,10 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         if not strict:
             return Invalid(message=f"cannot compute the fp64 reference: {type(error).__name__}: {error}",
                            duration_s=time.monotonic() - started)
+    positions = gradient_inputs(inputs, requiring_grad_only=False) if training else []
     try:
-        compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
+        compiled = backend(copy.deepcopy(gm), [value.detach().clone().requires_grad_(True) if position in positions
+                                               else value for position, value in enumerate(_clone_inputs(inputs))])
     except Exception as error:
         return failure(error, "compile_error", started)
     compile_s = time.monotonic() - started
@@ -222,6 +276,8 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
         duration = time.monotonic() - run_started
         detail = described(floats, integers)
+        if detail is None and positions:
+            return _gradients_judged(gm, inputs, compiled, positions, spec, run_started)
         if detail is None:
             return Passes(duration_s=duration)
         key = "" if floats is not None else INTEGER_ONLY
@@ -230,3 +286,23 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         return Fails(signature=signature, duration_s=duration)
 
     return repeated(run_once, runs, compile_s, _stops(spec.device))
+
+
+def _gradients_judged(gm: fx.GraphModule, inputs: list[Any], compiled: Any, positions: list[int], spec: JobSpec,
+                      started: float) -> Outcome:
+    """The compiled gradients of the inputs at `positions` against eager's (its outputs agreed)."""
+    try:
+        detail = gradient_divergence(copy.deepcopy(gm), inputs, lambda *args: run_compiled(compiled, list(args)),
+                                     positions, tolerance=spec.failure.tolerance,
+                                     strict=spec.failure.strict_accuracy)
+    except Exception as error:
+        fault = environment_fault(error)
+        if fault is not None:
+            raise EnvironmentFault(fault) from error
+        return Invalid(message=f"cannot compute the gradients: {type(error).__name__}: {error}"[:2000],
+                       duration_s=time.monotonic() - started)
+    duration = time.monotonic() - started
+    if detail is None:
+        return Passes(duration_s=duration)
+    return Fails(signature=Signature(kind="accuracy", exc_type=GRADIENT_EXC_TYPE, key="",
+                                     text=f"{GRADIENT_EXC_TYPE}: {detail}"), duration_s=duration)
