@@ -100,8 +100,8 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
         *([_config_lines(spec.config)] if spec.config else []),
-        *([f"TOLERANCE = {spec.failure.tolerance!r}\nSTRICT_ACCURACY = {spec.failure.strict_accuracy!r}"]
-          if accuracy else []),
+        *([f"TOLERANCE = {spec.failure.tolerance!r}\nSTRICT_ACCURACY = {spec.failure.strict_accuracy!r}\n"
+           f"GRADIENTS = {_gradients(spec)!r}"] if accuracy else []),
     ]
     call = [
         f"inputs = [\n{inline}]",
@@ -355,7 +355,12 @@ def check_accuracy(gm, inputs, result):
     torch's accuracy minifier judges them, integers and booleans exactly, ties told apart
     (accuracy_rules.py, beside this file from minify); without that file, torch's rule for floats
     and every integer and boolean output exactly equal."""
-    reference = copy.deepcopy(gm)(*clone_inputs(inputs))
+    try:
+        reference = copy.deepcopy(gm)(*clone_inputs(inputs))
+    except Exception as error:  # eager raises where the compiled program returned: minify's MissingError
+        from accuracy_rules import missing_error
+
+        raise missing_error(error) from None
     fp64_reference = None
     if torch._dynamo.config.same_two_models_use_fp64:
         try:
@@ -380,6 +385,10 @@ def check_accuracy(gm, inputs, result):
                         inputs=inputs)
     if detail is not None:
         raise AccuracyError(detail)
+    if GRADIENTS:  # a training step's gradients, compiled for training by the backend GRADIENTS names
+        from accuracy_rules import check_gradients
+
+        check_gradients(gm, inputs, GRADIENTS, tolerance=TOLERANCE, strict=STRICT_ACCURACY)
 '''
 
 # The module beside an accuracy repro.py that holds minify's accuracy rule (minify_worker.artifacts.ACCURACY_RULES).
@@ -437,7 +446,8 @@ def install(expected_signature):
         if len(chain) > 1:
             print("exception chain:   " + "\\n                   <- ".join(describe_chain(chain)), file=sys.stderr)
         # An accuracy failure's signature is its type alone, as minify records it.
-        observed = exc_type.__name__ if exc_type.__name__ == "AccuracyError" else signature_line(error)
+        wrong_values = exc_type.__name__ in ("AccuracyError", "GradientError")
+        observed = exc_type.__name__ if wrong_values else signature_line(error)
         print(f"repro failed with: {observed}", file=sys.stderr)
         print(f"minify expected:   {expected_signature}", file=sys.stderr)
 
@@ -577,10 +587,17 @@ def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
         f"BACKEND = {spec.backend!r}",
         f"DEVICE = {spec.device!r}",
         f"FAILURE_KIND = {kind!r}",
-        *([f"TOLERANCE = {spec.failure.tolerance!r}", f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}"]
-          if kind == "accuracy" else []),
+        *([f"TOLERANCE = {spec.failure.tolerance!r}", f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}",
+           f"GRADIENTS = {_gradients(spec)!r}"] if kind == "accuracy" else []),
         f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",
     ])
+
+
+def _gradients(spec: JobSpec) -> str | None:
+    """The backend a gradient job's repro compiles for training with (`runner.judges_gradients`)."""
+    from minify_worker.programs.fx.runner import judges_gradients
+
+    return spec.backend if judges_gradients(spec) else None
 
 
 def _config_lines(config: dict[str, Any]) -> str:
