@@ -58,11 +58,14 @@ EXPORT_HINT = (
 def prepare_in_child(context: Any, *, program: str, inputs: str | None = None) -> dict[str, Any]:
     """`SandboxPool.call` target: `prepare` into the pool's work dir on the spec's device."""
     return prepare(Path(program), None if inputs is None else Path(inputs), Path(context.workdir),
-                   device=context.spec.device)
+                   device=context.spec.device, eager_may_fail=context.spec.failure.kind == "accuracy")
 
 
-def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cpu") -> dict[str, Any]:
-    """Load `program` (and `inputs`), write values.pt and program.json into `workdir`; returns the metadata."""
+def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cpu",
+            eager_may_fail: bool = False) -> dict[str, Any]:
+    """Load `program` (and `inputs`), write values.pt and program.json into `workdir`; returns the metadata.
+    `eager_may_fail`: an accuracy job's program may raise eagerly (its failure may be a MissingError:
+    eager raises, compiled returns); the values recorded up to the failing op are kept."""
     import torch
 
     from minify_worker.programs.fx.graph import count_ops, flat_graph_from_exported_program, graph_to_wire
@@ -75,7 +78,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     except ValueError as error:
         raise ProgramError(f"the program uses something minify cannot handle: {error}") from error
     values = placeholder_values(ep, graph, flat_inputs)
-    values.update(concrete_values(graph, values, device))
+    values.update(concrete_values(graph, values, device, partial=eager_may_fail))
     _drop_missing_value_keys(graph, values)
     mark_taken_branches(graph, values)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -397,7 +400,7 @@ def placeholder_values(ep: Any, graph: Any, flat_inputs: list[Any]) -> dict[str,
     return values
 
 
-def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str, Any]:
+def concrete_values(graph: Any, inputs: dict[str, Any], device: str, partial: bool = False) -> dict[str, Any]:
     """The value of every tensor- or number-valued node, from one eager run (torch's ConcreteProp).
 
     A `torch.cond` runs the branch its predicate picks, recorded the same way: the values of that
@@ -419,7 +422,8 @@ def concrete_values(graph: Any, inputs: dict[str, Any], device: str) -> dict[str
         with torch.no_grad():
             _recorder(gm, "", recorded).run(*args)
     except Exception as error:
-        raise ProgramError(f"the program fails when run eagerly on its inputs: {_short(error)}") from error
+        if not partial:
+            raise ProgramError(f"the program fails when run eagerly on its inputs: {_short(error)}") from error
     return recorded
 
 
