@@ -289,6 +289,28 @@ def _distance(expected: Any, got: Any) -> float:
     return float((expected.double() - got.double()).abs().nan_to_num(float("inf")).max())
 
 
+def beyond_tolerance(reference: Any, result: Any, *, tolerance: float = DEFAULT_TOLERANCE) -> str | None:
+    """What of `result`'s floating-point outputs is not within `tolerance` of eager's `reference`
+    elementwise (None when all are): said where torch's rule passed them anyway, because they are
+    no further from the fp64 reference than eager's own (pytorch#145466: a `floor` of a `cos` the
+    compiled code computes closer to the truth lands on the other integer)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for position, (expected, got) in enumerate(zip(tree_leaves(reference), tree_leaves(result), strict=False)):
+        if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) \
+                or not expected.is_floating_point() or expected.shape != got.shape or expected.dtype != got.dtype:
+            continue
+        far = ~torch.isclose(got.detach(), expected.detach(), rtol=tolerance, atol=tolerance, equal_nan=True)
+        if bool(far.any()):
+            first = tuple(int(index) for index in far.nonzero()[0])
+            most = float((got.detach().double() - expected.detach().double()).abs()[far].max())
+            return (f"output {position}: {int(far.sum())} of {expected.numel()} "
+                    f"{str(expected.dtype).removeprefix('torch.')} values differ from eager by up to {most:.4g}, "
+                    f"first at {list(first)}: {got[first].item()!r}, eager {expected[first].item()!r}")
+    return None
+
+
 def compile_for_training(backend: str, gm: Any, inputs: Sequence[Any]) -> Any:
     """`gm` compiled by `backend` (as a job spec names it: "inductor", a registered name, or
     "module:callable") in grad mode, as torch.compile compiles a training step."""
