@@ -39,6 +39,7 @@ from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
 from .dynamic import export_dynamic, is_symbolic, specialize_floats
+from .fidelity import accuracy_signature, refuse_unreproducible
 from .higher_order import CaptureRefused, check_round_trip, export_refused, for_export, higher_order_ops
 from .torch_hooks import FailedCompile
 from .transforms import lower, transform_calls
@@ -62,7 +63,7 @@ class Program:
 def signature_of(failed: FailedCompile) -> str:
     """The failure's signature as the worker's report writes it ("Type: normalized key")."""
     if failed.kind == "accuracy" and type(failed.error).__name__ in (ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE):
-        return type(failed.error).__name__  # the worker's signatures of wrong values carry no key
+        return accuracy_signature(failed.error)  # keyed as the worker keys it (fidelity.py)
     return signatures.signature_line(failed.error)  # a MissingError is keyed by eager's error
 
 
@@ -103,6 +104,7 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     if failed.program is not None:
         args, kwargs = failed.program.example_inputs or ((), {})
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
+    refuse_unreproducible(failed)  # a failure the program would not carry (fidelity.py)
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
     transforms = transform_calls(module.graph)
