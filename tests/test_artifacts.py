@@ -307,11 +307,15 @@ def test_repro_imports_nothing_from_minify(seed_aoti):
 
 
 def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, tmp_path):
+    """relu_cos's inputs are too big to write inline: this repro reads them from inputs.pt (the
+    small ones' tests follow below)."""
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
+    text = (tmp_path / "repro.py").read_text()
 
     run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
+    assert "def load_inputs(path):" in text and "--inputs" in text
     assert run.returncode == 1
     assert "relu_backends.ReluNotSupported: relu is not supported by this backend" in run.stderr
     assert _failure_line(run.stderr) == "ReluNotSupported: relu is not supported by this backend"
@@ -354,28 +358,31 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path)
     assert run.returncode == 0, run.stderr
 
 
-@pytest.mark.inductor
-def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
-    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="inductor",
-           config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+def test_repro_prints_the_root_cause_and_the_exception_chain_of_a_wrapped_error(relu_cos, tmp_path):
+    """What inductor raises on broken generated code (InductorError around the code cache's
+    RuntimeError, a SyntaxError inside), from a test backend (tests/support/backends.py): the
+    repro prints the chain and the root cause as the engine records it. The real inductor compile
+    error's repro is test_a_small_inductor_repro_fails_as_the_job_did's."""
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="tests.support.backends:failed_import_on_relu")
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = run_repro(tmp_path / "repro.py")
 
     assert run.returncode == 1
-    # The root cause, in the form the engine records it (the compiler's first error: line).
-    assert _failure_line(run.stderr) == "CppCompileError: \u2018compile\u2019 was not declared in this scope"
-    assert "exception chain:   InductorError: CppCompileError: C++ compile error" in run.stderr
+    assert _failure_line(run.stderr) == "SyntaxError: invalid syntax (<hash>.py, line N)"
+    assert "exception chain:   InductorError: RuntimeError: Failed to import" in run.stderr
 
 
-@pytest.mark.inductor
-def test_repro_reproduces_an_inductor_accuracy_error(relu_cos, tmp_path):
+def test_repro_of_an_accuracy_error_says_what_minify_expected(relu_cos, tmp_path):
+    """Wrong values (a test backend that adds one to relu's results) fail the repro with
+    AccuracyError, and it says what minify expected. Real inductor's accuracy bug: in
+    test_a_small_inductor_repro_fails_as_the_job_did."""
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path,
            Signature("accuracy", "AccuracyError", ""),
-           backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
-           failure={"kind": "accuracy"})
+           backend="tests.support.backends:wrong_on_relu", failure={"kind": "accuracy"})
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = run_repro(tmp_path / "repro.py")
 
+    assert "def load_inputs(path):" in (tmp_path / "repro.py").read_text()
     assert run.returncode == 1
     assert _failure_line(run.stderr) == "AccuracyError"
     assert run.stderr.strip().endswith("minify expected:   AccuracyError")
@@ -495,16 +502,6 @@ def test_a_small_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
     assert "inputs = [" in (tmp_path / "repro.py").read_text()
     assert run.returncode == 0, run.stderr
     assert "repro passed" in run.stdout
-
-
-def test_a_repro_with_big_inputs_reads_inputs_pt(relu_cos, tmp_path):
-    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
-    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
-    text = (tmp_path / "repro.py").read_text()
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
-
-    assert "def load_inputs(path):" in text and "--inputs" in text
-    assert _failure_line(run.stderr) == "ReluNotSupported: relu is not supported by this backend"
 
 
 @pytest.mark.inductor
