@@ -17,6 +17,12 @@ Per case (bench/realbugs/pt_*.py), each step a whole process with its own time l
    --no-isolate` (`--isolate`, torch's default, for crashes only: a fresh Python per check costs more
    than this bench can give every case), then `python repro.py`: does it fail, and how many ops are left.
 
+With `--torch-envs VENV...` (other torch installations: venv folders or interpreters), two more
+columns: the torch versions the case's own script fails on (the script run under each, the job's
+own torch first), and what our version phase finds (repro.py under each: `minify-worker minify`
+with `MINIFY_TORCH_ENVS`, the version phase on): which versions have the bug, the regression range
+and the version that fixed it, as a job reports them.
+
 Every case ends with a verdict per side: "minimal repro" or the exact reason it is not one. The
 results go to `--json` (every field) and `--markdown` (the table docs/bench.md quotes). Imports no torch.
 """
@@ -82,6 +88,8 @@ class Ours:
     repro_expected: str = ""
     verdict: str = ""
     minimal: bool = False
+    versions_summary: str = ""  # the version phase's line (report.json), with --torch-envs
+    versions: dict[str, str] = field(default_factory=dict)  # torch version -> the repro's outcome there
 
 
 @dataclass
@@ -101,6 +109,7 @@ class CaseResult:
     kind: str
     feature: str
     original_error: str = ""  # how the script failed under the capture (the user's run)
+    script_versions: dict[str, str] = field(default_factory=dict)  # torch version -> how the script ended there
     ours: Ours = field(default_factory=Ours)
     torch: Torch = field(default_factory=Torch)
     steps: dict[str, Step] = field(default_factory=dict)
@@ -207,9 +216,14 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     entry = entries[0]
     out = scratch / "ours"
     command = [str(OUR_COMMAND), "minify", str(captures / entry["program"]), "--spec", str(captures / entry["spec"]),
-               "--inputs", str(captures / entry["inputs"]), "--out", str(out), "--no-versions", "--no-culprit",
+               "--inputs", str(captures / entry["inputs"]), "--out", str(out), "--no-culprit",
                "--job-timeout", str(limits.minify_s), "--quiet"]
-    step = run_step("ours", command, REPO, scratch / "ours.log", limits.minify_s + 60)
+    if not limits.torch_envs:
+        command.append("--no-versions")
+    versions_env = {"MINIFY_TORCH_ENVS": ",".join(str(env) for env in limits.torch_envs)} if limits.torch_envs else {}
+    # The version phase: one repro.py per other torch, after the result (each a fresh interpreter).
+    step = run_step("ours", command, REPO, scratch / "ours.log",
+                    limits.minify_s + 60 + limits.repro_s * len(limits.torch_envs), versions_env)
     result.steps["ours"] = step
     report_path = out / "report.json"
     if not report_path.exists():
@@ -222,6 +236,8 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     ours.signature = report.get("signature") or ""
     ours.ops_original = report.get("nodes_original")
     ours.ops_final = report.get("nodes_final")
+    ours.versions_summary = report.get("versions_summary") or ""
+    ours.versions = {run["torch"]: run["outcome"] for run in report.get("versions") or []}
     if ours.status != "succeeded":
         ours.verdict = f"{ours.status}: {ours.reason}"[:300]
         return
@@ -240,6 +256,27 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     else:
         ours.minimal = True
         ours.verdict = f"minimal repro: {ours.ops_original} -> {ours.ops_final} ops"
+
+
+def interpreter(env: Path) -> Path:
+    """A venv folder's python, or the interpreter itself."""
+    return env / "bin" / "python" if env.is_dir() else env
+
+
+def env_torch_version(python: Path) -> str:
+    probe = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                           text=True)
+    return probe.stdout.strip() or f"unknown ({python})"
+
+
+def run_script_versions(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
+    """The case's own script under each torch (this one first): where does the issue's bug show?"""
+    for python in [Path(PYTHON), *(interpreter(env) for env in limits.torch_envs)]:
+        version = env_torch_version(python)
+        step = run_step(f"script_{version}", [str(python), str(case.path)], scratch,
+                        scratch / f"script-{version}.log", limits.script_s)
+        result.steps[f"script_{version}"] = step
+        result.script_versions[version] = f"fails ({step.error})" if step.failed else "passes"
 
 
 def torch_env(case: Case) -> dict[str, str]:
@@ -289,6 +326,7 @@ class Limits:
     minify_s: float  # one minifier run (ours' job timeout; torch's launcher)
     repro_s: float  # a repro.py run
     diagnose: bool = True  # MINIFY_CAPTURE_DIAGNOSE on the capture: a failure nothing captured, rerun to blame a layer
+    torch_envs: tuple[Path, ...] = ()  # other torch installations: the script under each, and our version phase
 
 
 def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> CaseResult:
@@ -296,6 +334,8 @@ def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> Ca
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     result = CaseResult(case=case.name, issue=case.issue, kind=case.kind, feature=case.feature)
+    if limits.torch_envs:
+        run_script_versions(case, scratch, result, limits)
     if "ours" in sides:
         run_ours(case, scratch, result, limits)
     if "torch" in sides:
@@ -347,6 +387,16 @@ def markdown(results: Sequence[CaseResult], revision: str) -> str:
         lines.append(f"| [{result.case}]({result.issue}) | {result.kind} | {'yes' if ours.captured else 'no'} | "
                      f"{ops} | {'✅' if ours.minimal else '❌'} | "
                      f"{side.ops_final if side.minimal else '-'} | {'✅' if side.minimal else '❌'} |")
+    with_versions = [result for result in results if result.script_versions]
+    if with_versions:
+        lines += ["", "Which torch versions have the bug: the case's own script under each, and our version phase "
+                  "(the minimal repro under each):", "",
+                  "| case | the script fails on | passes on | ours: version phase |", "|---|---|---|---|"]
+        for result in with_versions:
+            failing = [version for version, ended in result.script_versions.items() if ended.startswith("fails")]
+            passing = [version for version, ended in result.script_versions.items() if ended == "passes"]
+            lines.append(f"| {result.case} | {', '.join(failing) or '-'} | {', '.join(passing) or '-'} | "
+                         f"{_cell(result.ours.versions_summary) or '-'} |")
     lines += ["", "Not a minimal repro (ours), and why:", ""]
     lines += [f"- `{result.case}` ({result.kind}): {_cell(result.ours.verdict)}"
               for result in results if not result.ours.minimal]
@@ -393,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="take torch's side from earlier runs' --json instead of running it again (torch's "
                              "minifier does not change with this repository's commits; ours is run); a case none "
                              "of them holds is run on both sides")
+    parser.add_argument("--torch-envs", type=Path, nargs="+", default=[], metavar="VENV",
+                        help="other torch installations (venv folders or interpreters): the script runs under each, "
+                             "and ours runs its version phase over them (MINIFY_TORCH_ENVS)")
     options = parser.parse_args(argv)
 
     if options.render:
@@ -406,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              if not options.cases or any(case.name.startswith(prefix) for prefix in options.cases)]
     if not cases:
         parser.error(f"no case matches {options.cases}")
-    limits = Limits(options.script_limit, options.minify_limit, options.repro_limit, options.diagnose)
+    limits = Limits(options.script_limit, options.minify_limit, options.repro_limit, options.diagnose,
+                    tuple(path.resolve() for path in options.torch_envs))
     work = options.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
