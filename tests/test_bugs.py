@@ -67,6 +67,10 @@ def post(client: httpx.Client, program: Path, spec: dict, **params: str) -> http
                        data={"spec": json.dumps(spec)}, params=params)
 
 
+# A retention sweep every half second (the default is minutes), for the tests of the sweep.
+SWEEP_OFTEN = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     with start_service(tmp_path_factory.mktemp("bugs") / "data", workers=1) as running:
@@ -189,8 +193,7 @@ def test_succeeded_jobs_are_grouped_into_bugs_by_signature_and_graph_shape(
 
 def test_a_succeeded_job_no_worker_filed_is_filed_by_the_servers_sweep(
         tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
-    env = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}
-    with start_service(tmp_path / "data", workers=1, env=env) as running, running.client() as client:
+    with start_service(tmp_path / "data", workers=1, env=SWEEP_OFTEN) as running, running.client() as client:
         job_id = post(client, bug_programs["tanh"][3], FIVE_BUGS).json()["id"]
         bug = wait_for_status(client, job_id, FINISHED)["bug"]
         store = _redis(running)
@@ -323,8 +326,8 @@ def _wait_until(condition: object, timeout_s: float = 30) -> None:
 
 def test_retention_deletes_ended_jobs_but_keeps_a_listed_bugs_representative(
         tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
-    env = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}  # MINIFY_RETENTION_DAYS: the default, 30
-    with start_service(tmp_path / "data", workers=1, env=env) as running, running.client() as client:
+    # A service of its own (no other bug may be listed); MINIFY_RETENTION_DAYS: the default, 30.
+    with start_service(tmp_path / "data", workers=1, env=SWEEP_OFTEN) as running, running.client() as client:
         representative, member = (post(client, path, FIVE_BUGS).json()["id"] for path in bug_programs["sigmoid"][:2])
         other = post(client, bug_programs["sigmoid"][2], NOT_REPRODUCIBLE).json()["id"]
         finals = {job_id: wait_for_status(client, job_id, FINISHED) for job_id in (representative, member, other)}
@@ -458,7 +461,7 @@ def test_200_submissions_from_10_clients_make_20_minimizations_and_5_bugs(
         tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
     from bench.bugs import run_load
 
-    with start_service(tmp_path / "data", workers=2) as running:
+    with start_service(tmp_path / "data", workers=1) as running:  # a fresh one: the counts are the claim
         load_before = os.getloadavg()[0]
         result = run_load(running.url, bug_programs, clients=10, rounds=10, headers=running.headers)
     print(f"\n{result.summary()} (load average {load_before:.1f} before the run, {os.cpu_count()} cores)")
