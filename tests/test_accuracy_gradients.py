@@ -175,3 +175,23 @@ def test_inductor_wrong_gradients_of_a_reduction_with_ties_are_captured_and_repr
     assert (spec.backend, spec.failure.signature) == ("inductor", "GradientError")
     outcome = run_captured(tmp_path)
     assert isinstance(outcome, Fails) and outcome.signature.exc_type == "GradientError", outcome
+
+
+def test_the_check_leaves_the_programs_random_numbers_as_they_were(tmp_path: Path) -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.sin(x), 0.5).sum()
+
+    def drawn_after(capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x = torch.randn(8, requires_grad=True)
+        compiled = torch.compile(step, backend="aot_eager")
+        if capturing:
+            with capture_failures(step, (x,), save_to=tmp_path, accuracy=True):
+                loss = compiled(x)
+        else:
+            loss = compiled(x)
+        loss.backward()
+        return x.grad, torch.rand(4)
+
+    assert all(torch.equal(a, b) for a, b in zip(drawn_after(True), drawn_after(False), strict=True))

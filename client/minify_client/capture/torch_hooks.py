@@ -174,11 +174,14 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
                     symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
             raise
+        gradients = None
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
-            _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled)
+            if _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled):
+                def gradients(args: tuple[Any, ...]) -> None:
+                    _check_gradients(self.compiler_fn, _module(gm, graph), example_inputs, compiled, args)
         # A run that raises is reported once, where eager runs the same inputs (`_watch_runs`).
         watched = _watch_runs(compiled, lambda error, args: _runtime_failure(
-            error, args, self.compiler_fn, _module(gm, graph), example_inputs, grad_enabled))
+            error, args, self.compiler_fn, _module(gm, graph), example_inputs, grad_enabled), gradients)
         # The first run guarded for crashes, described with its own inputs (capture/crash.py).
         return crash.watch_compiled(watched, list(_listeners), lambda args: FailedCompile(
             level="dynamo", error=crash.CompiledCodeDied("the compiled graph's first run"),
@@ -339,13 +342,22 @@ def from_metadata(value: Any) -> Any:
     return torch.empty_strided(shape, strides, dtype=value.dtype, device=device).copy_(made)
 
 
-def _watch_runs(compiled: Any, report: Callable[[BaseException, tuple[Any, ...]], None]) -> Callable[..., Any]:
+def _watch_runs(compiled: Any, report: Callable[[BaseException, tuple[Any, ...]], None],
+                first_run: Callable[[tuple[Any, ...]], None] | None = None) -> Callable[..., Any]:
     """`compiled` behind a wrapper that, when a run raises (a kernel's assertion, a shape check of
     the generated code), calls `report(error, args)` once per compiled graph, then re-raises the
-    error as it was. A run that returns costs one Python call and nothing else."""
+    error as it was; and calls `first_run(args)` before the first run (the gradient check). A run
+    that returns costs one Python call and nothing else."""
     reported = [False]
+    pending = [first_run]
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        check, pending[0] = pending[0], None
+        if check is not None and _listeners:
+            try:
+                check(args)
+            except Exception:  # a capture must never change what the user's code does
+                logger.exception("minify: the gradient check failed")
         try:
             return compiled(*args, **kwargs)
         except Exception as error:
@@ -372,7 +384,7 @@ def _runtime_failure(error: BaseException, args: tuple[Any, ...], compiler_fn: A
 
     inputs = snapshot(args)
     try:
-        with preserved_state(), torch.no_grad():
+        with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)), torch.no_grad():
             eager = lower(graph, inputs, grad_enabled=grad_enabled) if transform_calls(graph.graph) else graph
             eager(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
     except Exception as eager_error:
@@ -384,12 +396,43 @@ def _runtime_failure(error: BaseException, args: tuple[Any, ...], compiler_fn: A
         grad_enabled=grad_enabled))
 
 
-def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> None:
+def _check_gradients(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any,
+                     args: tuple[Any, ...]) -> None:
+    """The gradient check of a training step (MINIFY_CAPTURE_ACCURACY=1), at the compiled graph's
+    first run, with its inputs, where grad mode is on and an input requires grad: a backward of the
+    sum of the outputs, compiled and eager, the gradients of the inputs that require grad compared
+    (`accuracy.gradient_divergence`); a difference is a `GradientError`. It runs here, not with the
+    forward check inside dynamo's compile: a backward compiled there sets dynamo's compile metrics
+    twice, which raises in the user's program. The compiled backward it compiles is the one the
+    training step then reuses; autograd, functorch and random state are put back."""
+    import torch
+
+    from minify_client.accuracy import GradientError, gradient_divergence, gradient_inputs
+
+    from .transforms import preserved_state
+
+    positions = gradient_inputs(args, requiring_grad_only=True)
+    if not torch.is_grad_enabled() or not positions:
+        return
+    inputs = snapshot(args)
+    try:
+        with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)):
+            detail = gradient_divergence(graph, inputs, compiled, positions)
+    except Exception:  # best effort: a graph it cannot differentiate is not the user's failure
+        logger.debug("minify: gradient check skipped", exc_info=True)
+        return
+    if detail is not None:
+        _report(lambda: FailedCompile(
+            level="dynamo", error=GradientError(detail), backend=backend_name(compiler_fn),
+            config=_config(compiler_fn), graph=graph, inputs=inputs, kind="accuracy",
+            symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=True))
+
+
+def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> bool:
     """MINIFY_CAPTURE_ACCURACY=1: the compiled graph's first outputs against eager, with the
     worker's own accuracy oracle (fp64 reference, tolerance 1e-3, non-strict); a graph that raises
-    eagerly and returns compiled is a `MissingError`; where the compile is for training (grad mode
-    on, an input requiring grad) and the outputs agree, the gradients of the inputs that require
-    grad are judged too (`GradientError`: `_judged`).
+    eagerly and returns compiled is a `MissingError` (`_judged`). True when the outputs agreed on a
+    graph without transforms: its gradients are judged at its first run (`_check_gradients`).
 
     It runs inside dynamo's compile of the user's frame, so whatever it does, the autograd and
     functorch state dynamo guards on is put back (`transforms.preserved_state`). A graph of
@@ -397,46 +440,43 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
     its compiled code runs in the grad mode it was compiled in, as the user's program runs it."""
     import torch
 
-    from minify_client.accuracy import gradient_inputs
-
     from .transforms import lower, preserved_state, transform_calls
 
     grad_enabled = torch.is_grad_enabled()
     try:
-        with preserved_state():
+        # The random state too: the check's runs must not change the numbers the program draws next.
+        with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(example_inputs)):
             inputs = snapshot(example_inputs)
             transforms = bool(transform_calls(graph.graph))
             if transforms:
                 graph = lower(graph, inputs, grad_enabled=grad_enabled)
-            training = grad_enabled and not transforms
-            found = _judged(graph, inputs, compiled, _run_compiled(compiled, grad_enabled if transforms else None),
-                            gradient_inputs(example_inputs, requiring_grad_only=True) if training else [])
+            found = _judged(graph, inputs, _run_compiled(compiled, grad_enabled if transforms else None))
     except Exception:  # the check is best effort: a graph it cannot run is not the user's failure
         logger.debug("minify: accuracy check skipped", exc_info=True)
-        return
+        return False
     if found is not None:
         _report(lambda: FailedCompile(
             level="dynamo", error=found, backend=backend_name(compiler_fn),
             config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs), kind="accuracy",
             symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=grad_enabled))
+    return found is None and not transforms
 
 
-def _judged(graph: Any, inputs: list[Any], compiled: Any, run: Callable[[list[Any]], Any],
-            positions: list[int]) -> Exception | None:
-    """What the compiled graph gets wrong on `inputs`, as the worker judges it: eager raises and it
-    returns (`MissingError`), its outputs differ (`AccuracyError`), its gradients of the inputs at
-    `positions` differ (`GradientError`); None when it agrees, or when both raise."""
+def _cuda_devices(values: Sequence[Any]) -> list[int]:
     import torch
 
-    from minify_client.accuracy import (
-        AccuracyError,
-        GradientError,
-        beyond_tolerance,
-        clone_inputs,
-        compare_to_eager,
-        gradient_divergence,
-        missing_error,
-    )
+    return sorted({value.device.index or 0 for value in values
+                   if isinstance(value, torch.Tensor) and value.device.type == "cuda"})
+
+
+def _judged(graph: Any, inputs: list[Any], run: Callable[[list[Any]], Any]) -> Exception | None:
+    """What the compiled graph gets wrong on `inputs`, as the worker judges it: eager raises and it
+    returns (`MissingError`), its outputs differ (`AccuracyError`); None when it agrees, or when
+    both raise. Outputs that pass only by the fp64 reference, beyond the tolerance of eager's in
+    whole units (a floor, a round), are said in a warning (`accuracy.beyond_tolerance`)."""
+    import torch
+
+    from minify_client.accuracy import AccuracyError, beyond_tolerance, clone_inputs, compare_to_eager, missing_error
 
     try:
         with torch.no_grad():
@@ -459,8 +499,7 @@ def _judged(graph: Any, inputs: list[Any], compiled: Any, run: Callable[[list[An
             "from the fp64 reference than eager's own (eager's rounding decided them, as a floor or a comparison "
             "of a rounded value does): torch's accuracy rule passes them, and so does minify's; not captured",
             far)
-    wrong = gradient_divergence(graph, inputs, compiled, positions) if positions else None
-    return GradientError(wrong) if wrong is not None else None
+    return None
 
 
 def _run_compiled(compiled: Any, grad_enabled: bool | None = None) -> Callable[[list[Any]], Any]:
