@@ -147,8 +147,13 @@ def test_cancelling_a_queued_job_is_immediate_and_it_never_runs(service_without_
         assert [event.data["status"] for event in read_events(client, job_id)] == ["queued", "cancelled"]
 
 
-def test_queued_jobs_survive_a_redis_crash_and_a_server_restart(tmp_path: Path,
-                                                               programs: dict[str, Path]) -> None:
+def test_queued_jobs_survive_a_redis_crash_and_a_server_restart_and_a_server_stopped_mid_job_requeues_it(
+        tmp_path: Path, programs: dict[str, Path]) -> None:
+    """One data dir through three starts of the service, each restart part of the claim: queued
+    jobs survive their Redis's SIGKILL (the server restarts it from the append-only file) and a
+    server restart, and the second start's worker runs them; then stopping that server in the
+    middle of a job leaves no process (`Service.stop` checks) and the job queued again with its
+    attempt counted, as the third start shows."""
     data_dir = tmp_path / "data"
     with start_service(data_dir, workers=0) as first, first.client() as client:
         job_ids = [submit(client, programs["relu_cos"], FAIL_ON_RELU) for _ in range(3)]
@@ -166,7 +171,19 @@ def test_queued_jobs_survive_a_redis_crash_and_a_server_restart(tmp_path: Path,
         assert {client.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in job_ids} == {"queued"}
     with start_service(data_dir, workers=1) as second, second.client() as client:
         finals = [wait_for_status(client, job_id, FINISHED, timeout_s=180)["status"] for job_id in job_ids]
-    assert finals == ["succeeded"] * 3
+        assert finals == ["succeeded"] * 3
+        wait_for_culprit(client, job_ids[-1])  # the worker is idle again: only the new job's processes count
+        idle = set(second.pids())
+        job_id = submit(client, programs["relu_cos"], HANG_ON_RELU)
+        wait_for_status(client, job_id, {"running"})
+        deadline = time.monotonic() + 60
+        while len(set(second.pids()) - idle) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    # leaving the block sent SIGTERM and checked that no process of that service is left
+    with start_service(data_dir, workers=0) as third, third.client() as client:
+        status = client.get(f"/v1/jobs/{job_id}").json()
+        assert client.get("/healthz").json()["queues"]["cpu"] == 1
+    assert status["status"] == "queued" and status["attempts"] == 1, status
 
 
 def test_a_worker_from_another_machine_joins_with_redis_url_and_queues(service_without_workers: Service,
@@ -190,26 +207,29 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def test_fifty_concurrent_submissions_all_finish_and_status_stays_fast(tmp_path: Path,
-                                                                      programs: dict[str, Path]) -> None:
+def test_twenty_concurrent_submissions_all_finish_and_status_stays_fast(service: Service,
+                                                                       programs: dict[str, Path]) -> None:
+    """Twenty jobs submitted at once, from as many clients, all run to their end on the module's
+    service (its one worker busy throughout), and reading a job's status stays fast meanwhile. The
+    count is a load, not the claim (it was fifty, on a service of its own with two workers)."""
     spec = {"backend": "eager"}  # the original passes: each job ends not_reproducible after reproducing
-    with start_service(tmp_path / "data", workers=2) as busy, busy.client() as client:
+    with service.client() as client:
         job_ids: list[str] = []
         errors: list[str] = []
 
         def submit_one() -> None:
-            with busy.client() as own:
+            with service.client() as own:
                 try:
                     job_ids.append(submit(own, programs["chain"], spec))
                 except AssertionError as error:
                     errors.append(str(error))
 
-        threads = [threading.Thread(target=submit_one) for _ in range(50)]
+        threads = [threading.Thread(target=submit_one) for _ in range(20)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert errors == [] and len(job_ids) == 50
+        assert errors == [] and len(job_ids) == 20
         latencies: list[float] = []
         pending = set(job_ids)
         deadline = time.monotonic() + 900
@@ -224,7 +244,7 @@ def test_fifty_concurrent_submissions_all_finish_and_status_stays_fast(tmp_path:
         assert not pending, f"{len(pending)} jobs did not finish"
         statuses = {client.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in job_ids}
     p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
-    print(f"\nGET /v1/jobs/{{id}} while 2 workers ran 50 jobs: {len(latencies)} requests, "
+    print(f"\nGET /v1/jobs/{{id}} while a worker ran 20 jobs: {len(latencies)} requests, "
           f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
     assert statuses == {"not_reproducible"}
     assert p99 < 0.5
@@ -238,7 +258,7 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
     with service.client() as client:
         job_id = submit(client, programs["relu_cos"], spec)
         final = wait_for_status(client, job_id, FINISHED, timeout_s=300)
-        assert final["status"] == "succeeded", final
+        assert final["status"] == "succeeded", final["reason"]
         wait_for_culprit(client, job_id, timeout_s=300)  # it follows the delivered result, then phase_s has it
         for name in ("repro.py", "inputs.pt", "minimized.pt2"):
             response = client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
@@ -252,23 +272,6 @@ def test_real_inductor_compile_error_gives_a_repro_that_fails(service: Service, 
     repro = run_repro(tmp_path / "repro.py")
     assert repro.returncode != 0
     assert "CppCompileError" in repro.stderr or "compile" in repro.stderr.lower()
-
-
-def test_stopping_the_server_mid_job_leaves_no_process_and_requeues_the_job(tmp_path: Path,
-                                                                           programs: dict[str, Path]) -> None:
-    data_dir = tmp_path / "data"
-    with start_service(data_dir, workers=1) as first, first.client() as client:
-        idle = set(first.pids())
-        job_id = submit(client, programs["relu_cos"], HANG_ON_RELU)
-        wait_for_status(client, job_id, {"running"})
-        deadline = time.monotonic() + 60
-        while len(set(first.pids()) - idle) < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    # leaving the block sent SIGTERM and checked that no process of that service is left
-    with start_service(data_dir, workers=0) as second, second.client() as client:
-        status = client.get(f"/v1/jobs/{job_id}").json()
-        assert client.get("/healthz").json()["queues"]["cpu"] == 1
-    assert status["status"] == "queued" and status["attempts"] == 1, status
 
 
 def start_worker(service: Service, name: str, *flags: str) -> subprocess.Popen:
