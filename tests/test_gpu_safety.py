@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from minify_client.models import JobSpec, JobState
-from minify_worker.engine import minify
+from minify_worker.engine import MinifyResult, minify
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 from tests.support.repro import run_repro
@@ -151,8 +152,17 @@ def test_a_failure_that_does_not_depend_on_the_program_fails_the_job(chain_pt2: 
     assert "minimized.pt2" not in result.artifacts
 
 
-def test_the_signature_names_the_root_cause_and_keeps_the_chain(chain_pt2: Path, tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path / "out")
+@pytest.fixture(scope="module")
+def failed_import_job(chain_pt2: Path, tmp_path_factory: pytest.TempPathFactory) -> MinifyResult:
+    """The chain minimized once with `failed_import_on_relu` (inductor's form of a failed import of
+    generated code), for the signature it records and the repro that prints it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
+        return minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path_factory.mktemp("failed-import"))
+
+
+def test_the_signature_names_the_root_cause_and_keeps_the_chain(failed_import_job: MinifyResult) -> None:
+    result = failed_import_job
 
     assert result.status is JobState.succeeded
     assert result.report.signature == "SyntaxError: invalid syntax (<hash>.py, line N)"
@@ -170,10 +180,10 @@ def test_match_sees_every_link_of_the_chain(chain_pt2: Path, tmp_path: Path) -> 
     assert ops_of(result.report.graph_code) == ["relu"]
 
 
-def test_the_repro_prints_the_signature_the_report_records(chain_pt2: Path, tmp_path: Path) -> None:
-    result = minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path / "out")
+def test_the_repro_prints_the_signature_the_report_records(failed_import_job: MinifyResult) -> None:
+    result = failed_import_job
 
-    run = run_repro(tmp_path / "out" / "repro.py")
+    run = run_repro(result.artifacts["repro.py"])
 
     assert run.returncode == 1
     assert f"repro failed with: {result.report.signature}\n" in run.stderr
