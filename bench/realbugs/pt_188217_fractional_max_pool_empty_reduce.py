@@ -5,7 +5,7 @@ checks:   compiled `hardsigmoid(logsigmoid(LocalResponseNorm(FractionalMaxPool2d
           float64 (1, 3, 32, 32) input runs and returns eager's (1, 3, 2, 2) shape
 fails on: 2.13.0+cpu (checked here); the issue: nightly, CPU
 kind:     compile error
-feature:  inductor lowering (fractional_max_pool2d, avg_pool inside LocalResponseNorm), nn.Module, float64
+feature:  inductor lowering (FractionalMaxPool2d then LocalResponseNorm), nn.Module, float64
 """
 
 import torch
