@@ -361,8 +361,9 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path)
 def test_repro_prints_the_root_cause_and_the_exception_chain_of_a_wrapped_error(relu_cos, tmp_path):
     """What inductor raises on broken generated code (InductorError around the code cache's
     RuntimeError, a SyntaxError inside), from a test backend (tests/support/backends.py): the
-    repro prints the chain and the root cause as the engine records it. The real inductor compile
-    error's repro is test_a_small_inductor_repro_fails_as_the_job_did's."""
+    repro prints the chain and the root cause as the engine records it. Real inductor compile
+    errors' repros: test_a_small_inductor_repro_fails_as_the_job_did (inputs inline) and
+    tests/test_service.py's real-inductor job (relu_cos's inputs, read from inputs.pt)."""
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="tests.support.backends:failed_import_on_relu")
 
     run = run_repro(tmp_path / "repro.py")
