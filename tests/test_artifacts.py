@@ -358,25 +358,26 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path)
     assert run.returncode == 0, run.stderr
 
 
-def test_repro_prints_the_root_cause_and_the_exception_chain_of_a_wrapped_error(relu_cos, tmp_path):
-    """What inductor raises on broken generated code (InductorError around the code cache's
-    RuntimeError, a SyntaxError inside), from a test backend (tests/support/backends.py): the
-    repro prints the chain and the root cause as the engine records it. Real inductor compile
-    errors' repros: test_a_small_inductor_repro_fails_as_the_job_did (inputs inline) and
-    tests/test_service.py's real-inductor job (relu_cos's inputs, read from inputs.pt)."""
-    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="tests.support.backends:failed_import_on_relu")
+@pytest.mark.inductor
+def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
+    """relu_cos's inputs, read from inputs.pt: the full repro's inductor compile, for real."""
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="inductor",
+           config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
-    run = run_repro(tmp_path / "repro.py")
+    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
 
     assert run.returncode == 1
-    assert _failure_line(run.stderr) == "SyntaxError: invalid syntax (<hash>.py, line N)"
-    assert "exception chain:   InductorError: RuntimeError: Failed to import" in run.stderr
+    # The root cause, in the form the engine records it (the compiler's first error: line).
+    assert _failure_line(run.stderr) == "CppCompileError: \u2018compile\u2019 was not declared in this scope"
+    assert "exception chain:   InductorError: CppCompileError: C++ compile error" in run.stderr
 
 
 def test_repro_of_an_accuracy_error_says_what_minify_expected(relu_cos, tmp_path):
-    """Wrong values (a test backend that adds one to relu's results) fail the repro with
-    AccuracyError, and it says what minify expected. Real inductor's accuracy bug: in
-    test_a_small_inductor_repro_fails_as_the_job_did."""
+    """Wrong values (a test backend that adds one to relu's results) fail the full repro (inputs
+    from inputs.pt) with AccuracyError, and it says what minify expected: the accuracy check is
+    the repro's own, whatever the backend. Real inductor's accuracy bug and its repro:
+    test_a_small_inductor_repro_fails_as_the_job_did; the full repro's inductor compile, for real:
+    the test above."""
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path,
            Signature("accuracy", "AccuracyError", ""),
            backend="tests.support.backends:wrong_on_relu", failure={"kind": "accuracy"})
