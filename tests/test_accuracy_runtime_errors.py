@@ -83,13 +83,28 @@ def test_a_run_that_raises_eagerly_too_is_never_captured(tmp_path: Path) -> None
     assert captured.captured is None and not list(tmp_path.glob("*.pt2"))
 
 
-def test_the_script_runner_captures_a_run_that_raises(tmp_path: Path, allowed: None) -> None:
+def test_the_script_runner_captures_a_run_that_raises(tmp_path: Path, allowed: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through `python -m minify_client.capture`, with a custom op the script itself registers: the
+    spec names the script's module (not `__main__`, which the runner is again once the script ended)."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
         import torch
         from {MODULE} import raise_at_run_on_cumsum
 
-        torch.compile(lambda x: torch.cumsum(x, 0) * 3, backend=raise_at_run_on_cumsum)(torch.randn(5))
+
+        @torch.library.custom_op("accuracy_runtime_script::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+
+        @twice.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+
+        if __name__ == "__main__":
+            torch.compile(lambda x: torch.cumsum(twice(x), 0) * 3, backend=raise_at_run_on_cumsum)(torch.randn(5))
     """))
     ran = subprocess.run([sys.executable, "-m", "minify_client.capture", "--dir", str(tmp_path / "captures"),
                           str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -98,6 +113,10 @@ def test_the_script_runner_captures_a_run_that_raises(tmp_path: Path, allowed: N
     assert ran.returncode == 1 and "AssertionError: expected size" in ran.stderr, ran.stderr[-3000:]
     assert "minify: captured the failing dynamo graph" in ran.stderr, ran.stderr[-3000:]
     (directory,) = [path for path in (tmp_path / "captures").iterdir() if path.is_dir()]
+    spec = JobSpec.model_validate_json((directory / "spec.json").read_text())
+    assert spec.op_modules == ["train"] and spec.failure.kind == "runtime_error"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("train")  # the op registered here, as the worker's op_modules import does
     outcome = run_captured(directory)
     assert isinstance(outcome, Fails) and outcome.signature.exc_type == "AssertionError", outcome
 

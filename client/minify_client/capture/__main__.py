@@ -21,7 +21,7 @@ import traceback
 
 from minify_client import signatures
 
-from . import crash, diagnose
+from . import crash, custom_ops, diagnose
 from .session import CaptureSession, safe_name
 
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     invoked_in = os.getcwd()
     sys.argv = [options.script, *options.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(options.script)))
+    custom_ops.main_script = os.path.abspath(options.script)  # ops it registers: recorded by its name
     started = time.monotonic()
     try:
         runpy.run_path(options.script, run_name="__main__")

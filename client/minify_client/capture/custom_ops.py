@@ -164,10 +164,15 @@ def _is_torch_module(module: str | None) -> bool:
     return module is not None and (module == "torch" or module.startswith("torch."))
 
 
+# The script `python -m minify_client.capture` runs as __main__ (capture/__main__.py sets it): by the
+# time a capture is saved the script has ended and `sys.modules["__main__"]` is the runner again.
+main_script: str | None = None
+
+
 def _importable_name(module: str) -> tuple[str, str]:
     """The name the worker would import `module` by, and why it may not be able to ("" if none)."""
     if module == "__main__":
-        file = getattr(sys.modules.get("__main__"), "__file__", None)
+        file = main_script or getattr(sys.modules.get("__main__"), "__file__", None)
         if not file:
             return module, "the interactive session (__main__)"
         return Path(file).stem, f"the script {file} (run as __main__)"
