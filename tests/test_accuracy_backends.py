@@ -10,7 +10,8 @@ on its op:
 - `drop_dtype_check_on(ops)`: the op's floating-point arguments cast to float32 first, so mixed dtypes
   that eager refuses return a result (the check the compiler dropped);
 - `clamp_indices_on(ops)`: the op's integer index arguments clamped into range (a dropped bounds check);
-- `raise_at_run_on(ops)`: the compiled graph raises when run (a kernel's own assertion).
+- `raise_at_run_on(ops)`: the compiled graph raises when run (a kernel's own assertion);
+- `save_copies`: the graph run on copies of the inputs that need no grad (a lost version check).
 """
 
 from __future__ import annotations
@@ -99,6 +100,16 @@ def raise_at_run_on(*ops: str) -> Backend:
         return run
 
     return backend
+
+
+def save_copies(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Run eagerly on copies of the inputs that do not require grad: autograd saves the copies, so
+    an input modified in place before the backward goes unnoticed (the check pytorch#197887 lost)."""
+    def run(*args: Any) -> Any:
+        return gm(*[value.clone() if isinstance(value, torch.Tensor) and not value.requires_grad else value
+                    for value in args])
+
+    return run
 
 
 wrong_grad_on_sin = wrong_grad_on("sin")

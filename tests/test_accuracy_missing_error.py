@@ -22,7 +22,13 @@ from minify_client.capture import capture_failures
 from minify_client.models import JobSpec
 from minify_worker.outcomes import Fails, Invalid
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.test_accuracy_backends import MODULE, clamp_indices_on_index_select, drop_dtype_check_on_mm, run_captured
+from tests.test_accuracy_backends import (
+    MODULE,
+    clamp_indices_on_index_select,
+    drop_dtype_check_on_mm,
+    run_captured,
+    save_copies,
+)
 
 
 @pytest.fixture
@@ -135,6 +141,52 @@ def test_a_missing_error_is_minimized_and_its_repro_says_so(tmp_path: Path, allo
     ran = run_repro(tmp_path / "out" / "repro.py", **{ALLOWED_BACKENDS_ENV: MODULE})
     assert ran.returncode != 0, ran.stdout[-2000:]
     assert f"repro failed with: {spec.failure.signature}" in ran.stderr, ran.stderr[-3000:]
+
+
+SAVED = [("mm", lambda x, w: x @ w), ("mul", lambda x, w: (x * w[:2]).sin()),
+         ("conv1d", lambda x, w: torch.nn.functional.conv1d(x.unsqueeze(0), w.unsqueeze(0)[:, :2]))]
+
+
+@pytest.mark.parametrize(("name", "program"), SAVED, ids=[case[0] for case in SAVED])
+def test_an_input_modified_before_backward_is_said_where_eager_raises(
+        name: str, program: Callable[..., Any], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """pytorch#197887's class: no graph holds the in-place modification, so nothing is captured; a
+    warning names the input and eager's error. The program's own outcome is what it was."""
+    def step(compiled: Callable[..., Any]) -> torch.Tensor:
+        x, w = torch.arange(6.0).reshape(2, 3) / 7, (torch.arange(9.0).reshape(3, 3) / 5).requires_grad_()
+        out = compiled(x, w)
+        x.add_(1)
+        out.sum().backward()
+        return w.grad
+
+    with pytest.raises(RuntimeError, match="inplace operation"):
+        step(program)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING"), capture_failures(program, (), save_to=tmp_path, accuracy=True) as captured:
+        grad = step(torch.compile(program, backend=save_copies))
+    torch._dynamo.reset()
+
+    assert isinstance(grad, torch.Tensor)  # the compiled program's outcome, unchanged: no error
+    assert captured.captured is None
+    said = [record.getMessage() for record in caplog.records if "modified in place" in record.getMessage()]
+    assert len(said) == 1 and said[0].startswith("minify: input ") and "(float32 (2, 3)) of a compiled training " \
+        "graph was modified in place" in said[0], said
+    assert "inplace operation" in said[0]
+
+
+def test_an_input_modified_before_backward_where_eager_does_not_mind_is_not_said(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    def program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x + w  # add saves nothing: eager's backward does not mind a modified x
+
+    x, w = torch.ones(3), torch.ones(3, requires_grad=True)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING"), capture_failures(program, (), save_to=tmp_path, accuracy=True):
+        out = torch.compile(program, backend=save_copies)(x, w)
+        x.add_(1)
+        out.sum().backward()
+    torch._dynamo.reset()
+    assert not [record for record in caplog.records if "modified in place" in record.getMessage()]
 
 
 @pytest.mark.inductor

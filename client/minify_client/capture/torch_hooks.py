@@ -177,8 +177,9 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         gradients = None
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             if _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled):
-                def gradients(args: tuple[Any, ...]) -> None:
+                def gradients(args: tuple[Any, ...]) -> Callable[[Any], None] | None:
                     _check_gradients(self.compiler_fn, _module(gm, graph), example_inputs, compiled, args)
+                    return _watch_versions(_module(gm, graph), args)
         # A run that raises is reported once, where eager runs the same inputs (`_watch_runs`).
         watched = _watch_runs(compiled, lambda error, args: _runtime_failure(
             error, args, self.compiler_fn, _module(gm, graph), example_inputs, grad_enabled), gradients)
@@ -343,23 +344,32 @@ def from_metadata(value: Any) -> Any:
 
 
 def _watch_runs(compiled: Any, report: Callable[[BaseException, tuple[Any, ...]], None],
-                first_run: Callable[[tuple[Any, ...]], None] | None = None) -> Callable[..., Any]:
+                first_run: Callable[[tuple[Any, ...]], Callable[[Any], None] | None] | None = None
+                ) -> Callable[..., Any]:
     """`compiled` behind a wrapper that, when a run raises (a kernel's assertion, a shape check of
     the generated code), calls `report(error, args)` once per compiled graph, then re-raises the
-    error as it was; and calls `first_run(args)` before the first run (the gradient check). A run
-    that returns costs one Python call and nothing else."""
+    error as it was; and calls `first_run(args)` before the first run (the gradient check), and
+    what it returns with that run's result (the version watch). A run that returns costs one
+    Python call and nothing else."""
     reported = [False]
     pending = [first_run]
 
     def run(*args: Any, **kwargs: Any) -> Any:
         check, pending[0] = pending[0], None
+        after = None
         if check is not None and _listeners:
             try:
-                check(args)
+                after = check(args)
             except Exception:  # a capture must never change what the user's code does
                 logger.exception("minify: the gradient check failed")
         try:
-            return compiled(*args, **kwargs)
+            result = compiled(*args, **kwargs)
+            if after is not None:
+                try:
+                    after(result)
+                except Exception:
+                    logger.exception("minify: watching the inputs' versions failed")
+            return result
         except Exception as error:
             if _listeners and not reported[0] and not _recorded(error) and not _control_flow(error):
                 reported[0] = True
@@ -426,6 +436,84 @@ def _check_gradients(compiler_fn: Any, graph: Any, example_inputs: list[Any], co
             level="dynamo", error=GradientError(detail), backend=backend_name(compiler_fn),
             config=_config(compiler_fn), graph=graph, inputs=inputs, kind="accuracy",
             symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=True))
+
+
+def _watch_versions(graph: Any, args: tuple[Any, ...]) -> Callable[[Any], None] | None:
+    """For a training step's first run (MINIFY_CAPTURE_ACCURACY=1): what, given the run's result,
+    watches for an input modified in place between the forward and the backward, where eager's
+    autograd raises ("modified by an inplace operation") for a tensor it saved and a compiled
+    backward may not check (pytorch#197887). At the backward (a pre-hook on the first output's
+    autograd node: it changes no gradient) an input whose version moved is tried eagerly: the graph
+    run on copies of the forward's inputs, that input bumped in place, a backward; where eager
+    raises so, a warning says so. No graph a compiler received holds the modification, so nothing
+    is captured: the warning names the input and eager's error. None where grad mode is off."""
+    import weakref
+
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if not torch.is_grad_enabled():
+        return None
+    inputs = snapshot(args)
+    requires = [isinstance(value, torch.Tensor) and value.requires_grad for value in args]
+
+    def after(result: Any) -> None:
+        outputs = [value for value in tree_leaves(result) if isinstance(value, torch.Tensor) and value.grad_fn]
+        if not outputs:
+            return
+        versions = [(position, weakref.ref(value), value._version) for position, value in enumerate(args)
+                    if isinstance(value, torch.Tensor)]
+        fired = [False]
+
+        def before_backward(grad_outputs: Any) -> None:
+            if fired[0]:
+                return None
+            fired[0] = True
+            moved = [position for position, ref, version in versions
+                     if (value := ref()) is not None and value._version != version]
+            if moved:
+                try:
+                    _tell_lost_version_check(graph, inputs, requires, moved)
+                except Exception:
+                    logger.debug("minify: the in-place check was skipped", exc_info=True)
+            return None
+
+        outputs[0].grad_fn.register_prehook(before_backward)
+
+    return after
+
+
+def _tell_lost_version_check(graph: Any, inputs: list[Any], requires: list[bool], moved: list[int]) -> None:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from .transforms import preserved_state
+
+    with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)), torch.enable_grad():
+        copies = [value.clone().requires_grad_(wanted) if isinstance(value, torch.Tensor) else value
+                  for value, wanted in zip(inputs, requires, strict=True)]
+        outputs = [value for value in tree_leaves(graph(*copies))
+                   if isinstance(value, torch.Tensor) and value.requires_grad and value.is_floating_point()]
+        with torch.no_grad():
+            for position in moved:
+                copies[position].add_(0)  # what the program did to it, as autograd counts it: a version
+        leaves = [copies[position] for position, wanted in enumerate(requires) if wanted]
+        if not outputs or not leaves:
+            return
+        try:
+            torch.autograd.grad(sum(output.sum() for output in outputs), leaves, allow_unused=True)
+        except RuntimeError as error:
+            if "inplace operation" not in str(error):
+                return
+            said = str(error).strip().splitlines()[0][:300]
+            which = ", ".join(f"{position} ({str(inputs[position].dtype).removeprefix('torch.')} "
+                              f"{tuple(inputs[position].shape)})" for position in moved)
+            logger.warning(
+                "minify: input%s %s of a compiled training graph %s modified in place between its forward and its "
+                "backward: eager's autograd raises there (RuntimeError: %s) and the compiled backward did not "
+                "(a missing error, as pytorch#197887). Not captured: no graph a compiler received holds the "
+                "modification; report it with your program", "s" if len(moved) > 1 else "", which,
+                "were" if len(moved) > 1 else "was", said)
 
 
 def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> bool:
