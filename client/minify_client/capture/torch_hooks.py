@@ -14,6 +14,11 @@ installed once (`install()`) and pass straight through while no `Listener` is re
 one is, a failing call is reported to it as a `FailedCompile` and its exception re-raised as it
 was. The graph a compiler receives is copied first (its node list; metadata and weights are
 shared), as torch's own repro hooks do, since compilers rewrite it in place.
+
+What dynamo's backend returns is handed back behind a wrapper (`_watch_runs`): a run that raises
+is reported once per graph as a `runtime_error` (unless eager raises on the same inputs too), and,
+with the accuracy check on, the first run of a training graph has its gradients judged
+(`_check_gradients`) and its inputs' versions watched until the backward (`_watch_versions`).
 """
 
 from __future__ import annotations
