@@ -397,6 +397,8 @@ def _runtime_failure(error: BaseException, args: tuple[Any, ...], compiler_fn: A
 
     from .transforms import lower, preserved_state, transform_calls
 
+    if isinstance(error, MemoryError | torch.OutOfMemoryError):
+        return  # the machine's memory, not the compiled code: and an eager run now would want it too
     inputs = snapshot(args)
     try:
         with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)), torch.no_grad():
