@@ -32,10 +32,12 @@ public calls. `aot_inductor` exports with `dynamic_shapes` instead (`export_dyna
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +161,13 @@ def uses_torch_functions(name: str) -> bool:
 
 def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = None) -> Backend:
     """The compile function for the spec's `backend` (raises `BackendError` if it cannot be used),
-    compiling the dims in `shapes` symbolically (see the module's docstring)."""
+    compiling the dims in `shapes` symbolically (see the module's docstring), and the program's
+    constant tensors as constants (`constants_inside`)."""
+    _backend(name, workdir, None)  # a backend that cannot be used says so now, not at the first compile
+    return constants_inside(lambda kept: _backend(name, workdir, kept), shapes)
+
+
+def _backend(name: str, workdir: Path, shapes: DynamicShapes | None) -> Backend:
     if name == "aot_inductor":
         return _aot_inductor(workdir, shapes)
     if name == "inductor":
@@ -171,6 +179,72 @@ def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = Non
     else:
         backend = registered_backend(name)
     return backend if shapes is None else _through_dynamo(backend, shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Constants
+
+
+def constant_positions(graph: fx.Graph) -> list[int]:
+    """The positions among `graph`'s placeholders of the program's constant tensors (role
+    "constant": torch.export's CONSTANT_TENSOR inputs, `c_lifted_tensor_0`)."""
+    from minify_worker.programs.fx.graph import META_ROLE
+
+    placeholder_nodes = [node for node in graph.nodes if node.op == "placeholder"]
+    return [position for position, node in enumerate(placeholder_nodes) if node.meta.get(META_ROLE) == "constant"]
+
+
+def constants_as_attributes(gm: fx.GraphModule, inputs: Sequence[Any],
+                            positions: Sequence[int]) -> tuple[fx.GraphModule, list[Any]]:
+    """A copy of `gm` whose placeholders at `positions` are tensor attributes of the module
+    (get_attr nodes of the values `inputs` holds there), and the inputs it takes: the others.
+
+    A tensor a program builds from literals (`torch.tensor([10**9])`) is a constant in the graph a
+    compiler receives from torch.compile (AOT autograd's `_tensor_constant0`), which inductor folds
+    into its kernels; torch.export lifts it to an input. Compiled as an input it is another program,
+    which may not fail as the user's did (an int64 product computed in 32 bits only when one factor
+    is a known constant: pytorch#175966). repro.py does the same, in plain torch."""
+    module = copy.deepcopy(gm)
+    placeholder_nodes = [node for node in module.graph.nodes if node.op == "placeholder"]
+    body = next(node for node in module.graph.nodes if node.op != "placeholder")
+    kept = []
+    for position, (node, value) in enumerate(zip(placeholder_nodes, inputs, strict=True)):
+        if position not in positions or not isinstance(value, torch.Tensor):
+            kept.append(value)
+            continue
+        setattr(module, node.name, value.detach().clone())  # a plain attribute, as AOT autograd's constants
+        with module.graph.inserting_before(body), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # FX warns of any attribute but a buffer or parameter
+            attribute = module.graph.get_attr(node.name)
+        attribute.meta = dict(node.meta)
+        node.replace_all_uses_with(attribute)
+        module.graph.erase_node(node)
+    module.recompile()
+    return module, kept
+
+
+def constants_inside(make: Callable[[DynamicShapes | None], Backend], shapes: DynamicShapes | None) -> Backend:
+    """The backend `make` gives, compiling each candidate with its constant tensors as constants
+    (`constants_as_attributes`) and the dims of its other inputs in `shapes`; what it returns
+    takes the candidate's inputs as they are, constants included (it drops them)."""
+
+    def compile_with_constants(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
+        positions = [position for position in constant_positions(gm.graph)
+                     if position < len(inputs) and isinstance(inputs[position], torch.Tensor)]
+        if not positions:
+            return make(shapes)(gm, inputs)
+        kept_shapes = None if shapes is None else DynamicShapes(
+            shapes.mode, tuple(dims for position, dims in enumerate(shapes.dims) if position not in positions))
+        module, kept = constants_as_attributes(gm, inputs, positions)
+        compiled = make(kept_shapes)(module, kept)
+        dropped = set(positions)
+
+        def run(*args: Any) -> Any:
+            return _call(compiled, [value for position, value in enumerate(args) if position not in dropped])
+
+        return run
+
+    return compile_with_constants
 
 
 # ---------------------------------------------------------------------------------------------

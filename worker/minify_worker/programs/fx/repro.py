@@ -29,7 +29,7 @@ from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_client.models import BUILTIN_BACKENDS, JobSpec
 from minify_worker.artifacts import SIGNATURE_RULES_MODULE, header_tail
 from minify_worker.outcomes import Signature
-from minify_worker.programs.fx.backends import DynamicShapes, dynamic_shapes_of
+from minify_worker.programs.fx.backends import DynamicShapes, constant_positions, dynamic_shapes_of
 from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_module
 
 
@@ -51,6 +51,10 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     inline = inline_inputs(inputs) if inputs is not None and plain else None
     if inline is not None:
         return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline)
+    constants = constant_positions(graph)
+    if shapes is not None and constants:  # the compiled module takes the other inputs: their dims
+        shapes = DynamicShapes(shapes.mode, tuple(dims for position, dims in enumerate(shapes.dims)
+                                                  if position not in constants))
     classes, imports = _module_classes(graph, "Repro")
     cuda = torch.device(spec.device).type == "cuda"
     preamble = [
@@ -60,16 +64,18 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *([imports] if imports else []),
         _config_lines(spec.config),
         _constants(spec, kind, signature),
+        *_constant_inputs(graph),
         *_dynamic_constants(shapes),
     ]
     definitions = [
         *classes,
         _trace_function(graph),
+        *([_CONSTANTS_AS_ATTRIBUTES] if constants else []),
         *_compile_functions(spec.backend, shapes),
         _LOAD_INPUTS,
         *([_SYNCHRONIZE] if cuda else []),
         *([_CHECK_ACCURACY] if kind == "accuracy" else []),
-        _main(kind, cuda),
+        _main(kind, cuda, bool(constants)),
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
@@ -82,7 +88,11 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     expected = str(signature) if signature is not None else "(not recorded)"
     cuda = torch.device(spec.device).type == "cuda"
     classes, imports = _module_classes(graph, "Repro")
-    compiler_import, compiled = _inline_compile(spec.backend)
+    accuracy = kind == "accuracy"
+    # The compiled program runs on copies where the reference runs after it (accuracy): a program
+    # that writes into its inputs must not hand the reference inputs it changed.
+    compiler_import, compiled = _inline_compile(spec.backend, "*clone_inputs(inputs)" if accuracy else "*inputs")
+    constants = constant_positions(graph)
     header = [
         f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
         f"with {spec.backend} on {spec.device}, minimized on torch {torch_version}.",
@@ -90,7 +100,6 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         *_backend_notes(spec),
     ]
     header += header_tail(culprit_lines, {}, "", "Run: python repro.py")
-    accuracy = kind == "accuracy"
     lines = [
         "\n".join(f"# {line}".rstrip() for line in header),
         "\n".join(["import torch", "import torch._inductor.config",
@@ -111,27 +120,33 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         f"    __import__({SIGNATURE_RULES_MODULE!r}).install({expected!r})",
         "except ModuleNotFoundError:",
         "    pass",
-        "gm = torch.fx.symbolic_trace(Repro())",
+        "gm = trace_repro(Repro())" if _input_free_ops(graph) else "gm = torch.fx.symbolic_trace(Repro())",
+        *_constant_inputs(graph),
+        *(["gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
         *compiled,
         *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda else []),
         *(["check_accuracy(gm, inputs, result)"] if accuracy else []),
         f'print(f"repro passed: no failure ({spec.backend} on {spec.device}, torch {{torch.__version__}})")',
     ]
     definitions = [*(part.replace("        super().__init__()\n\n", "").replace(
-        "    def __init__(self) -> None:\n", "") for part in classes), *([_CHECK_ACCURACY] if accuracy else [])]
+        "    def __init__(self) -> None:\n", "") for part in classes),
+        *([_TRACE_RECORDING] if _input_free_ops(graph) else []),
+        *([_CONSTANTS_AS_ATTRIBUTES] if constants else []),
+        *([_CHECK_ACCURACY] if accuracy else [])]
     text = "\n\n".join(part.strip("\n") for part in lines)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n\n\n" + "\n".join(call) + "\n"
 
 
-def _inline_compile(backend: str) -> tuple[str | None, list[str]]:
-    """The import and the lines that compile `gm` as the worker does and run it on `inputs` (`result`)."""
+def _inline_compile(backend: str, arguments: str = "*inputs") -> tuple[str | None, list[str]]:
+    """The import and the lines that compile `gm` as the worker does and run it on `arguments`
+    (`result`)."""
     if backend == "inductor":
         return "from torch._inductor.compile_fx import compile_fx", [
-            "with torch.no_grad():", "    result = compile_fx(gm, inputs)(*inputs)"]
+            "with torch.no_grad():", f"    result = compile_fx(gm, inputs)({arguments})"]
     if ":" in backend:
         module, attribute = backend.split(":")
-        return f"from {module} import {attribute}", [f"result = {attribute}(gm, inputs)(*inputs)"]
-    return None, [f"result = torch._dynamo.lookup_backend({backend!r})(gm, inputs)(*inputs)"]
+        return f"from {module} import {attribute}", [f"result = {attribute}(gm, inputs)({arguments})"]
+    return None, [f"result = torch._dynamo.lookup_backend({backend!r})(gm, inputs)({arguments})"]
 
 
 # Inputs written into repro.py: at most this many elements in all, each exactly representable.
@@ -276,6 +291,62 @@ def trace_repro(module, inputs):
     return torch.fx.symbolic_trace(module)
 """
 
+# Plain symbolic_trace runs an op none of whose arguments is an input while it traces, and puts
+# the result in the graph as a constant tensor; this tracer keeps every op an op.
+_TRACE_RECORDING = '''
+def trace_repro(module, inputs=None):
+    """The module as an fx.GraphModule, node for node the graph minify tested. Plain symbolic_trace
+    would run an op that takes no input (a factory: randperm, arange, full) once, while tracing, and
+    put its result in the graph as a constant: another program, which the compiler may not fail on
+    (a pattern of the op is gone, a random op's values are fixed). Every op is recorded here."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    tracer = torch.fx.Tracer()
+
+    def is_op(func):
+        name = getattr(func, "__name__", "")
+        return isinstance(func, torch._ops.OpOverload) or getattr(torch._C._VariableFunctions, name, None) is func
+
+    class RecordEveryOp(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if is_op(func) and not any(isinstance(leaf, torch.fx.Proxy) for leaf in tree_leaves((args, kwargs))):
+                return tracer.create_proxy("call_function", func, args, kwargs)
+            return func(*args, **kwargs)
+
+    with RecordEveryOp():
+        graph = tracer.trace(module)
+    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
+'''
+
+_CONSTANTS_AS_ATTRIBUTES = '''
+def constants_as_attributes(gm, inputs, positions):
+    """`gm` with its inputs at `positions` made tensor attributes of the module (get_attr nodes), and
+    the inputs it then takes. They are the program's constant tensors (built from literals, as
+    `torch.tensor([...])`): torch.compile hands a compiler such a tensor as a constant in the graph,
+    which it may fold into its kernels, and compiled as an input it is another program."""
+    import copy
+    import warnings
+
+    module = copy.deepcopy(gm)
+    placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
+    body = next(node for node in module.graph.nodes if node.op != "placeholder")
+    kept = []
+    for position, (node, value) in enumerate(zip(placeholders, inputs)):
+        if position not in positions or not isinstance(value, torch.Tensor):
+            kept.append(value)
+            continue
+        setattr(module, node.name, value.detach().clone())  # a plain attribute, as torch.compile's constants
+        with module.graph.inserting_before(body), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # FX warns of any attribute but a buffer or parameter
+            attribute = module.graph.get_attr(node.name)
+        node.replace_all_uses_with(attribute)
+        module.graph.erase_node(node)
+    module.recompile()
+    return module, kept
+'''
+
 # symbolic_trace cannot trace a higher-order op (cond checks its operands are tensors); make_fx
 # runs the module on the inputs and records the same aten ops and subgraphs.
 _TRACE_MAKE_FX = """
@@ -402,13 +473,14 @@ def accuracy_rules_module() -> str:
 # The module beside repro.py that names a failure as minify records it (minify_worker.artifacts.SIGNATURE_RULES).
 
 
-def _main(kind: str, cuda: bool) -> str:
+def _main(kind: str, cuda: bool, constants: bool = False) -> str:
     head = ["def main():",
             '    parser = argparse.ArgumentParser(description="Run the minimized repro.")',
             '    parser.add_argument("--inputs", type=Path, '
             'default=Path(__file__).resolve().with_name("inputs.pt"))',
             "    inputs = load_inputs(parser.parse_args().inputs)"]
     body = ["    gm = trace_repro(Repro(), inputs)",
+            *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
             "    compiled = compile_repro(gm, list(inputs))",
             "    result = compiled(*clone_inputs(inputs))",
             *(["    synchronize()"] if cuda else []),
@@ -447,11 +519,21 @@ def install(expected_signature):
             print("exception chain:   " + "\\n                   <- ".join(describe_chain(chain)), file=sys.stderr)
         # An accuracy failure's signature is its type alone, as minify records it.
         wrong_values = exc_type.__name__ in ("AccuracyError", "GradientError")
-        observed = exc_type.__name__ if wrong_values else signature_line(error)
+        observed = wrong_values_signature(error) if wrong_values else signature_line(error)
         print(f"repro failed with: {observed}", file=sys.stderr)
         print(f"minify expected:   {expected_signature}", file=sys.stderr)
 
     sys.excepthook = explain_failure
+
+
+def wrong_values_signature(error):
+    """Wrong values as minify signs them: by the exception's type, an AccuracyError keyed
+    'integer outputs only' where every part of its detail is an integer or boolean output's
+    ('output N: ...'), as minify keys the failure only such outputs show."""
+    parts = [part.strip() for part in str(error).split("; ") if part.strip()]
+    if type(error).__name__ == "AccuracyError" and parts and all(re.match(r"output \\d+: ", part) for part in parts):
+        return "AccuracyError: integer outputs only"
+    return type(error).__name__
 '''
 
 
@@ -643,7 +725,29 @@ def _module_classes(graph: fx.Graph, name: str) -> tuple[list[str], str]:
 
 
 def _trace_function(graph: fx.Graph) -> str:
-    return _TRACE_MAKE_FX if subgraphs(graph) else _TRACE_SYMBOLIC
+    if subgraphs(graph):
+        return _TRACE_MAKE_FX
+    return _TRACE_RECORDING if _input_free_ops(graph) else _TRACE_SYMBOLIC
+
+
+def _input_free_ops(graph: fx.Graph) -> bool:
+    """Whether `graph` calls an op none of whose arguments is a node (`randperm(8)`, `arange(0, 11)`),
+    which plain symbolic_trace would run while tracing and bake in as a constant."""
+    return any(node.op == "call_function" and not node.all_input_nodes for node in graph.nodes)
+
+
+def _constant_inputs(graph: fx.Graph) -> list[str]:
+    """`CONSTANT_INPUTS = [...]`, the positions of the program's constant tensors among the inputs,
+    and what they are; nothing for a program without any."""
+    positions = constant_positions(graph)
+    if not positions:
+        return []
+    names = [node.name for node in graph.nodes if node.op == "placeholder"]
+    return ["\n".join([
+        f"# {', '.join(names[position] for position in positions)}: the program's constant tensors, built from",
+        "# literals inside it; the compiler receives them as constants in the graph, as torch.compile gives them.",
+        f"CONSTANT_INPUTS = {positions!r}",
+    ])]
 
 
 def _forward_source(graph: fx.Graph) -> tuple[str, str]:
