@@ -100,13 +100,3 @@ def test_a_higher_order_op_dynamo_refuses_is_named_as_dynamo_s(tmp_path: Path) -
     assert result.ours.verdict.startswith("nothing captured: minify: dynamo refused the program before any graph "
                                           "reached a compiler (UncapturedHigherOrderOpError)")
 
-
-@pytest.mark.inductor
-def test_a_dtype_check_inductor_dropped_ends_in_a_minimal_repro_of_the_missing_error(tmp_path: Path) -> None:
-    result = take("pt_141865_linear_mixed_dtype_accepted", tmp_path)
-    assert result.original_error.startswith("AssertionError: compiled returned torch.float32")
-    assert result.ours.captured
-    assert result.ours.verdict == "minimal repro: 1 -> 1 ops"
-    assert result.ours.repro_observed == result.ours.repro_expected
-    assert result.ours.repro_expected.startswith("MissingError: eager raises RuntimeError: mat1 and mat2 must have "
-                                                 "the same dtype")
