@@ -334,7 +334,7 @@ def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> Ca
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     result = CaseResult(case=case.name, issue=case.issue, kind=case.kind, feature=case.feature)
-    if limits.torch_envs:
+    if "scripts" in sides and limits.torch_envs:
         run_script_versions(case, scratch, result, limits)
     if "ours" in sides:
         run_ours(case, scratch, result, limits)
@@ -358,6 +358,12 @@ def load_results(paths: Sequence[Path]) -> tuple[list[str], list[CaseResult]]:
                 captures = Path(steps["capture"].log).parent / "captures"
                 ours.diagnosis = diagnosis_of(captures) if captures.is_dir() else ours.diagnosis
                 ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
+            earlier = by_case.get(item["case"])
+            if earlier is not None:  # a side this run did not run is the earlier run's
+                side = side if side.verdict else earlier.torch
+                ours = ours if ours.verdict else earlier.ours
+                item["script_versions"] = item.get("script_versions") or earlier.script_versions
+                steps = {**earlier.steps, **steps}
             by_case[item["case"]] = CaseResult(**item, ours=ours, torch=side, steps=steps)
     order = [case.name for case in all_cases()]
     return list(dict.fromkeys(revisions)), sorted(by_case.values(), key=lambda result: (
@@ -426,7 +432,8 @@ def git_revision() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="*", default=[], help="case names or prefixes (pt_175966); default all")
-    parser.add_argument("--sides", nargs="+", choices=("ours", "torch"), default=["ours", "torch"])
+    parser.add_argument("--sides", nargs="+", choices=("ours", "torch", "scripts"), default=["ours", "torch"],
+                        help="ours, torch's minifier, and (with --torch-envs) the script under each torch")
     parser.add_argument("--work", type=Path, default=REPO / "out" / "realbugs")
     parser.add_argument("--json", type=Path, help="every case's full record (rewritten after each case)")
     parser.add_argument("--markdown", type=Path, help="the table (written at the end)")
