@@ -221,6 +221,9 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     if not limits.torch_envs:
         command.append("--no-versions")
     versions_env = {"MINIFY_TORCH_ENVS": ",".join(str(env) for env in limits.torch_envs)} if limits.torch_envs else {}
+    # A custom op the script registers: its module is the script, which the worker imports as an
+    # operator would allow it (docs/deploy.md, MINIFY_ALLOWED_OP_MODULES), and so does repro.py.
+    versions_env |= own_op_module_env(case)
     # The version phase: one repro.py per other torch, after the result (each a fresh interpreter).
     step = run_step("ours", command, REPO, scratch / "ours.log",
                     limits.minify_s + 60 + limits.repro_s * len(limits.torch_envs), versions_env)
@@ -241,7 +244,8 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     if ours.status != "succeeded":
         ours.verdict = f"{ours.status}: {ours.reason}"[:300]
         return
-    step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log", limits.repro_s)
+    step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log", limits.repro_s,
+                    own_op_module_env(case))
     result.steps["ours_repro"] = step
     repro_text = Path(step.log).read_text(errors="replace")
     observed, expected = _OBSERVED.search(repro_text), _EXPECTED.search(repro_text)
@@ -277,6 +281,12 @@ def run_script_versions(case: Case, scratch: Path, result: CaseResult, limits: L
                         scratch / f"script-{version}.log", limits.script_s)
         result.steps[f"script_{version}"] = step
         result.script_versions[version] = f"fails ({step.error})" if step.failed else "passes"
+
+
+def own_op_module_env(case: Case) -> dict[str, str]:
+    """The script's folder on the path, and its module allowed for the custom ops it registers."""
+    path = os.pathsep.join(filter(None, [str(case.path.parent), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "MINIFY_ALLOWED_OP_MODULES": case.path.stem}
 
 
 def torch_env(case: Case) -> dict[str, str]:
