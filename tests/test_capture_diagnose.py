@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,37 @@ from tests.support.backends import wrong_on_relu
 x = torch.randn(8)
 assert torch.equal(torch.compile(torch.relu, backend=wrong_on_relu)(x), torch.relu(x)), "relu differs"
 """
-CASES = {"program": (PROGRAM, ["no torch.compile"]),
-         "backend": (BACKEND, ["no torch.compile", "eager", "aot_eager", "your backend"])}
-SAID = {"program": "it fails without torch.compile too", "backend": "so your backend's compiled code is to blame"}
+# Strict torch.export of submodules kept in a plain list (pytorch#150428): export's own KeyError,
+# which TORCHDYNAMO_DISABLE=1 does not turn off; not the program's failure.
+EXPORT = """
+import torch
+
+class Shift(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.nn.Parameter(torch.full((2, 3), 0.5))
+
+    def forward(self, x):
+        return x + self.offset
+
+class Chain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = [Shift(), Shift()]
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+torch.export.export(Chain(), (torch.ones(2, 3),), strict=True)
+"""
+CASES = {"program": (PROGRAM, ["no torch.compile"], "AssertionError"),
+         "export": (EXPORT, ["no torch.compile"], "KeyError"),
+         "backend": (BACKEND, ["no torch.compile", "eager", "aot_eager", "your backend"], "AssertionError")}
+SAID = {"program": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1): the failure is the program's own",
+        "export": "inside torch.export, which the program calls itself",
+        "backend": "so your backend's compiled code is to blame"}
 
 
 def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -50,14 +79,14 @@ def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedPro
 # and AOT autograd's the runner's too in tests/test_realbugs.py (#139789, through bench/realbugs).
 @pytest.mark.parametrize("layer", sorted(CASES))
 def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, layer: str) -> None:
-    script, settings = CASES[layer]
+    script, settings, error = CASES[layer]
     (tmp_path / "script.py").write_text(textwrap.dedent(script))
     done = _run([sys.executable, "-m", "minify_client.capture", "--diagnose", "--dir", "caps", "script.py"], tmp_path)
-    assert done.returncode == 1 and "AssertionError" in done.stderr  # the script's own outcome
+    assert done.returncode == 1 and error in done.stderr  # the script's own outcome
     assert SAID[layer] in done.stderr, done.stderr[-3000:]
     [entry] = json.loads((tmp_path / "caps" / "diagnoses.json").read_text())["diagnoses"]
     assert (entry["test"], entry["layer"]) == ("script.py", layer)
-    assert entry["signature"].startswith("AssertionError")
+    assert entry["signature"].startswith(error)
     assert [rerun["setting"] for rerun in entry["reruns"]] == settings
     assert [rerun["outcome"] for rerun in entry["reruns"]] == ["passes"] * (len(settings) - 1) + ["fails the same way"]
     assert all((tmp_path / "caps" / rerun["log"]).is_file() for rerun in entry["reruns"])
@@ -118,6 +147,53 @@ def test_the_first_rerun_that_fails_names_the_layer(outcomes: list[str], layer: 
     found = _verdict("t", "AssertionError", _reruns(*outcomes))
     assert found.layer == layer
     assert ("did not finish" in found.message) == (layer is None)
+
+
+def test_a_failure_without_torch_compile_inside_torch_export_blames_export_not_the_program() -> None:
+    export_failed = Rerun("no torch.compile", "fails the same way", "KeyError", 1.0, "log", "torch.export")
+    assert _verdict("t", "KeyError", [export_failed]).layer == "export"
+    private = Rerun("no torch.compile", "fails differently", "UserError", 1.0, "log", "torch._export.utils")
+    assert _verdict("t", "KeyError", [private]).layer == "export"
+    for raised_in in ("torch.nn.modules.module", "torch.functional", None):
+        own = Rerun("no torch.compile", "fails the same way", "RuntimeError", 1.0, "log", raised_in)
+        assert _verdict("t", "RuntimeError", [own]).layer == "program"
+
+
+def _raised(call: Callable[[], object]) -> BaseException:
+    try:
+        call()
+    except Exception as error:  # the error is the subject
+        return error
+    raise AssertionError("it did not raise")
+
+
+def test_a_rerun_says_which_torch_module_the_program_called_when_it_failed() -> None:
+    """The family: strict export's internal error and a non-strict export's refusal of
+    data-dependent control flow are torch.export's; a module's shape error is in torch.nn; an
+    operator's error raised in C++ has no torch frame."""
+    import torch
+
+    from minify_client.capture.rerun import torch_entry
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = [torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)]  # a plain list: not registered
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for stage in self.stages:
+                x = stage(x)
+            return x
+
+    class Branches(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1 if x.sum() > 0 else x - 1
+
+    x = torch.ones(2, 3)
+    assert torch_entry(_raised(lambda: torch.export.export(Chain(), (x,), strict=True))) == "torch.export"
+    assert torch_entry(_raised(lambda: torch.export.export(Branches(), (x,), strict=False))) == "torch.export"
+    assert torch_entry(_raised(lambda: torch.nn.Linear(4, 3)(x))).startswith("torch.nn.modules")
+    assert torch_entry(_raised(lambda: torch.ones(2) + torch.ones(3))) is None
 
 
 def _dynamo_error() -> BaseException:

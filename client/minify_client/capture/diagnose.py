@@ -9,7 +9,8 @@ runs its stages, the backend of every `torch.compile` call overridden through th
 variable (`TORCH_BISECT_BACKEND`, read by torch.compile itself):
 
 1. with `TORCHDYNAMO_DISABLE=1` (no torch.compile at all): fails → the program's own failure,
-   not the compiler's;
+   not the compiler's; unless it fails inside `torch.export`, which the program calls itself and
+   that setting does not turn off (the rerun says where the error was raised): then torch.export;
 2. with backend `eager` (dynamo alone): fails → dynamo;
 3. with backend `aot_eager` (dynamo and AOT autograd, no compiler): fails → AOT autograd;
 4. with the user's own backend again: fails → that backend's compiled code; passes → the failure
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 DIAGNOSE_ENV = "MINIFY_CAPTURE_DIAGNOSE"
 MANIFEST = "diagnoses.json"
-Layer = Literal["program", "dynamo", "aot_autograd", "backend", "not_alone"]
+Layer = Literal["program", "export", "dynamo", "aot_autograd", "backend", "not_alone"]
 Outcome = Literal["passes", "fails the same way", "fails differently", "timed out", "could not run"]
 
 # (setting, what it changes in the rerun's environment), in the order of torch's layers.
@@ -50,11 +51,19 @@ _STAGES: tuple[tuple[str, dict[str, str]], ...] = (
     ("aot_eager", {"TORCH_BISECT_BACKEND": "aot_eager"}),
     ("your backend", {}),
 )
+# Where a failure without torch.compile is still the compiler's: the program called torch.export.
+_EXPORT_MODULES = ("torch.export", "torch._export")
 _BLAME: dict[str, Layer] = {"no torch.compile": "program", "eager": "dynamo", "aot_eager": "aot_autograd",
                             "your backend": "backend"}
 _NEXT: dict[Layer, str] = {
     "program": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1): the failure is the program's own, "
                "not the compiler's; there is nothing for minify to shrink.",
+    "export": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1), inside torch.export, which the program "
+              "calls itself and which that setting does not turn off: torch.export is to blame, not torch.compile "
+              "(an internal error there is export's bug; a UserError or Unsupported is export asking the program "
+              "to change). No graph was exported, so there is nothing for minify to shrink. Next: export with "
+              "strict=False (no dynamo tracing) tells dynamo's tracing from export's own passes; report it to "
+              "PyTorch (module: export) with this test or script as the repro.",
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped). No graph holds such a failure, so there is nothing for minify to shrink. "
@@ -84,6 +93,7 @@ class Rerun:
     signature: str | None
     seconds: float
     log: str  # relative to the capture directory
+    raised_in: str | None = None  # the torch module the program called when it failed ("torch.export")
 
 
 @dataclass
@@ -179,6 +189,8 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
     last = reruns[-1]
     if last.outcome in ("fails the same way", "fails differently"):
         layer: Layer | None = _BLAME[last.setting]
+        if layer == "program" and (last.raised_in or "").startswith(_EXPORT_MODULES):
+            layer = "export"
     elif last.setting == "your backend" and last.outcome == "passes":
         layer = "not_alone"
     else:
@@ -214,13 +226,13 @@ def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *,
                 output.write(f"minify: could not start {command[0]}: {error}\n")
                 return Rerun(setting, "could not run", None, time.monotonic() - started, _relative(log, directory))
         seconds = time.monotonic() - started
-        outcome, signature = _outcome(done.returncode, out, expected)
-        return Rerun(setting, outcome, signature, seconds, _relative(log, directory))
+        outcome, signature, raised_in = _outcome(done.returncode, out, expected)
+        return Rerun(setting, outcome, signature, seconds, _relative(log, directory), raised_in)
     finally:
         os.unlink(out)
 
 
-def _outcome(returncode: int, out: str, expected: str) -> tuple[Outcome, str | None]:
+def _outcome(returncode: int, out: str, expected: str) -> tuple[Outcome, str | None, str | None]:
     try:
         written = json.loads(Path(out).read_text())
     except (OSError, ValueError):
@@ -228,16 +240,16 @@ def _outcome(returncode: int, out: str, expected: str) -> tuple[Outcome, str | N
     if written is None:
         # Nothing written: a script that ended without a word, or pytest with no failing test.
         if returncode == 0:
-            return "passes", None
+            return "passes", None, None
         if returncode < 0:
             from .crash import death_signature
 
-            return "fails differently", death_signature(returncode)
-        return "could not run", None  # pytest's usage errors, no test collected, an internal error
+            return "fails differently", death_signature(returncode), None
+        return "could not run", None, None  # pytest's usage errors, no test collected, an internal error
     if not written.get("failed"):
-        return "passes", None
+        return "passes", None, None
     signature = written.get("signature")
-    return ("fails the same way" if signature == expected else "fails differently"), signature
+    return ("fails the same way" if signature == expected else "fails differently"), signature, written.get("raised_in")
 
 
 def _relative(path: Path, directory: Path) -> str:

@@ -1,7 +1,10 @@
 """What runs inside one rerun of a failure no captured graph holds (capture/diagnose.py): the
 program or test runs as the user ran it, and how it ended is written as JSON to `$MINIFY_RERUN_OUT`:
-`{"failed": bool, "signature": "Type: key" | null}` (the signature as `signatures.signature_line`
-writes it, so it compares with the user's own failure).
+`{"failed": bool, "signature": "Type: key" | null, "raised_in": "torch.export" | null}` (the signature
+as `signatures.signature_line` writes it, so it compares with the user's own failure; `raised_in`:
+the torch module the program called when the error was raised, so that a failure inside
+`torch.export`, which the program calls itself and `TORCHDYNAMO_DISABLE` does not turn off, is not
+taken for the program's own).
 
 - `python -m minify_client.capture.rerun script.py args...`: the script as `python script.py`
   runs it (runpy, as `__main__`, its argv and exit code);
@@ -23,13 +26,29 @@ from minify_client import signatures
 OUT_ENV = "MINIFY_RERUN_OUT"
 
 
+def torch_entry(error: BaseException) -> str | None:
+    """The torch module the program called into when `error` was raised ("torch.export",
+    "torch.nn.modules.module"): the outermost frame of its traceback inside torch's package."""
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch, "__file__", None):
+        return None
+    root = os.path.dirname(torch.__file__) + os.sep
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        filename = frame.f_code.co_filename
+        if filename.startswith(root):
+            module = filename[len(root):].removesuffix(".py").replace(os.sep, ".")
+            return "torch." + module.removesuffix(".__init__")
+    return None
+
+
 def record(error: BaseException | None) -> None:
     path = os.environ.get(OUT_ENV)
     if not path:
         return
     signature = signatures.signature_line(error) if error is not None else None
+    raised_in = torch_entry(error) if error is not None else None
     with open(path, "w") as out:
-        json.dump({"failed": error is not None, "signature": signature}, out)
+        json.dump({"failed": error is not None, "signature": signature, "raised_in": raised_in}, out)
 
 
 def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
