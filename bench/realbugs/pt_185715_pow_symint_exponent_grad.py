@@ -20,7 +20,7 @@ def test_pt_185715_pow_symint_exponent_grad() -> None:
     x = torch.full((1, 3), 2.0, requires_grad=True)
     expected = power_and_grad(x, 0)
     actual = torch.compile(power_and_grad, dynamic=True)(x, 0)
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         assert torch.equal(got, want), f"compiled {got.tolist()} != eager {want.tolist()}"
 
 

@@ -1,4 +1,4 @@
-"""FractionalMaxPool2d (kernel size -2, which eager accepts) then LocalResponseNorm: inductor's lowering reduces an empty list.
+"""FractionalMaxPool2d (kernel size -2, which eager accepts) then LocalResponseNorm: inductor reduces an empty list.
 
 issue:    https://github.com/pytorch/pytorch/issues/188217
 checks:   compiled `hardsigmoid(logsigmoid(LocalResponseNorm(FractionalMaxPool2d(-2, output_size=2)(x))))` on a
