@@ -33,7 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tests" / "capture_suite"
 RELU_BUG = re.compile(r"^CppCompileError: .compile. was not declared in this scope$")  # g++'s quotes follow the locale
 
-pytestmark = pytest.mark.inductor
+# The module's first test carries the sample suite's run (seven bugs, BERT among them, under inductor):
+# about 5 min on a 2-core box at CI's load, past the default 600 s when the box is loaded 10x (seen:
+# every test of the module errored at setup). The bound stays, doubled.
+pytestmark = [pytest.mark.inductor, pytest.mark.timeout(1200)]
 
 
 @dataclass
