@@ -152,3 +152,27 @@ def run_captured(directory: Any) -> Any:
     values = placeholder_values(program, graph, list(args))
     values.update(concrete_values(graph, values, "cpu", partial=spec.failure.kind == "accuracy"))
     return run_wire_candidate(graph_to_wire(graph), values, spec, directory)
+
+
+def minimize_capture(directory: Any, out: Any, expected_ops: list[str]) -> Any:
+    """The capture in `directory` minimized by the engine in this process (culprit, versions and
+    shrink off: minimality is the claim), checked to end at `expected_ops`; then its repro.py run in
+    a fresh process, which must fail. Returns (the job's spec, the repro's completed process)."""
+    from pathlib import Path
+
+    from minify_client.models import JobSpec
+    from minify_worker.engine import minify
+    from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+    from tests.support.graphs import ops_of
+    from tests.support.repro import run_repro
+
+    directory, out = Path(directory), Path(out)
+    spec = JobSpec.model_validate_json((directory / "spec.json").read_text()).model_copy(
+        update={"culprit": False, "versions": False, "shrink": False})
+    (program,) = directory.glob("*.pt2")
+    result = minify(program, spec, out, inputs=directory / "inputs.pt")
+    assert result.status.value == "succeeded", result.reason
+    assert ops_of(result.report.graph_code or "") == expected_ops
+    ran = run_repro(out / "repro.py", **{ALLOWED_BACKENDS_ENV: MODULE})
+    assert ran.returncode != 0, ran.stdout[-2000:]
+    return spec, ran

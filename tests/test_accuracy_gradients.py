@@ -23,6 +23,7 @@ from minify_worker.outcomes import Fails, Passes
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.test_accuracy_backends import (
     MODULE,
+    minimize_capture,
     run_captured,
     wrong_grad_on_amin,
     wrong_grad_on_matmul,
@@ -135,26 +136,14 @@ def test_wrong_forward_outputs_stay_accuracy_errors_in_a_gradient_job(
 
 
 def test_a_gradient_bug_is_minimized_and_its_repro_checks_the_gradients(tmp_path: Path, allowed: None) -> None:
-    from minify_worker.engine import minify
-    from tests.support.graphs import ops_of
-    from tests.support.repro import run_repro
-
     def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (torch.sin(torch.relu(x) * 2) * w + torch.cos(w)).sum()
 
     x, w = inputs()
     captured = captured_step(step, wrong_grad_on_sin, tmp_path / "capture", x, w)
     assert captured.captured is not None
-    spec = JobSpec.model_validate_json((tmp_path / "capture" / "spec.json").read_text()).model_copy(
-        update={"culprit": False, "versions": False, "shrink": False})
-    (program,) = (tmp_path / "capture").glob("*.pt2")
+    _, ran = minimize_capture(tmp_path / "capture", tmp_path / "out", ["sin"])
 
-    result = minify(program, spec, tmp_path / "out", inputs=tmp_path / "capture" / "inputs.pt")
-
-    assert result.status.value == "succeeded", result.reason
-    assert ops_of(result.report.graph_code or "") == ["sin"]
-    ran = run_repro(tmp_path / "out" / "repro.py", **{ALLOWED_BACKENDS_ENV: MODULE})
-    assert ran.returncode != 0, ran.stdout[-2000:]
     assert "repro failed with: GradientError" in ran.stderr and "minify expected:   GradientError" in ran.stderr, \
         ran.stderr[-3000:]
 

@@ -26,6 +26,7 @@ from tests.test_accuracy_backends import (
     MODULE,
     clamp_indices_on_index_select,
     drop_dtype_check_on_mm,
+    minimize_capture,
     run_captured,
     save_copies,
 )
@@ -122,24 +123,11 @@ def test_a_candidate_that_raises_compiled_too_is_invalid(tmp_path: Path, allowed
 
 
 def test_a_missing_error_is_minimized_and_its_repro_says_so(tmp_path: Path, allowed: None) -> None:
-    from minify_worker.engine import minify
-    from tests.support.graphs import ops_of
-    from tests.support.repro import run_repro
-
     def program(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.cos(torch.mm(a, b)).sum() + torch.sin(b).sum()
 
     capture(program, (half(2, 3), single(3, 2)), drop_dtype_check_on_mm, tmp_path / "capture")
-    spec = JobSpec.model_validate_json((tmp_path / "capture" / "spec.json").read_text()).model_copy(
-        update={"culprit": False, "versions": False, "shrink": False})
-    (path,) = (tmp_path / "capture").glob("*.pt2")
-
-    result = minify(path, spec, tmp_path / "out", inputs=tmp_path / "capture" / "inputs.pt")
-
-    assert result.status.value == "succeeded", result.reason
-    assert ops_of(result.report.graph_code or "") == ["mm"]
-    ran = run_repro(tmp_path / "out" / "repro.py", **{ALLOWED_BACKENDS_ENV: MODULE})
-    assert ran.returncode != 0, ran.stdout[-2000:]
+    spec, ran = minimize_capture(tmp_path / "capture", tmp_path / "out", ["mm"])
     assert f"repro failed with: {spec.failure.signature}" in ran.stderr, ran.stderr[-3000:]
 
 
