@@ -82,7 +82,9 @@ def test_integer_wrong_values_from_inductor_end_in_a_minimal_repro(tmp_path: Pat
     assert result.original_error.startswith("AssertionError: compiled torch.int64")
     assert result.ours.captured
     assert result.ours.verdict == "minimal repro: 1 -> 1 ops"
-    assert result.ours.repro_observed == result.ours.repro_expected == "AccuracyError: integer outputs only"
+    # A dtype that differs (int64 for int8) is a plain AccuracyError, not "integer outputs only", in
+    # the capture, the worker and repro.py alike (the corpus run at f986f59 said the same).
+    assert result.ours.repro_observed == result.ours.repro_expected == "AccuracyError"
 
 
 def test_a_failure_in_aot_autograds_runtime_wrapper_is_diagnosed_as_such(tmp_path: Path) -> None:
