@@ -161,9 +161,7 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
         backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm.graph, spec.dynamic))
         inputs = _to_device(inputs, spec.device)
     except Exception as error:
-        fault = environment_fault(error)
-        if fault is not None:
-            raise EnvironmentFault(fault) from error
+        _raise_if_environment_fault(error)
         if not isinstance(error, BackendError | RuntimeError):
             raise
         return Invalid(message=str(error), duration_s=time.monotonic() - started)
@@ -218,6 +216,14 @@ def _training(backend: Backend, spec: JobSpec) -> Backend:
     return compile_for_training
 
 
+def _raise_if_environment_fault(error: BaseException) -> None:
+    """Raise EnvironmentFault where `error` says the device is unusable in this process
+    (`environment_fault`): the sandbox's fault, not the candidate's."""
+    fault = environment_fault(error)
+    if fault is not None:
+        raise EnvironmentFault(fault) from error
+
+
 def _missing_error(gm: fx.GraphModule, inputs: list[Any], backend: Backend, eager_error: Exception,
                    started: float) -> Outcome:
     """Eager raised `eager_error`: a `MissingError` when the compiled graph returns a result,
@@ -227,9 +233,7 @@ def _missing_error(gm: fx.GraphModule, inputs: list[Any], backend: Backend, eage
         compiled = backend(copy.deepcopy(gm), _clone_inputs(inputs))
         run_compiled(compiled, _clone_inputs(inputs))
     except Exception as error:
-        fault = environment_fault(error)
-        if fault is not None:
-            raise EnvironmentFault(fault) from error
+        _raise_if_environment_fault(error)
         return Invalid(message=f"the eager reference run failed, and so does the compiled program: {said}"[:2000],
                        duration_s=time.monotonic() - started)
     return failure(missing_error(eager_error), "accuracy", started)
@@ -244,9 +248,7 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
     try:
         reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
     except Exception as error:
-        fault = environment_fault(error)
-        if fault is not None:
-            raise EnvironmentFault(fault) from error
+        _raise_if_environment_fault(error)
         return _missing_error(gm, inputs, backend, error, started)
     fp64 = None
     try:
@@ -296,9 +298,7 @@ def _gradients_judged(gm: fx.GraphModule, inputs: list[Any], compiled: Any, posi
                                      positions, tolerance=spec.failure.tolerance,
                                      strict=spec.failure.strict_accuracy)
     except Exception as error:
-        fault = environment_fault(error)
-        if fault is not None:
-            raise EnvironmentFault(fault) from error
+        _raise_if_environment_fault(error)
         return Invalid(message=f"cannot compute the gradients: {type(error).__name__}: {error}"[:2000],
                        duration_s=time.monotonic() - started)
     duration = time.monotonic() - started
