@@ -79,6 +79,8 @@ gpu-wheels: $(STAMP)
 # are downloaded from PyPI, with their CUDA libraries), run on the CPU. torch goes in with --no-deps and
 # everything else from a list without cuda-bindings (used only by CUDA green contexts and the CUPTI
 # profiler). CI stays on .venv's 2.13 CPU; see docs/deploy.md, "Supported torch versions".
+# Where a pip constraints file caps torch below the pin, lift it for that one install:
+# `PIP_CONSTRAINT=/dev/null make .venv-torch-2.15/.installed` (an empty PIP_CONSTRAINT does not).
 TORCH_PIN_2.11 := 2.11.0
 TORCH_PIN_2.14 := 2.14.1
 TORCH_PIN_2.15 := 2.15.0
