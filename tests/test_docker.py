@@ -225,7 +225,7 @@ def worker_services() -> dict[str, dict]:
 
 def cli_parser(console_script: str) -> argparse.ArgumentParser:
     """The argparse parser behind a console script as the images run it (the service, not a subcommand)."""
-    module = {"minify-server": "minify_server.cli", "minify-worker": "minify_worker.rqworker"}[console_script]
+    module = {"minify-server": "minify_server.cli", "minify-worker": "minify_worker.service.rqworker"}[console_script]
     return pytest.importorskip(module).build_parser()
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import HangCalibration, minify
-from minify_worker.original import DEFAULT_ORIGINAL_TIMEOUT_S
+from minify_worker.engine.original import DEFAULT_ORIGINAL_TIMEOUT_S
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 

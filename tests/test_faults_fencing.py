@@ -1,4 +1,4 @@
-"""Fencing by attempt (minify_server/ledger.py `write_for_attempt`, minify_worker/job.py): a write
+"""Fencing by attempt (minify_server/ledger.py `write_for_attempt`, minify_worker/service/job.py): a write
 for an attempt that is no longer the job's current one is refused in Redis and changes nothing;
 a lost attempt is re-queued once, as a new RQ job for the next attempt; a queue entry starts at
 most one run; only the current attempt's folder becomes the job's artifacts; a write rides out a
@@ -36,7 +36,8 @@ from minify_server.ledger import (
     write_for_attempt,
 )
 from minify_server.records import add_record
-from minify_worker.job import AttemptFolder, JobChannel, failing_fast, record_worker_lost
+from minify_worker.service.channel import AttemptFolder, JobChannel, failing_fast
+from minify_worker.service.job import record_worker_lost
 from tests.support.service import free_port
 
 JOB = "0123456789abcdef0123456789abcdef"

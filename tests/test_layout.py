@@ -1,13 +1,17 @@
-"""The worker's layout, read statically from every module's imports (issue 41, stages a and b).
+"""The worker's layout, read statically from every module's imports (issue 41).
 
-What is checked is the layout as it is now: the program representations are packages of their own
-(`programs/fx/`, `programs/stablehlo/`) beside the registry and the pieces they share
-(`programs/__init__.py`, `candidates`, `prepared`, `classify`, `culprit`); the engine is still the
-flat modules of `minify_worker` (engine.py, original.py, ..., not yet a package: stage c) and so is
-the service (job.py, rqworker.py, cli.py, versions/: stage d).
+The worker is four packages and the vocabulary they share: `engine/` (the phases of a run and the
+parts they drive), `sandbox/` (children and the fork server), `service/` (the RQ entries, the job's
+Redis channel, the worker process, the version phase) and `programs/` (the registry, the pieces
+every representation shares, and one package per representation: `programs/fx/`,
+`programs/stablehlo/`); beside them `outcomes`, `oracle`, `allowlist`, `environment` and `cli`.
+Who may import whom: the service drives the engine; the engine reaches a representation only
+through the registry; a representation may use the engine's API (the scheduler for its shrink, the
+artifacts' rules) but never another representation or the service; the sandbox knows no
+representation; nothing but the service (and the command line that starts it) imports the service.
 
 The worker's parts are the nodes: each top-level module or package of `minify_worker` (`engine`,
-`sandbox`, `versions`, `programs`, `outcomes`, ...), except that each representation under
+`sandbox`, `service`, `programs`, `outcomes`, ...), except that each representation under
 `programs/` is a node of its own (`programs.fx`, `programs.stablehlo`). An import counts wherever it
 runs, at the top of a module or inside a function; one under `if TYPE_CHECKING:` does not (it is for
 the type checker only). Nothing is imported: the modules are parsed with `ast`, so the check is fast
@@ -33,10 +37,12 @@ REPRESENTATION_NODES = {f"programs.{name}" for name in REPRESENTATIONS}
 # A representation named as a module in a string: what `importlib.import_module` would be given.
 NAMES_A_REPRESENTATION = re.compile(rf"\b{ROOT}\.programs\.({'|'.join(map(re.escape, REPRESENTATIONS))})\b")
 
-# The engine as it is now: flat modules of minify_worker, and the registry with the shared pieces.
+# The engine package, the vocabulary it shares with the representations, and the registry with the
+# shared pieces.
 ENGINE_MODULES = sorted(
-    [f"{ROOT}.{name}" for name in ("engine", "original", "target", "hang", "evaluator", "scheduler",
-                                   "progress", "report", "outcomes", "oracle", "artifacts")]
+    [f"{ROOT}.engine" if path.name == "__init__.py" else f"{ROOT}.engine.{path.stem}"
+     for path in (PACKAGE / "engine").glob("*.py")]
+    + [f"{ROOT}.outcomes", f"{ROOT}.oracle"]
     + [f"{ROOT}.programs" if path.name == "__init__.py" else f"{ROOT}.programs.{path.stem}"
        for path in (PACKAGE / "programs").glob("*.py")]
 )
@@ -45,13 +51,8 @@ ENGINE_MODULES = sorted(
 REGISTRY = f"{ROOT}.programs"
 REGISTRY_TABLE = "_MODULES"
 
-# Import cycles between the worker's parts that are known and allowed, each with why.
-KNOWN_CYCLES = [
-    # Issue 41 (stage d, the service package, not done yet): job.py imports versions/ (the version
-    # phase and the bisect and bug jobs it runs) and versions/bisect.py imports job.JobChannel back,
-    # inside a function, to report a bisect job's progress. Remove this entry when the cycle goes.
-    {"job", "versions"},
-]
+# Import cycles between the worker's parts that are known and allowed, each with why: none.
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def _module_name(path: Path) -> str:
@@ -172,7 +173,9 @@ def _reached_by(part: str, representations: Collection[str]) -> dict[str, list[s
 
 def test_the_layout_is_the_one_these_checks_are_written_for() -> None:
     assert REPRESENTATIONS == ["fx", "stablehlo"]
-    for part in ("programs", "sandbox", "versions", *(f"programs/{name}" for name in REPRESENTATIONS)):
+    packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    assert packages == ["engine", "programs", "sandbox", "service"]
+    for part in ("service/versions", *(f"programs/{name}" for name in REPRESENTATIONS)):
         assert (PACKAGE / part / "__init__.py").is_file(), part
     for module in ENGINE_MODULES:
         assert module in MODULES, f"{module} is gone: update ENGINE_MODULES"
@@ -263,3 +266,20 @@ def test_the_worker_parts_import_each_other_without_cycles_but_the_known_one() -
     # Fails on a new cycle (or one that grows into the known one) and when a known one is gone:
     # then remove its entry from KNOWN_CYCLES.
     assert cycles == sorted(map(sorted, KNOWN_CYCLES))
+
+
+# (v) -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("part", sorted(set(GRAPH) - {"service", "cli"}))
+def test_only_the_service_and_the_command_line_import_the_service(part: str) -> None:
+    """The engine, the sandbox and the representations run offline (`minify-worker minify`), with no
+    Redis and no RQ: none of them may need the service."""
+    assert "service" not in GRAPH[part]
+
+
+def test_importing_the_engine_package_imports_none_of_its_modules() -> None:
+    """A sandbox child imports `engine.scheduler` or `engine.artifacts`, not the whole engine."""
+    init = TREES[f"{ROOT}.engine"]
+    assert not [node for node in RUNTIME[f"{ROOT}.engine"] if isinstance(node, (ast.Import, ast.ImportFrom))
+                and ast.unparse(node) not in ("from __future__ import annotations", "import importlib",
+                                              "from typing import Any")], ast.unparse(init)

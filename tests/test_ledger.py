@@ -24,7 +24,7 @@ from minify_server.ledger import (
     record_fields,
 )
 from minify_server.records import JobRecords, add_record
-from minify_worker.job import JobChannel
+from minify_worker.service.channel import JobChannel
 
 JOB = "0123456789abcdef0123456789abcdef"
 CREATED = datetime(2026, 11, 26, 1, 2, 3, 456789, tzinfo=timezone.utc)

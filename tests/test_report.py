@@ -8,11 +8,11 @@ import torch.fx as fx
 
 from minify_client.bugs import bug_key
 from minify_client.models import JobSpec, JobState, OriginalState, Report
+from minify_worker.engine.report import RunFacts, after_verdict, build_report
+from minify_worker.engine.scheduler import Stats
 from minify_worker.outcomes import Signature
 from minify_worker.programs import representation
 from minify_worker.programs.fx import graph as g
-from minify_worker.report import RunFacts, after_verdict, build_report
-from minify_worker.scheduler import Stats
 
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
                  text="RuntimeError: injected failure on relu", chain=("InductorError", "RuntimeError"))

@@ -191,7 +191,7 @@ def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> No
 
 
 def test_call_targets_of_the_tests_need_the_pools_opt_in() -> None:
-    assert call_allowed("minify_worker.artifacts:write_minimized", {})
+    assert call_allowed("minify_worker.engine.artifacts:write_minimized", {})
     assert not call_allowed("tests.support.calls:echo", {})
     assert call_allowed("tests.support.calls:echo", calls.ALLOWED)
     assert not call_allowed("os:system", calls.ALLOWED)

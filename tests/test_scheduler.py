@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 import torch.fx as fx
 
+from minify_worker.engine.scheduler import Scheduler, reduce
 from minify_worker.outcomes import Stopped
 from minify_worker.programs.candidates import Candidate, StrategyContext, Tier
 from minify_worker.programs.fx import graph as g
 from minify_worker.programs.fx.strategies import PASSES
-from minify_worker.scheduler import Scheduler, reduce
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import flat_chain, ops_of
 

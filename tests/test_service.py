@@ -21,8 +21,8 @@ import httpx
 import pytest
 from redis import Redis
 
-from minify_worker.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from minify_worker.sandbox.processes import process_stats
+from minify_worker.service.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.repro import run_repro
 from tests.support.service import (

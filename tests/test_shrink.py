@@ -19,11 +19,11 @@ from examples.programs import Chain
 from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_client.specflags import add_spec_arguments, spec_from_args
 from minify_worker.engine import MinifyResult, minify
+from minify_worker.engine.scheduler import Scheduler
 from minify_worker.programs.fx import graph as g
 from minify_worker.programs.fx import shrink
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.programs.fx.runner import build_candidate
-from minify_worker.scheduler import Scheduler
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import ops_of

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from minify_worker.engine.scheduler import Scheduler, reduce
 from minify_worker.outcomes import Fails
 from minify_worker.programs.candidates import StrategyContext
 from minify_worker.programs.stablehlo import REPRESENTATION, moves, shrink, surgery
 from minify_worker.programs.stablehlo.module import Module, Op, Value, catalog, empty, key, render, size
-from minify_worker.scheduler import Scheduler, reduce
 from tests.support.evaluators import SIGNATURE, ThreadEvaluator, still_fails
 
 T = "tensor<4x8xf32>"

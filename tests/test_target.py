@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from minify_client.models import JobSpec, JobState
+from minify_worker.engine.target import Reproduced, Target, Unreproduced, next_step, original_output
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
-from minify_worker.target import Reproduced, Target, Unreproduced, next_step, original_output
 
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
                  text="RuntimeError: injected failure on relu")

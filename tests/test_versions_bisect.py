@@ -1,4 +1,4 @@
-"""Bisecting torch releases (minify_worker/versions/bisect.py): the search, pure, and the bisection
+"""Bisecting torch releases (minify_worker/service/versions/bisect.py): the search, pure, and the bisection
 with real uv installs from an index of stand-in torch wheels (tests/test_versions_envs.py's: a
 package named torch that only knows its version). A real repro.py needs a real torch, so the
 script run under each release is a stand-in too: it speaks repro.py's protocol (`repro passed`, or
@@ -15,8 +15,8 @@ import pytest
 
 from minify_client.models import Bisection, BisectRequest, JobState, VersionOutcome, VersionRun
 from minify_client.progress import bisect_summary
-from minify_worker.versions.bisect import bisect_releases, max_installs, narrow, releases_between
-from minify_worker.versions.envs import IndexInstaller
+from minify_worker.service.versions.bisect import bisect_releases, max_installs, narrow, releases_between
+from minify_worker.service.versions.envs import IndexInstaller
 from tests.support.scripted_server import Exchange, job_status
 from tests.test_client_cli import run_cli
 from tests.test_versions_envs import stand_in_torch_wheel

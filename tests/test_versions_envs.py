@@ -1,4 +1,4 @@
-"""The torch installations a worker offers (minify_worker/versions/envs.py): its own, MINIFY_TORCH_ENVS,
+"""The torch installations a worker offers (minify_worker/service/versions/envs.py): its own, MINIFY_TORCH_ENVS,
 and versions uv installs from an index into a bounded cache.
 
 The index is a real one for uv, a local folder of wheels, holding a stand-in: a tiny package named
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_worker.versions.envs import (
+from minify_worker.service.versions.envs import (
     ENVS_ENV,
     IndexInstaller,
     configured_envs,
@@ -157,7 +157,7 @@ def _wait_for_pids(repro: Path) -> list[int]:
 def test_a_stopped_probe_ends_at_once_with_what_it_started(tmp_path: Path) -> None:
     """A cancelled job or a worker shutting down (`stop_all`) ends a running probe and its
     grandchildren now, not at the probe's timeout."""
-    from minify_worker.versions.probe import run_repro, stop_all
+    from minify_worker.service.versions.probe import run_repro, stop_all
 
     repro = tmp_path / "repro.py"
     repro.write_text(_LINGERING_REPRO)
@@ -183,8 +183,8 @@ def test_a_probe_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
     repro.write_text(_LINGERING_REPRO)
     horse = subprocess.Popen([sys.executable, "-c", (
         "import sys; from pathlib import Path\n"
-        "from minify_worker.versions.envs import own_env\n"
-        "from minify_worker.versions.probe import run_repro\n"
+        "from minify_worker.service.versions.envs import own_env\n"
+        "from minify_worker.service.versions.probe import run_repro\n"
         f"run_repro(own_env(), Path({str(repro)!r}), None, None, timeout_s=120)\n")])
     try:
         repro_pid = _wait_for_pids(repro)[0]

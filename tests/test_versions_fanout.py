@@ -30,8 +30,8 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from minify_client.cli import main as client_main
-from minify_worker.versions.envs import own_env
-from minify_worker.versions.phase import probe_job_id
+from minify_worker.service.versions.envs import own_env
+from minify_worker.service.versions.phase import probe_job_id
 from tests.support.service import Service, read_events, start_service, wait_for_culprit
 from tests.support.torch_versions import MODULE, stand_in_env
 from tests.test_client_cli import run_cli

@@ -1,4 +1,4 @@
-"""The version phase's pure parts (minify_worker/versions/ranges.py): ordering torch versions,
+"""The version phase's pure parts (minify_worker/service/versions/ranges.py): ordering torch versions,
 classifying one run of repro.py, the regression range, the fix, the summary line."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minify_client.models import RegressionRange, VersionOutcome, VersionRun
-from minify_worker.versions.ranges import (
+from minify_worker.service.versions.ranges import (
     VersionError,
     classify,
     fixed_in,
@@ -141,7 +141,7 @@ def test_the_summary_line_names_the_fix_and_the_inconclusive_versions() -> None:
 
 
 def test_a_probe_nobody_answered_is_not_kept_on_the_bug_but_every_run_is() -> None:
-    from minify_worker.versions.bugs import ran
+    from minify_worker.service.versions.bugs import ran
 
     unanswered = VersionRun(torch="2.15.0", outcome=VersionOutcome.cannot_run,
                             reason="no worker holding it answered in time")
@@ -153,7 +153,7 @@ def test_a_probe_nobody_answered_is_not_kept_on_the_bug_but_every_run_is() -> No
 
 def test_with_one_torch_version_the_summary_tells_no_range_and_repro_py_gets_no_versions_line() -> None:
     from minify_client.models import JobState, Report
-    from minify_worker.versions.phase import header_lines, with_versions
+    from minify_worker.service.versions.phase import header_lines, with_versions
 
     alone = [VersionRun(torch="2.13.0+cpu", outcome=VersionOutcome.same, seconds=1.0)]
     report = with_versions(Report(status=JobState.succeeded, backend="inductor", device="cpu"), alone)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from minify_worker.versions.envs import interpreter_of, own_env, read_version
-from minify_worker.versions.ranges import parse_version, sort_versions
+from minify_worker.service.versions.envs import interpreter_of, own_env, read_version
+from minify_worker.service.versions.ranges import parse_version, sort_versions
 from tests.support.backends import PREFIX
 from tests.support.torch_versions import MODULE
 

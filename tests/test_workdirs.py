@@ -19,7 +19,7 @@ from tests.support.service import MARKER, marked_pids
 
 HANG_ON_RELU = ["--backend", f"{PREFIX}:hang_with_grandchild_on_relu", "--failure", "timeout",
                 "--candidate-timeout", "120"]
-MAKE_JOB_DIR = "from minify_worker.workdirs import make_job_dir; print(make_job_dir(), flush=True)"
+MAKE_JOB_DIR = "from minify_worker.engine.workdirs import make_job_dir; print(make_job_dir(), flush=True)"
 
 
 def job_dirs(temp_dir: Path) -> list[Path]:

@@ -25,7 +25,7 @@ PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
 ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "signature_rules.py", "minimized.mlir", "minimized.hlo",
                   "inputs.npz", "report.json", "bundle.tar.gz")
 # A job's own log, in its folder beside the artifacts' (never an artifact): the work horse's log
-# records while it ran the job, every attempt (minify_worker/joblog.py writes it, the server reads
+# records while it ran the job, every attempt (minify_worker/service/joblog.py writes it, the server reads
 # it for GET /v1/jobs/{id}/log); one older file (".1") is kept when it rotates.
 JOB_LOG_NAME = "worker.log"
 

@@ -1,12 +1,12 @@
 """The bug index: succeeded jobs grouped by what they found (minify_client.bugs.bug_key).
 
 The worker files a succeeded job under its bug in the transaction that ends the job
-(minify_worker/job.py, with the key names of the ticket; ledger.add_to_bug_index): `minify:bug:<id>`
+(minify_worker/service/job.py, with the key names of the ticket; ledger.add_to_bug_index): `minify:bug:<id>`
 (a hash: signature, graph shape hash, failure kind, backend, device, first and last seen, the
 representative job, the first one filed), `minify:bug:<id>:jobs` (its job ids by finish time) and
 `minify:bugs` (bug ids by last seen). This module reads it, and forgets bugs for retention.
 
-Bugs know their torch versions (minify_worker/versions/bugs.py writes `status`, `affected`,
+Bugs know their torch versions (minify_worker/service/versions/bugs.py writes `status`, `affected`,
 `fixed_in`, `fixed_evidence` and `versions_tried` on the record, from `minify:bug:<id>:versions`).
 When a worker offers a torch version an open bug has not been tried on, `retest_periodically`
 enqueues a re-test of its representative repro there, a few per sweep

@@ -177,7 +177,7 @@ class LocalWorker(_Supervised):
 
     def __init__(self, index: int, redis_url: str, queues: str, env: dict[str, str]) -> None:
         super().__init__(f"worker-{index}")
-        self.argv = [sys.executable, "-c", "import sys; from minify_worker.rqworker import main; "
+        self.argv = [sys.executable, "-c", "import sys; from minify_worker.service.rqworker import main; "
                      "sys.exit(main(sys.argv[1:]))", "--redis-url", redis_url, "--queues", queues]
         self.env = env
 

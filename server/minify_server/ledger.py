@@ -1,6 +1,6 @@
 """The job ledger: the one place that spells the Redis keys of jobs and bugs, and how a job's
 record, its events and its ticket are read and written. The server (minify_server/records.py,
-async) and the worker (minify_worker/job.py, sync) both go through it, as rq's `job.py` is the one
+async) and the worker (minify_worker/service/job.py, sync) both go through it, as rq's `job.py` is the one
 place rq's jobs are kept; it imports neither FastAPI nor torch, so a worker imports it.
 
 Keys (docs/service.md):
@@ -44,7 +44,7 @@ COUNTERS_KEY = "minify:counters"
 BUGS_KEY = "minify:bugs"
 # Queue name -> when a live worker last served it (epoch seconds), written on every heartbeat.
 QUEUES_SERVED_KEY = "minify:queues:served_at"
-# Worker name -> the torch installations it announced, as JSON (minify_worker/versions/phase.py).
+# Worker name -> the torch installations it announced, as JSON (minify_worker/service/versions/phase.py).
 WORKERS_TORCH_KEY = "minify:workers:torch"
 # torch version -> the settings it accepts in JobSpec.config, as a worker with that torch published
 # them at start (minify_client.config_schema.ConfigSchema as JSON).
@@ -258,7 +258,7 @@ class TicketKeys(BaseModel):
 
 
 class JobTicket(BaseModel):
-    """What the server enqueues for a job (`minify_worker.job.run_job`'s argument, a plain dict on
+    """What the server enqueues for a job (`minify_worker.service.job.run_job`'s argument, a plain dict on
     the wire): the uploaded program and inputs, the result folder, the spec and the keys; and which
     attempt of the job it runs (1, or n + 1 where attempt n was lost and re-queued) and how many
     re-runs the job may have. Tickets of servers older than attempts carry neither (None)."""

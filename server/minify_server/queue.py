@@ -18,15 +18,15 @@ from minify_client.models import TorchInstall, WorkerInfo
 from minify_server.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket, record_key
 
 QUEUE_NAMES = ("cpu", "cuda")
-JOB_ENTRY = "minify_worker.job.run_job"
-JOB_FAILED = "minify_worker.job.on_rq_failure"
-# The version phase's queues, one per torch version (minify_worker/versions/phase.py), and the re-test's entry.
+JOB_ENTRY = "minify_worker.service.job.run_job"
+JOB_FAILED = "minify_worker.service.job.on_rq_failure"
+# The version phase's queues, one per torch version (minify_worker/service/versions/phase.py), and the re-test's entry.
 VERSION_QUEUE_PREFIX = "minify-torch-"
-RETEST_ENTRY = "minify_worker.versions.bugs.retest_job"
+RETEST_ENTRY = "minify_worker.service.versions.bugs.retest_job"
 RETEST_TIMEOUT_S = 600
-# Bisections on demand (minify_worker/versions/bisect.py): served by the workers that have a torch index.
+# Bisections on demand (minify_worker/service/versions/bisect.py): served by the workers that have a torch index.
 BISECT_QUEUE = "minify-bisect"
-BISECT_ENTRY = "minify_worker.versions.bisect.bisect_job"
+BISECT_ENTRY = "minify_worker.service.versions.bisect.bisect_job"
 BISECT_TIMEOUT_S = 6 * 3600  # installs of multi-GB releases
 # RQ's hard timeout is a backstop: the job entry ends the engine itself at the spec's job_timeout_s.
 TIMEOUT_MARGIN_S = 120
@@ -43,7 +43,7 @@ def enqueue(redis: Redis, ticket: JobTicket, retries: int, pipeline: Pipeline | 
     """RQ's job for `ticket` (on the wire as a plain dict, `JobTicket.to_wire`), attempt 1 unless the
     ticket names another, the job allowed `retries` re-runs; with `pipeline` (a transaction the
     caller executes), only queued on it. RQ retries nothing itself: the worker re-queues a lost
-    attempt as a new RQ job, fenced by attempt (minify_worker.job.record_worker_lost)."""
+    attempt as a new RQ job, fenced by attempt (minify_worker.service.job.record_worker_lost)."""
     spec = ticket.spec
     ticket = ticket.model_copy(update={"attempt": ticket.attempt or 1, "retries": retries})
     queue = Queue(spec.device_class, connection=redis)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         if as_program:
             _exit_without_teardown(code)
         return code
-    from minify_worker import rqworker
+    from minify_worker.service import rqworker
 
     return rqworker.main(argv)
 
@@ -142,7 +142,7 @@ def minify_command(argv: list[str]) -> int:
 def _version_phase(report: Report, out_dir: Path, display: _ProgressDisplay) -> Report:
     """repro.py under every torch this command has (its own, MINIFY_TORCH_ENVS, MINIFY_TORCH_INDEX's
     installed ones), after the culprit phase; report.json and repro.py's header rewritten."""
-    from minify_worker.versions import phase
+    from minify_worker.service.versions import phase
 
     envs = phase.offered_envs()
     if len(envs) > 1:

@@ -1,7 +1,7 @@
 """A `.pt2` job's own files, written in a sandbox child (`write_program_artifacts`, the FX
 representation's `artifacts_target`: it needs the value store and torch.export): minimized.pt2,
 inputs.pt, repro.py, signature_rules.py (and accuracy_rules.py beside an accuracy repro). The
-delivered files' names and the storage rule are `minify_worker.artifacts`'.
+delivered files' names and the storage rule are `minify_worker.engine.artifacts`'.
 
 repro.py holds its inputs inline when they are a few elements, each written exactly (a repro that
 fits in an issue); else it reads them from inputs.pt, which keeps exact bits, dtypes, strides and
@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from minify_client.models import JobSpec
-from minify_worker.artifacts import (
+from minify_worker.engine.artifacts import (
     ACCURACY_RULES,
     INPUTS,
     MINIMIZED,

@@ -27,7 +27,7 @@ import torch.fx as fx
 from minify_client import accuracy, signatures
 from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_client.models import BUILTIN_BACKENDS, JobSpec
-from minify_worker.artifacts import SIGNATURE_RULES_MODULE, header_tail
+from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, header_tail
 from minify_worker.outcomes import Signature
 from minify_worker.programs.fx.backends import DynamicShapes, constant_positions, dynamic_shapes_of
 from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_module
@@ -462,7 +462,8 @@ def check_accuracy(gm, inputs, result):
         check_gradients(gm, inputs, GRADIENTS, tolerance=TOLERANCE, strict=STRICT_ACCURACY)
 '''
 
-# The module beside an accuracy repro.py that holds minify's accuracy rule (minify_worker.artifacts.ACCURACY_RULES).
+# The module beside an accuracy repro.py that holds minify's accuracy rule
+# (minify_worker.engine.artifacts.ACCURACY_RULES).
 
 
 def accuracy_rules_module() -> str:
@@ -470,7 +471,7 @@ def accuracy_rules_module() -> str:
     return inspect.getsource(accuracy)
 
 
-# The module beside repro.py that names a failure as minify records it (minify_worker.artifacts.SIGNATURE_RULES).
+# The module beside repro.py that names a failure as minify records it (minify_worker.engine.artifacts.SIGNATURE_RULES).
 
 
 def _main(kind: str, cuda: bool, constants: bool = False) -> str:

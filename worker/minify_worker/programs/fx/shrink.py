@@ -43,7 +43,7 @@ from minify_worker.programs.candidates import Candidate
 from minify_worker.programs.fx import graph as g
 
 if TYPE_CHECKING:
-    from minify_worker.scheduler import Scheduler
+    from minify_worker.engine.scheduler import Scheduler
 
 # The phase's budget in checks: a size-bound dim of 4096 takes 6 rounds to reach 64, and each round
 # may try a few candidates before one fails; when every dim must shrink alone, it bounds the phase.

@@ -21,7 +21,7 @@ import numpy as np
 
 from minify_client import signatures
 from minify_client.models import JobSpec
-from minify_worker.artifacts import STORAGE_ERRNOS, ArtifactWriteError, header_tail
+from minify_worker.engine.artifacts import STORAGE_ERRNOS, ArtifactWriteError, header_tail
 from minify_worker.outcomes import Signature, signature_from_dict
 
 from . import accuracy, xla

@@ -24,7 +24,7 @@ from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxError
 
 if TYPE_CHECKING:
-    from minify_worker.evaluator import SandboxEvaluator
+    from minify_worker.engine.evaluator import SandboxEvaluator
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from minify_worker.outcomes import Outcome, Passes, Signature, Stopped
 from minify_worker.programs.fx import bisector
 
 if TYPE_CHECKING:
-    from minify_worker.evaluator import SandboxEvaluator
+    from minify_worker.engine.evaluator import SandboxEvaluator
 
 from minify_worker.programs.fx.culprit.settings import BACKEND
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from minify_client import signatures
 from minify_client.models import FailureSpec, JobSpec, JobState
 from minify_worker import oracle
-from minify_worker.hang import HangState
+from minify_worker.engine.hang import HangState
 from minify_worker.outcomes import Outcome, Signature, TimedOut
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from types import FrameType
 
 from minify_client.models import VersionRun
-from minify_worker.versions.envs import TorchEnv
-from minify_worker.versions.ranges import classify
+from minify_worker.service.versions.envs import TorchEnv
+from minify_worker.service.versions.ranges import classify
 
 DEFAULT_TIMEOUT_S = 300.0  # a fresh interpreter's torch import and one compile, on a loaded box
 TIMEOUT_ENV = "MINIFY_VERSION_PROBE_TIMEOUT_S"

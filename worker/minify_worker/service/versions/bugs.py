@@ -20,7 +20,7 @@ from redis import Redis
 
 from minify_client.models import VersionOutcome, VersionRun
 from minify_server.ledger import bug_retests_key, bug_versions_key
-from minify_worker.versions import ranges
+from minify_worker.service.versions import ranges
 
 
 def ran(run: VersionRun) -> bool:
@@ -69,8 +69,8 @@ def retest_job(ticket: dict[str, Any]) -> str:
     run there, kept on the bug (which may now be fixed)."""
     from rq import get_current_job
 
-    from minify_worker.versions.phase import env_for
-    from minify_worker.versions.probe import run_repro, stop_on_sigterm
+    from minify_worker.service.versions.phase import env_for
+    from minify_worker.service.versions.probe import run_repro, stop_on_sigterm
 
     rq_job = get_current_job()
     assert rq_job is not None, "retest_job runs inside an RQ work horse"

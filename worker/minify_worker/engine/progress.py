@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from minify_client.models import CulpritState, JobState, Milestone, ProgressEvent, TimelinePoint
-from minify_worker.report import RunFacts
-from minify_worker.scheduler import Stats
+from minify_worker.engine.report import RunFacts
+from minify_worker.engine.scheduler import Stats
 
 log = logging.getLogger(__name__)
 

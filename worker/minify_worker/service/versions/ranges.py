@@ -29,7 +29,7 @@ _VERSION = re.compile(
     r"(?:[.-]?dev(?P<dev>\d*))?"
     r"(?:\+(?P<local>[A-Za-z0-9.]+))?\s*$")
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2}
-# What repro.py prints (minify_worker/artifacts.py's template): the last line of a failure on stderr,
+# What repro.py prints (minify_worker/engine/artifacts.py's template): the last line of a failure on stderr,
 # the one line of a pass on stdout.
 FAILED_WITH = "repro failed with: "
 PASSED = "repro passed"

@@ -1,7 +1,7 @@
 """`minify-worker --redis-url URL --queues cpu,cuda`: an RQ worker for the minify queues.
 
 The worker process never touches CUDA or a tensor: RQ forks a work horse per job and only the
-horse (minify_worker.job.run_job → the engine) runs anything. Unless --no-preload, the worker
+horse (minify_worker.service.job.run_job → the engine) runs anything. Unless --no-preload, the worker
 does import the engine, torch and inductor once at start and runs inductor's CPU warm-up
 (`minify_worker.sandbox.preload`: no CUDA, no kernel run, no thread), so that each horse's sandbox
 forks its fork server from that warm state instead of importing and warming up per job (seconds).
@@ -14,7 +14,7 @@ workers whose heartbeat expired. So a worker that dies whole (machine lost, SIGK
 running again within interval + grace + maintenance seconds, whatever the other workers do.
 
 Redis outages: a worker, idle or busy, rides them out. Its Redis calls fail, are logged once, and
-are tried again on the next beat (busy: the job goes on, its writes wait, minify_worker.job) or
+are tried again on the next beat (busy: the job goes on, its writes wait, minify_worker.service.job) or
 after a backoff of up to REDIS_BACKOFF_MAX_S (idle); nothing of RQ's loop quits on them. Should the
 loop end anyway (Redis down at start, a fault RQ does not survive), `main` starts the worker again,
 backing off, until it is asked to stop (docs/deploy.md, "Faults between machines").
@@ -40,11 +40,12 @@ from rq.job import Job
 
 from minify_client.config_schema import describe_torch_config
 from minify_server.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
-from minify_worker.job import REDIS_PATIENCE_ENV, record_worker_lost, redis_patience_s
-from minify_worker.versions import phase as versions_phase
-from minify_worker.versions.bisect import BISECT_QUEUE
-from minify_worker.versions.envs import IndexInstaller
-from minify_worker.workdirs import remove_stale_job_dirs
+from minify_worker.engine.workdirs import remove_stale_job_dirs
+from minify_worker.service.channel import REDIS_PATIENCE_ENV, redis_patience_s
+from minify_worker.service.job import record_worker_lost
+from minify_worker.service.versions import phase as versions_phase
+from minify_worker.service.versions.bisect import BISECT_QUEUE
+from minify_worker.service.versions.envs import IndexInstaller
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ class MinifyWorker(Worker):
 
     def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
         """Every heartbeat interval while a job runs: beat, and clean up when it is time. Redis
-        unreachable: the job goes on (its writes wait, minify_worker.job); the next beat tries again."""
+        unreachable: the job goes on (its writes wait, minify_worker.service.job); the next beat tries again."""
         try:
             if self.birth_date is not None and not self.connection.hexists(self.key, "birth"):
                 self._register_again()
@@ -345,7 +346,7 @@ def main(argv: list[str]) -> int:
     os.environ[REDIS_PATIENCE_ENV] = str(args.redis_patience)  # the work horses read it
     redis = Redis.from_url(args.redis_url)
     name = args.name or f"{socket.gethostname()}-{os.getpid()}"
-    # The version phase's probes: a queue per torch installation this worker holds (minify_worker/versions).
+    # The version phase's probes: a queue per torch installation this worker holds (minify_worker/service/versions).
     queues += [versions_phase.queue_name(env.torch) for env in versions_phase.offered_envs()]
     if IndexInstaller.from_environ(os.environ) is not None:  # it can install releases: it bisects
         queues.append(BISECT_QUEUE)

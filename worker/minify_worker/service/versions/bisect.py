@@ -25,9 +25,9 @@ from typing import Any
 
 from minify_client.models import Bisection, BisectRequest, Report, VersionOutcome, VersionRun
 from minify_client.progress import bisect_summary
-from minify_worker.versions.envs import EnvError, IndexInstaller
-from minify_worker.versions.probe import run_repro, stop_on_sigterm
-from minify_worker.versions.ranges import VersionError, parse_version
+from minify_worker.service.versions.envs import EnvError, IndexInstaller
+from minify_worker.service.versions.probe import run_repro, stop_on_sigterm
+from minify_worker.service.versions.ranges import VersionError, parse_version
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def for_job(out_dir: Path, report: Report, request: BisectRequest, say: Callable
     worker's index (MINIFY_TORCH_INDEX) has, the version phase's runs reused. `save` gets the report
     after each run (the job record's result), `say` a line (a log event); report.json and repro.py's
     header say the outcome."""
-    from minify_worker import artifacts  # torch: the work horse has it already
+    from minify_worker.engine import artifacts  # torch: the work horse has it already
 
     installer = IndexInstaller.from_environ(os.environ)
     inputs = out_dir / "inputs.pt"
@@ -174,7 +174,7 @@ def bisect_job(ticket: dict[str, Any]) -> str:
     from rq import get_current_job
 
     from minify_server.ledger import TicketKeys, record_fields
-    from minify_worker.job import JobChannel
+    from minify_worker.service.channel import JobChannel
 
     rq_job = get_current_job()
     assert rq_job is not None, "bisect_job runs inside an RQ work horse"

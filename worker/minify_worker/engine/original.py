@@ -22,13 +22,11 @@ from typing import Any
 
 from minify_client.models import JobSpec, JobState, Milestone, OriginalState
 from minify_worker import oracle
-from minify_worker.evaluator import SandboxEvaluator
-from minify_worker.hang import HangCalibration, HangWatch, Refuted
-from minify_worker.outcomes import Fails, Outcome, Stopped, TimedOut
-from minify_worker.report import RunFacts
-from minify_worker.sandbox import wait_unless_stopped
-from minify_worker.scheduler import Scheduler
-from minify_worker.target import (
+from minify_worker.engine.evaluator import SandboxEvaluator
+from minify_worker.engine.hang import HangCalibration, HangWatch, Refuted
+from minify_worker.engine.report import RunFacts
+from minify_worker.engine.scheduler import Scheduler
+from minify_worker.engine.target import (
     Reproduced,
     Restart,
     Target,
@@ -37,6 +35,8 @@ from minify_worker.target import (
     next_step,
     original_output,
 )
+from minify_worker.outcomes import Fails, Outcome, Stopped, TimedOut
+from minify_worker.sandbox import wait_unless_stopped
 
 # The original is compiled once and run this many times in one child, to find its signature and
 # tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a

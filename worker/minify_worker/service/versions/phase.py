@@ -5,7 +5,7 @@ Fleet side. Each worker announces the torch installations it holds (`announce`, 
 heartbeat: `minify:workers:torch`, worker name -> its versions) and listens on one queue per
 version, `minify-torch-<version>`. A worker whose record has expired no longer counts.
 
-Job side (minify_worker/job.py, in the work horse). At delivery, `fan_out` enqueues one probe
+Job side (minify_worker/service/job.py, in the work horse). At delivery, `fan_out` enqueues one probe
 job (`probe_job`) per version the live fleet offers besides the job's own, each on its version's
 queue: any idle worker that holds it answers, several at once, while this horse runs the culprit
 phase. After it, `collect` waits for the answers (each probe writes its `VersionRun` to the
@@ -35,14 +35,14 @@ from rq.job import Job
 
 from minify_client.models import CulpritState, Report, VersionOutcome, VersionRun
 from minify_server.ledger import WORKERS_TORCH_KEY, job_versions_key
-from minify_worker.versions import ranges
-from minify_worker.versions.envs import TorchEnv, configured_envs
-from minify_worker.versions.probe import probe_timeout_s, run_repro, stop_all, stop_on_sigterm
+from minify_worker.service.versions import ranges
+from minify_worker.service.versions.envs import TorchEnv, configured_envs
+from minify_worker.service.versions.probe import probe_timeout_s, run_repro, stop_all, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
 QUEUE_PREFIX = "minify-torch-"
-PROBE_ENTRY = "minify_worker.versions.phase.probe_job"
+PROBE_ENTRY = "minify_worker.service.versions.phase.probe_job"
 RESULTS_TTL_S = 7 * 24 * 3600
 # How long a probe may wait for a worker on top of its own timeout before the phase gives up on it.
 QUEUE_WAIT_S = 60.0
@@ -251,7 +251,7 @@ def header_lines(report: Report) -> list[str]:
 
 def write_findings(out_dir: Path, report: Report) -> None:
     """report.json, repro.py's header and the bundle, each replaced whole."""
-    from minify_worker import artifacts  # torch: the horse and the offline command have it already
+    from minify_worker.engine import artifacts  # torch: the horse and the offline command have it already
 
     artifacts.rewrite_with_header_lines(out_dir, report, header_lines(report))
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from minify_worker.versions.ranges import parse_version
+from minify_worker.service.versions.ranges import parse_version
 
 log = logging.getLogger(__name__)
 

@@ -26,25 +26,26 @@ import torch
 
 from minify_client.models import CulpritState, JobSpec, JobState, Milestone, OriginalState, ProgressEvent, Report
 from minify_client.progress import culprit_summary
-from minify_worker import artifacts, environment, programs
-from minify_worker.evaluator import SandboxEvaluator, in_sandbox
-from minify_worker.hang import HangCalibration
-from minify_worker.original import OriginalRun
+from minify_worker import environment, programs
+from minify_worker.engine import artifacts
+from minify_worker.engine.evaluator import SandboxEvaluator, in_sandbox
+from minify_worker.engine.hang import HangCalibration
+from minify_worker.engine.original import OriginalRun
+from minify_worker.engine.progress import Progress
+from minify_worker.engine.report import RunFacts, after_verdict, build_report
+from minify_worker.engine.scheduler import Scheduler, reduce
+from minify_worker.engine.target import Unreproduced
+from minify_worker.engine.workdirs import make_job_dir
 from minify_worker.outcomes import Signature, Stopped
 from minify_worker.programs import culprit
 from minify_worker.programs.candidates import StrategyContext
 from minify_worker.programs.prepared import ProgramError
-from minify_worker.progress import Progress
-from minify_worker.report import RunFacts, after_verdict, build_report
 from minify_worker.sandbox import (
     PrepareStopped,
     SandboxError,
     SandboxPool,
     prepare_program,
 )
-from minify_worker.scheduler import Scheduler, reduce
-from minify_worker.target import Unreproduced
-from minify_worker.workdirs import make_job_dir
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from minify_client.bugs import bug_key
 from minify_client.models import JobSpec, JobState, OriginalState, Report, TimelinePoint
+from minify_worker.engine.scheduler import Stats
 from minify_worker.outcomes import Signature
 from minify_worker.programs import Representation
-from minify_worker.scheduler import Stats
 
 
 @dataclass
