@@ -72,7 +72,7 @@ _SIGNATURE_LINE = re.compile(r"^SIGNATURE: (?P<signature>.*)$", re.MULTILINE)
 # Runs a script as __main__ and prints the signature of what it raised, in the form minify records it.
 _SIGNATURE_RUNNER = """
 import runpy, sys
-from minify_client.signatures import signature_line
+from minify_contract.signatures import signature_line
 sys.argv = sys.argv[1:]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")

@@ -30,7 +30,7 @@ DEFAULT_MODES = MODES
 BUG_KEY = "cpp.inject_relu_bug_TESTING_ONLY"
 BUG_BY_MODE = {"inference": "compile_error", "dynamic": "compile_error", "training": "compile_error",
                "accuracy": "accuracy"}
-# How the injected bug fails, as minify's signatures name it (minify_client.signatures): the C++
+# How the injected bug fails, as minify's signatures name it (minify_contract.signatures): the C++
 # compiler's first error for the relu kernel (gcc quotes with U+2018/U+2019 in a UTF-8 locale, ' in
 # the C locale: compare with `same_signature`); an accuracy failure by its type alone.
 SIGNATURE_BY_BUG = {"compile_error": "CppCompileError: \u2018compile\u2019 was not declared in this scope",

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     process_start = time.perf_counter()
     if options.reuse is not None:
         os.environ["MINIFY_SANDBOX_REUSE"] = str(options.reuse)
-    from minify_client.models import JobSpec, ProgressEvent
+    from minify_contract.models import JobSpec, ProgressEvent
     from minify_worker.engine import minify
     from minify_worker.sandbox import preload
 

@@ -138,7 +138,7 @@ def run_captured(directory: Any) -> Any:
     program may raise eagerly), one candidate run in this process."""
     from pathlib import Path
 
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
     from minify_worker.programs.fx.loader import concrete_values, placeholder_values
     from minify_worker.programs.fx.runner import run_wire_candidate
@@ -160,7 +160,7 @@ def minimize_capture(directory: Any, out: Any, expected_ops: list[str]) -> Any:
     a fresh process, which must fail. Returns (the job's spec, the repro's completed process)."""
     from pathlib import Path
 
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.engine import minify
     from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
     from tests.support.graphs import ops_of

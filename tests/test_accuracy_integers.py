@@ -1,7 +1,7 @@
 """Wrong integer and boolean values are accuracy failures (issue 38, class 1).
 
 torch's accuracy rule (`ignore_non_fp`) compares floating-point outputs only: a compiled program
-that returns a wrong int8 sum or a flipped mask passed it. `minify_client.accuracy` compares
+that returns a wrong int8 sum or a flipped mask passed it. `minify_contract.accuracy` compares
 integer and boolean outputs exactly, in the capture's check, the worker's oracle and repro.py
 (which carries the module beside it), and judges the legitimately ambiguous ones by what they
 mean: indices of ties by the values they select, an unsorted unique as multisets, a scatter's
@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import fx
 
-from minify_client.accuracy import divergence, integer_divergence
 from minify_client.capture import capture_failures
-from minify_client.models import JobSpec
+from minify_contract.accuracy import divergence, integer_divergence
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails, Passes
 from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
 from minify_worker.programs.fx.loader import concrete_values, placeholder_values

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from minify_client.capture import capture_failures
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.test_accuracy_backends import (

@@ -1,4 +1,4 @@
-"""minify_client.archive: which members of a .pt2 would run code when torch.export.load reads them.
+"""minify_contract.archive: which members of a .pt2 would run code when torch.export.load reads them.
 
 The archives are real torch.export.save output, rewritten as an attacker would (tests/support/archives.py).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from examples import programs
-from minify_client.archive import find_unsafe_members
+from minify_contract.archive import find_unsafe_members
 from tests.support import archives
 
 

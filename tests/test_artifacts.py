@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from examples import programs
-from minify_client.models import JobSpec, JobState, Report, TimelinePoint
+from minify_contract.models import JobSpec, JobState, Report, TimelinePoint
 from minify_worker.engine import artifacts
 from minify_worker.outcomes import Signature
 from minify_worker.programs.fx import artifacts as fx_artifacts

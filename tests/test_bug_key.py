@@ -1,5 +1,5 @@
 """The bug's key, without a service: graph.graph_shape_hash (what a minimal graph is made of, not
-its sizes or names) and minify_client.bugs.bug_key over it and the signature."""
+its sizes or names) and minify_contract.bugs.bug_key over it and the signature."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from minify_client.bugs import bug_key
+from minify_contract.bugs import bug_key
 from minify_worker.programs.fx import graph as G
 
 aten = torch.ops.aten

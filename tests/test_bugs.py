@@ -26,7 +26,7 @@ import httpx
 import pytest
 import redis
 
-from minify_client.bugs import bug_key
+from minify_contract.bugs import bug_key
 from tests.support.backends import ALLOWED, FIVE_BUG_OPS, PREFIX
 from tests.support.service import MARKER, Service, start_service, wait_for_status
 

@@ -21,7 +21,7 @@ import torch
 
 from minify_client.capture import crash
 from minify_client.capture.session import CaptureSession
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.graphs import ops_of

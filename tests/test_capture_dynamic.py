@@ -22,7 +22,7 @@ from minify_client.capture import capture_failures
 from minify_client.capture.failed_graph import exported
 from minify_client.capture.session import CaptureSession
 from minify_client.capture.torch_hooks import FailedCompile
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.backends import PREFIX, fail_on_symbolic_relu

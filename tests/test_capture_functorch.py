@@ -24,7 +24,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 from minify_client.capture import capture_failures
 from minify_client.capture.transforms import preserved_state, transform_calls
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.loader import prepare
 from tests.support.backends import ALLOWED, PREFIX, fail_on_relu_anywhere, wrong_on_relu

@@ -25,7 +25,7 @@ from torch._higher_order_ops.wrap import wrap
 
 from minify_client.capture import capture, capture_failures
 from minify_client.capture.higher_order import CaptureRefused
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx import graph as G
 from minify_worker.programs.fx.loader import prepare

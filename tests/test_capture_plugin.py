@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.backends import PREFIX

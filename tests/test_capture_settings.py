@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from minify_client.capture import capture_failures
-from minify_client.config_keys import CONFIG_MODULES
-from minify_client.models import JobSpec, JobState
+from minify_contract.config_keys import CONFIG_MODULES
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.outcomes import Fails, Outcome
 from minify_worker.programs.fx.backends import DynamicShapes, data_dependent, dynamic_shapes_of, shared_dims

@@ -14,7 +14,7 @@ import torch
 
 from examples.programs import ReluCos
 from minify_client.capture import capture, capture_failures
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from tests.support.graphs import ops_of
 from tests.support.scripted_server import ScriptedServer, closed_port_url, job_status, serve_job

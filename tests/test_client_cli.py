@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobSpec, JobState, JobStatus, OriginalState, ProgressEvent
+from minify_contract.models import JobSpec, JobState, JobStatus, OriginalState, ProgressEvent
 from tests.support.scripted_server import (  # fixtures server and program: tests/conftest.py
     Exchange,
     ScriptedServer,
@@ -579,7 +579,7 @@ def test_submit_warns_before_uploading_a_program_whose_members_would_run_code(se
 
 
 def _serve_config_schema(server: ScriptedServer) -> None:
-    from minify_client.config_schema import ConfigSchema, ConfigSchemas, KeyRule
+    from minify_contract.config_schema import ConfigSchema, ConfigSchemas, KeyRule
 
     schema = ConfigSchema(torch="2.13.0+cpu", keys={
         "cpp.inject_relu_bug_TESTING_ONLY": KeyRule(kinds=["null", "str"],

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import io
 
-from minify_client.models import JobState, ProgressEvent
-from minify_client.progress import PlainProgress, RichProgress, describe, progress_view, summary
+import pytest
+
+from minify_client.progress import PlainProgress, RichProgress, describe, progress_view
+from minify_contract.models import JobState, ProgressEvent
+from minify_contract.summaries import summary
 from tests.support.scripted_server import job_status, minimizing_events
+
+pytestmark = pytest.mark.fast
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""minify_client.config_keys: which torch config module a JobSpec.config key sets, one function for
+"""minify_contract.config_keys: which torch config module a JobSpec.config key sets, one function for
 the capture, the worker's backends, the culprit phase and repro.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minify_client.config_keys import CONFIG_MODULES, INDUCTOR_CONFIG, config_key, config_setting
+from minify_contract.config_keys import CONFIG_MODULES, INDUCTOR_CONFIG, config_key, config_setting
 
 
 def test_a_key_without_a_module_is_an_inductor_setting() -> None:
@@ -37,6 +37,6 @@ def test_inductor_settings_are_recorded_without_their_module() -> None:
 
 
 def test_the_module_does_not_import_torch() -> None:
-    script = "import sys, minify_client.config_keys; print('torch' in sys.modules)"
+    script = "import sys, minify_contract.config_keys; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

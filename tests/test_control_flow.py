@@ -17,7 +17,7 @@ from torch._higher_order_ops.map import map as map_hop
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx import graph as G
 from minify_worker.programs.fx import strategies

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from examples import programs
-from minify_client.models import Culprit, CulpritState, JobSpec, JobState, Report, Workaround
-from minify_client.progress import culprit_summary
-from minify_client.specflags import add_spec_arguments, spec_from_args
+from minify_contract.models import Culprit, CulpritState, JobSpec, JobState, Report, Workaround
+from minify_contract.specflags import add_spec_arguments, spec_from_args
+from minify_contract.summaries import culprit_summary
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx import culprit
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV

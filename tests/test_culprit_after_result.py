@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import CulpritState, JobState, ProgressEvent, Report
+from minify_contract.models import CulpritState, JobState, ProgressEvent, Report
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import save_cos_sin_relu
 from tests.support.scripted_server import Exchange, ScriptedServer, job_status, serve_job

@@ -22,8 +22,8 @@ import torch
 
 from minify_client.capture import capture_failures
 from minify_client.capture.custom_ops import CustomOp, custom_ops, op_modules
-from minify_client.models import JobSpec, JobState
-from minify_client.specflags import add_spec_arguments, spec_from_args
+from minify_contract.models import JobSpec, JobState
+from minify_contract.specflags import add_spec_arguments, spec_from_args
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.programs.fx.op_modules import ALLOWED_OP_MODULES_ENV

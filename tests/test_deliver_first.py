@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobSpec, JobState, Milestone, OriginalState, ProgressEvent
+from minify_contract.models import JobSpec, JobState, Milestone, OriginalState, ProgressEvent
 from minify_worker.engine import MinifyResult, minify
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import ops_of, save_chain, save_cos_sin_relu

@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"

@@ -18,7 +18,7 @@ import torch
 from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.outcomes import Fails, Passes
 from minify_worker.programs.fx.artifacts import export_minimized, write_program_files

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec, JobState, Milestone
+from minify_contract.models import JobSpec, JobState, Milestone
 from minify_worker.engine import minify
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.graphs import ops_of, save_chain
@@ -209,7 +209,7 @@ def test_a_job_cancelled_as_its_original_starts_ends_at_once_without_waiting_for
     import time
     import uuid
 
-    from minify_client.models import ProgressEvent
+    from minify_contract.models import ProgressEvent
     from minify_worker.environment import ERROR_KEY
     from tests.support.service import MARKER, marked_pids
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from examples import programs
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from tests.support.backends import PREFIX
 from tests.support.graphs import AOTI_RELU_CODE, ops_of

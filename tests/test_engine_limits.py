@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
+from minify_contract.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import HangCalibration, minify
 from minify_worker.engine.original import DEFAULT_ORIGINAL_TIMEOUT_S
 from tests.support.backends import PREFIX

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
+from minify_contract.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import minify
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_cos_sin_relu

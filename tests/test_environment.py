@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker import environment
 from minify_worker.engine import minify
 from minify_worker.sandbox import SandboxCallError, SandboxPool

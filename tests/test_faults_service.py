@@ -24,8 +24,8 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from minify_server.ledger import COUNTERS_KEY
-from minify_server.queue import rq_job_id
+from minify_contract.ledger import COUNTERS_KEY
+from minify_contract.queue import rq_job_id
 from minify_worker.sandbox.processes import process_stats
 from tests.support.service import MARKER, Service, read_events, start_service, wait_for_status
 

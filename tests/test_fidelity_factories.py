@@ -25,7 +25,7 @@ import torch
 from torch import fx
 
 from minify_client.capture import capture_failures
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.repro import run_repro

@@ -16,8 +16,8 @@ import torch
 from pydantic import ValidationError
 
 from examples import programs
-from minify_client.models import FailureSpec, JobSpec, JobState, Milestone, ProgressEvent
-from minify_client.specflags import add_spec_arguments, spec_from_args
+from minify_contract.models import FailureSpec, JobSpec, JobState, Milestone, ProgressEvent
+from minify_contract.specflags import add_spec_arguments, spec_from_args
 from minify_worker import oracle
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.outcomes import Signature

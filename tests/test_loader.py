@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from examples import programs
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.programs.fx.graph import graph_from_wire
 from minify_worker.programs.fx.loader import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError

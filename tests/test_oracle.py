@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from minify_client.models import FailureSpec
+from minify_contract.models import FailureSpec
 from minify_worker import oracle
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 

@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from examples import programs
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import as_torch_functions
 from tests.support.graphs import ops_of

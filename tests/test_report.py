@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from minify_client.bugs import bug_key
-from minify_client.models import JobSpec, JobState, OriginalState, Report
+from minify_contract.bugs import bug_key
+from minify_contract.models import JobSpec, JobState, OriginalState, Report
 from minify_worker.engine.report import RunFacts, after_verdict, build_report
 from minify_worker.engine.scheduler import Stats
 from minify_worker.outcomes import Signature

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import fx
 
-from minify_client.models import FailureSpec, JobSpec
+from minify_contract.models import FailureSpec, JobSpec
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.programs.fx.runner import run_candidate

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
@@ -244,7 +244,7 @@ PARENT = textwrap.dedent("""
     import sys, time, torch
     from pathlib import Path
     from torch import fx
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxPool, preload
 
@@ -283,7 +283,7 @@ def test_a_killed_parent_leaves_no_orphans(tmp_path: Path, start: str) -> None:
 FORK_ORIGIN = textwrap.dedent("""
     import json, sys, threading, torch
     from pathlib import Path
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxPool, fork_refusal, preload
     from tests.support.graphs import chain_graph
@@ -353,7 +353,7 @@ TQDM_ORIGIN = textwrap.dedent("""
     import sys, threading, torch
     from pathlib import Path
     from tqdm import tqdm
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.sandbox import SandboxCallError, SandboxPool, preload
 
     workdir = Path(sys.argv[1])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.outcomes import Crashed, Fails, Passes, TimedOut
 from minify_worker.programs.fx.graph import graph_to_wire

@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 
 from examples.programs import Chain
-from minify_client.models import JobSpec, JobState, Milestone, ProgressEvent
-from minify_client.specflags import add_spec_arguments, spec_from_args
+from minify_contract.models import JobSpec, JobState, Milestone, ProgressEvent
+from minify_contract.specflags import add_spec_arguments, spec_from_args
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.engine.scheduler import Scheduler
 from minify_worker.programs.fx import graph as g

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minify_client.models import Report
+from minify_contract.models import Report
 from minify_worker import cli
 from minify_worker.programs.stablehlo.command import ALLOWED_COMMANDS_ENV
 from tests.support import hlo_programs

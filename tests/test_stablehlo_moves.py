@@ -221,7 +221,7 @@ def test_the_f64_reference_program_widens_every_narrow_float_and_its_hex_constan
 def test_an_fp64_reference_judges_as_torch_does() -> None:
     import numpy as np
 
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.programs.stablehlo.run import compare
 
     spec = JobSpec(backend="xla", failure={"kind": "accuracy"})

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import Crashed, Fails, Invalid, Outcome, Passes, outcome_from_dict
 from minify_worker.programs.stablehlo import REPRESENTATION, parse, shrink, surgery
 from minify_worker.programs.stablehlo.command import ALLOWED_COMMANDS_ENV

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minify_client.models import JobState, detect_program_format
+from minify_contract.models import JobState, detect_program_format
 from minify_server.archive import NotAProgram, check_hlo_program, check_npz_file
 from tests.support import hlo_programs
 from tests.support.scripted_server import ScriptedServer, job_status, serve_job

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from minify_client.models import JobSpec, JobState
+from minify_contract.models import JobSpec, JobState
 from minify_worker.engine.target import Reproduced, Target, Unreproduced, next_step, original_output
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 

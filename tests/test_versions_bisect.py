@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from minify_client.models import Bisection, BisectRequest, JobState, VersionOutcome, VersionRun
-from minify_client.progress import bisect_summary
+from minify_contract.models import Bisection, BisectRequest, JobState, VersionOutcome, VersionRun
+from minify_contract.summaries import bisect_summary
 from minify_worker.service.versions.bisect import bisect_releases, max_installs, narrow, releases_between
 from minify_worker.service.versions.envs import IndexInstaller
 from tests.support.scripted_server import Exchange, job_status

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from minify_client.models import RegressionRange, VersionOutcome, VersionRun
+from minify_contract.models import RegressionRange, VersionOutcome, VersionRun
 from minify_worker.service.versions.ranges import (
     VersionError,
     classify,
@@ -152,7 +152,7 @@ def test_a_probe_nobody_answered_is_not_kept_on_the_bug_but_every_run_is() -> No
 
 
 def test_with_one_torch_version_the_summary_tells_no_range_and_repro_py_gets_no_versions_line() -> None:
-    from minify_client.models import JobState, Report
+    from minify_contract.models import JobState, Report
     from minify_worker.service.versions.phase import header_lines, with_versions
 
     alone = [VersionRun(torch="2.13.0+cpu", outcome=VersionOutcome.same, seconds=1.0)]

@@ -23,7 +23,7 @@ from minify_client.errors import (
     ServerError,
     Unauthorized,
 )
-from minify_client.models import JobCreated, JobSpec, JobState, JobStatus, ProgressEvent, Report
+from minify_contract.models import JobCreated, JobSpec, JobState, JobStatus, ProgressEvent, Report
 
 __all__ = [
     "DEFAULT_SERVER",

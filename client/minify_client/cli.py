@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from minify_client.archive import describe_unsafe_members, find_unsafe_members
 from minify_client.client import (
     DEFAULT_RETRY_FOR_S,
     RETRY_FOR_ENV,
@@ -25,9 +24,11 @@ from minify_client.client import (
     parse_retry_for,
     retry_for_from_environment,
 )
-from minify_client.config_schema import config_mistake
 from minify_client.errors import ApiError, BadRequest, MinifyError
-from minify_client.models import (
+from minify_client.progress import progress_view
+from minify_contract.archive import describe_unsafe_members, find_unsafe_members
+from minify_contract.config_schema import config_mistake
+from minify_contract.models import (
     Bug,
     BugChange,
     CulpritState,
@@ -38,18 +39,17 @@ from minify_client.models import (
     Report,
     detect_program_format,
 )
-from minify_client.progress import (
+from minify_contract.specflags import SpecError, add_spec_arguments, spec_from_args
+from minify_contract.summaries import (
     bisect_summary,
     culprit_summary,
     not_reproduced_lines,
     original_output_lines,
     original_summary,
-    progress_view,
     shrunk_inputs,
     summary,
     versions_summary,
 )
-from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -20,7 +20,6 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from minify_client._sse import ServerSentEvent, parse_events
-from minify_client.config_schema import ConfigSchemas, config_problems
 from minify_client.errors import (
     ApiError,
     BadRequest,
@@ -31,7 +30,8 @@ from minify_client.errors import (
     NotFound,
     api_error,
 )
-from minify_client.models import (
+from minify_contract.config_schema import ConfigSchemas, config_problems
+from minify_contract.models import (
     ARTIFACT_NAMES,
     Bisection,
     BisectRequest,

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from minify_client import signatures
 from minify_client.capture import crash, diagnose
 from minify_client.capture.session import CaptureSession, safe_name
+from minify_contract import signatures
 
 PLUGIN_NAME = "minify-capture"
 

@@ -2,7 +2,7 @@
 
 The format is decided from the zip directory; the members that would run code when
 `torch.export.load` reads them (pickled weights and constants, ...) are found by
-`minify_client.archive`, which the worker runs again before it loads.
+`minify_contract.archive`, which the worker runs again before it loads.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 
 # Entries that mark a torch.export archive, relative to its single top-level folder: the pt2 archive
 # format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.

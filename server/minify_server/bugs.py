@@ -1,4 +1,4 @@
-"""The bug index: succeeded jobs grouped by what they found (minify_client.bugs.bug_key).
+"""The bug index: succeeded jobs grouped by what they found (minify_contract.bugs.bug_key).
 
 The worker files a succeeded job under its bug in the transaction that ends the job
 (minify_worker/service/job.py, with the key names of the ticket; ledger.add_to_bug_index): `minify:bug:<id>`
@@ -26,10 +26,8 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from minify_client.models import Bug, BugChange, BugFix, BugResolution, Report
-from minify_server import queue
-from minify_server.connections import UNAVAILABLE
-from minify_server.ledger import (
+from minify_contract import queue
+from minify_contract.ledger import (
     BUGS_KEY,
     TicketKeys,
     add_to_bug_index,
@@ -39,6 +37,8 @@ from minify_server.ledger import (
     bug_versions_key,
     record_key,
 )
+from minify_contract.models import Bug, BugChange, BugFix, BugResolution, Report
+from minify_server.connections import UNAVAILABLE
 from minify_server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class BugIndex:
     async def file_unfiled(self, jobs: list[tuple[str, datetime]]) -> int:
         """File succeeded jobs that no worker filed, `(job id, finished_at)`: a job queued before the
         server knew of bugs (its ticket names no bug keys) and run by a worker that does. The key is
-        computed from its report (minify_client.bugs.bug_key), as the worker computes it. Returns the
+        computed from its report (minify_contract.bugs.bug_key), as the worker computes it. Returns the
         jobs filed."""
         filed = 0
         for job_id, finished_at in jobs:

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from minify_client.models import ErrorResponse
+from minify_contract.models import ErrorResponse
 from minify_server.connections import RETRY_AFTER_S, UNAVAILABLE
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from minify_client.models import CulpritState, JobState
+from minify_contract.ledger import events_key, record_key
+from minify_contract.models import CulpritState, JobState
 from minify_server.connections import UNAVAILABLE, OutageLog
-from minify_server.ledger import events_key, record_key
 
 BLOCK_MS = 5_000
 BATCH = 500

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from minify_client.models import JobState
+from minify_contract.models import JobState
 
 
 class _Snapshot:

@@ -1,6 +1,6 @@
 """Job records in Redis, the server's side: create a job, read records, cancel (async, except the
 creation, which shares one transaction with RQ's enqueue). The layout, the record's model and the
-key names are the ledger's (minify_server/ledger.py), which the worker's job entry writes through too.
+key names are the ledger's (minify_contract/ledger.py), which the worker's job entry writes through too.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from redis.asyncio import Redis
 from redis.client import Pipeline as SyncPipeline
 from redis.exceptions import WatchError
 
-from minify_client.models import JobState, ProgressEvent
-from minify_server.ledger import (
+from minify_contract.ledger import (
     CANCEL_TTL_S,
     COUNTERS_KEY,
     INDEX_KEY,
@@ -29,6 +28,7 @@ from minify_server.ledger import (
     record_fields,
     record_key,
 )
+from minify_contract.models import JobState, ProgressEvent
 
 # The statuses of a job an identical submission gets instead of a new one.
 REUSABLE = (JobState.queued.value, JobState.running.value, JobState.succeeded.value)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from minify_client.models import JobState
+from minify_contract.ledger import INDEX_KEY, JobFootprint, cancel_key, events_key, record_key, write_mark_key
+from minify_contract.models import JobState
 from minify_server.bugs import BugIndex
 from minify_server.connections import UNAVAILABLE
-from minify_server.ledger import INDEX_KEY, JobFootprint, cancel_key, events_key, record_key, write_mark_key
 from minify_server.records import JobRecords
 from minify_server.store import ArtifactStore
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from minify_client.models import ARTIFACT_NAMES, JOB_LOG_NAME
+from minify_contract.models import ARTIFACT_NAMES, JOB_LOG_NAME
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 BUNDLE = "bundle.tar.gz"

@@ -23,10 +23,11 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.client import Pipeline
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.config_schema import config_problems
-from minify_client.models import JobSpec, JobState
-from minify_client.specflags import describe_validation_error
-from minify_server import queue
+from minify_contract import queue
+from minify_contract.config_schema import config_problems
+from minify_contract.ledger import JobRecord, JobTicket, TicketKeys
+from minify_contract.models import JobSpec, JobState
+from minify_contract.specflags import describe_validation_error
 from minify_server.archive import (
     CodeInArchive,
     NotAnExportArchive,
@@ -39,7 +40,6 @@ from minify_server.archive import (
 )
 from minify_server.config import Settings
 from minify_server.errors import ApiError
-from minify_server.ledger import JobRecord, JobTicket, TicketKeys
 from minify_server.records import JobRecords, create_unless_identical
 from minify_server.store import ArtifactStore, Blob, StorageFull, UploadTooLarge
 from minify_server.uploads import BadUpload, JobUpload, receive_job_upload

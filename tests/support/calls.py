@@ -36,7 +36,7 @@ def temp_dir(context: ChildContext) -> dict[str, Any]:
 
 def run_with_spec(context: ChildContext, *, wire_graph: dict[str, Any], spec_json: str) -> dict[str, Any]:
     """Run a candidate under another spec (tests reuse one warm pool)."""
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker.outcomes import outcome_to_dict
     from minify_worker.programs.fx.runner import run_wire_candidate
 

@@ -26,7 +26,7 @@ def main() -> None:
     if log:
         with open(log, "a") as handle:
             handle.write(f"{os.getpid()} root engine\n")
-    from minify_client.models import JobSpec
+    from minify_contract.models import JobSpec
     from minify_worker import sandbox
     from minify_worker.engine import minify
     from tests.support import backends

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import outcome_to_dict
 from minify_worker.programs.stablehlo import REPRESENTATION, parse, prepare, xla
 from minify_worker.programs.stablehlo.module import render, to_wire

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from minify_client.models import JobLinks, JobSpec, JobState, JobStatus, ProgressEvent, Report
+from minify_contract.models import JobLinks, JobSpec, JobState, JobStatus, ProgressEvent, Report
 
 Handler = Callable[["Exchange"], None]
 

@@ -11,9 +11,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minify_client.models import CulpritState, JobState, OriginalState, ProgressEvent, Report, detect_program_format
-from minify_client.progress import culprit_summary, not_reproduced_lines, original_summary, shrunk_inputs
-from minify_client.specflags import SpecError, add_spec_arguments, spec_from_args
+from minify_contract.models import CulpritState, JobState, OriginalState, ProgressEvent, Report, detect_program_format
+from minify_contract.specflags import SpecError, add_spec_arguments, spec_from_args
+from minify_contract.summaries import culprit_summary, not_reproduced_lines, original_summary, shrunk_inputs
 from minify_worker import programs
 
 if TYPE_CHECKING:

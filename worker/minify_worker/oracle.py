@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 import signal as signal_module
 
-from minify_client import signatures
-from minify_client.models import FailureSpec
+from minify_contract import signatures
+from minify_contract.models import FailureSpec
 
 from .outcomes import Crashed, Fails, Outcome, OutOfMemory, Signature, SignatureKind, TimedOut
 

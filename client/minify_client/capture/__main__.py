@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from minify_client import signatures
+from minify_contract import signatures
 
 from . import crash, custom_ops, diagnose
 from .session import CaptureSession, safe_name

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from minify_client.client import Client
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 from .config import config_values
 from .destinations import Captured, add_note, resolve, save_and_submit

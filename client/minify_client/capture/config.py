@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
-from minify_client.config_keys import CONFIG_MODULES, config_key
+from minify_contract.config_keys import CONFIG_MODULES, config_key
 
 logger = logging.getLogger(__name__)
 

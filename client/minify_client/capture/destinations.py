@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.client import Client
-from minify_client.models import JobCreated, JobSpec
+from minify_contract.models import JobCreated, JobSpec
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ and loaded back before it is kept (`higher_order`); where torch cannot export, s
 `CaptureRefused` says so at capture time, naming the ops.
 
 The spec records the backend, the settings that differ from torch's defaults, and the failure:
-its kind and its root-cause signature as `minify_client.signatures` computes it (the worker's
+its kind and its root-cause signature as `minify_contract.signatures` computes it (the worker's
 oracle uses the same function), so the worker judges candidates against it from the first check.
 """
 
@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from minify_client import signatures
-from minify_client.accuracy import ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE
-from minify_client.models import JobSpec
+from minify_contract import signatures
+from minify_contract.accuracy import ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE
+from minify_contract.models import JobSpec
 
 from .config import changed_config
 from .custom_ops import op_modules
@@ -158,7 +158,7 @@ def _program_inputs(failed: FailedCompile) -> list[Any]:
 def capture_key(failed: FailedCompile) -> str:
     """Which failing calls a capture run saves once (16 hex digits, kept in captures.json): two calls
     with the same graph structure (names aside), inputs' metadata, backend, settings and signature.
-    Not the bug's key (minify_client.bugs.bug_key), which groups minimized graphs across jobs."""
+    Not the bug's key (minify_contract.bugs.bug_key), which groups minimized graphs across jobs."""
     graph = failed.program.graph if failed.program is not None else failed.graph.graph
     inputs = failed.inputs or _program_inputs(failed)
     text = json.dumps({

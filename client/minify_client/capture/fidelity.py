@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from minify_client.accuracy import ACCURACY_EXC_TYPE
+from minify_contract.accuracy import ACCURACY_EXC_TYPE
 
 from .higher_order import CaptureRefused
 from .torch_hooks import FailedCompile

@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any
 
-from minify_client import signatures
+from minify_contract import signatures
 
 OUT_ENV = "MINIFY_RERUN_OUT"
 

@@ -424,7 +424,7 @@ def _check_gradients(compiler_fn: Any, graph: Any, example_inputs: list[Any], co
     training step then reuses; autograd, functorch and random state are put back."""
     import torch
 
-    from minify_client.accuracy import GradientError, gradient_divergence, gradient_inputs
+    from minify_contract.accuracy import GradientError, gradient_divergence, gradient_inputs
 
     from .transforms import preserved_state
 
@@ -571,7 +571,7 @@ def _judged(graph: Any, inputs: list[Any], run: Callable[[list[Any]], Any]) -> E
     whole units (a floor, a round), are said in a warning (`accuracy.beyond_tolerance`)."""
     import torch
 
-    from minify_client.accuracy import AccuracyError, beyond_tolerance, clone_inputs, compare_to_eager, missing_error
+    from minify_contract.accuracy import AccuracyError, beyond_tolerance, clone_inputs, compare_to_eager, missing_error
 
     try:
         with torch.no_grad():

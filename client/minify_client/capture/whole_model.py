@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minify_client.client import Client
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 from .config import changed_config
 from .destinations import Captured, resolve, save_and_submit

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import Bisection, BisectRequest, JobState
-from minify_server import queue
+from minify_contract import queue
+from minify_contract.ledger import TicketKeys, record_fields, record_key
+from minify_contract.models import Bisection, BisectRequest, JobState
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
-from minify_server.ledger import TicketKeys, record_fields, record_key
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_token)])
 

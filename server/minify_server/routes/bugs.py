@@ -7,7 +7,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from minify_client.models import Bug, BugCloseRequest, BugList, BugReopenRequest
+from minify_contract.models import Bug, BugCloseRequest, BugList, BugReopenRequest
 from minify_server.auth import require_token, who
 from minify_server.bugs import BugIndex, BugStateError
 from minify_server.errors import ApiError

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from minify_client.config_schema import ConfigSchemas
-from minify_server import queue
+from minify_contract import queue
+from minify_contract.config_schema import ConfigSchemas
 from minify_server.auth import require_token
 
 router = APIRouter(prefix="/v1/config", tags=["config"], dependencies=[Depends(require_token)])

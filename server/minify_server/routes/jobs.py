@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import CulpritState, JobCreated, JobLinks, JobList, JobLog, JobState, JobStatus
-from minify_server import queue, submissions
+from minify_contract import queue
+from minify_contract.models import CulpritState, JobCreated, JobLinks, JobList, JobLog, JobState, JobStatus
+from minify_server import submissions
 from minify_server.auth import require_token
 from minify_server.errors import ApiError
 from minify_server.events import job_events

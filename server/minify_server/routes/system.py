@@ -9,8 +9,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from minify_client.models import Health
-from minify_server import metrics, queue
+from minify_contract import queue
+from minify_contract.models import Health
+from minify_server import metrics
 from minify_server.connections import RETRY_AFTER_S, UNAVAILABLE
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from minify_client.models import WorkerList
-from minify_server import queue
+from minify_contract import queue
+from minify_contract.models import WorkerList
 from minify_server.auth import require_token
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"], dependencies=[Depends(require_token)])

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import Report
+from minify_contract.models import Report
 
 ACCURACY_RULES_MODULE = "accuracy_rules"
 SIGNATURE_RULES_MODULE = "signature_rules"

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from minify_client.models import CulpritState, JobSpec, JobState, Milestone, OriginalState, ProgressEvent, Report
-from minify_client.progress import culprit_summary
+from minify_contract.models import CulpritState, JobSpec, JobState, Milestone, OriginalState, ProgressEvent, Report
+from minify_contract.summaries import culprit_summary
 from minify_worker import environment, programs
 from minify_worker.engine import artifacts
 from minify_worker.engine.evaluator import SandboxEvaluator, in_sandbox

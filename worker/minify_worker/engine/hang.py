@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from minify_client.models import JobSpec, Milestone
+from minify_contract.models import JobSpec, Milestone
 from minify_worker import oracle
 from minify_worker.outcomes import Outcome, Passes, Signature, TimedOut
 

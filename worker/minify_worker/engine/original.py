@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from minify_client.models import JobSpec, JobState, Milestone, OriginalState
+from minify_contract.models import JobSpec, JobState, Milestone, OriginalState
 from minify_worker import oracle
 from minify_worker.engine.evaluator import SandboxEvaluator
 from minify_worker.engine.hang import HangCalibration, HangWatch, Refuted

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minify_client.models import CulpritState, JobState, Milestone, ProgressEvent, TimelinePoint
+from minify_contract.models import CulpritState, JobState, Milestone, ProgressEvent, TimelinePoint
 from minify_worker.engine.report import RunFacts
 from minify_worker.engine.scheduler import Stats
 

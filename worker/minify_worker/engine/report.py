@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from minify_client.bugs import bug_key
-from minify_client.models import JobSpec, JobState, OriginalState, Report, TimelinePoint
+from minify_contract.bugs import bug_key
+from minify_contract.models import JobSpec, JobState, OriginalState, Report, TimelinePoint
 from minify_worker.engine.scheduler import Stats
 from minify_worker.outcomes import Signature
 from minify_worker.programs import Representation

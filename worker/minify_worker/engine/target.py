@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minify_client import signatures
-from minify_client.models import FailureSpec, JobSpec, JobState
+from minify_contract import signatures
+from minify_contract.models import FailureSpec, JobSpec, JobState
 from minify_worker import oracle
 from minify_worker.engine.hang import HangState
 from minify_worker.outcomes import Outcome, Signature, TimedOut

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from minify_client.models import CulpritState, JobSpec, Report
+    from minify_contract.models import CulpritState, JobSpec, Report
     from minify_worker.outcomes import Outcome, Signature
     from minify_worker.programs.candidates import Tier
 

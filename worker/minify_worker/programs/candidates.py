@@ -26,7 +26,7 @@ class StrategyContext:
     """What strategies may know about the failure being minimized.
 
     In accuracy mode every output is compared, integer and boolean ones exactly
-    (`minify_client.accuracy`), so only a candidate without outputs cannot fail: strategies do
+    (`minify_contract.accuracy`), so only a candidate without outputs cannot fail: strategies do
     not propose it. (torch's non-strict rule compared floating-point outputs only: a candidate of
     boolean or integer outputs could not fail there.) `max_granularity` caps the coarsest chunk
     size, as torch's `--max-granularity`.

@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Callable
 
-from minify_client import signatures
+from minify_contract import signatures
 from minify_worker import oracle
 from minify_worker.outcomes import Fails, Outcome, OutOfMemory, Passes
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from minify_client.models import Culprit, CulpritState, JobSpec, Workaround
-from minify_client.progress import culprit_text
+from minify_contract.models import Culprit, CulpritState, JobSpec, Workaround
+from minify_contract.summaries import culprit_text
 
 
 @dataclass

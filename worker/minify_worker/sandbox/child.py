@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 from ..outcomes import outcome_to_dict
 from .limits import confine_child

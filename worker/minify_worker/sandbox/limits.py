@@ -9,7 +9,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 CHILD_OPEN_FILES = 4096
 # Long-lived children (reuse): how many candidates one runs before it is replaced, on CUDA by default.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 
 from .. import programs
 from ..programs.prepared import ProgramError

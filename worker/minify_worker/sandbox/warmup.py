@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker import programs
 
 log = logging.getLogger(__name__)

@@ -29,10 +29,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from minify_client.models import CulpritState, JobState, Progress, ProgressEvent, Report
-from minify_client.progress import culprit_summary
-from minify_server import queue
-from minify_server.ledger import (
+from minify_contract import queue
+from minify_contract.ledger import (
     AttemptSuperseded,
     JobTicket,
     TicketKeys,
@@ -42,6 +40,8 @@ from minify_server.ledger import (
     record_fields,
     write_for_attempt,
 )
+from minify_contract.models import CulpritState, JobState, Progress, ProgressEvent, Report
+from minify_contract.summaries import culprit_summary
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The server enqueues `run_job(ticket)`; the ticket (ledger.JobTicket) names the program, the spec,
 the result folder, the Redis keys to write and the attempt it runs (the layout, the record's
-fields and their encoding are the ledger's, minify_server/ledger.py, which the server reads
+fields and their encoding are the ledger's, minify_contract/ledger.py, which the server reads
 through; see docs/service.md). This module imports no torch: the RQ parent imports it for
 `on_rq_failure` and `record_worker_lost`; only `run_job`, in the forked work horse, reaches the engine.
 
@@ -27,11 +27,11 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.job import Job
 
-from minify_client.models import CulpritState, JobSpec, JobState, OriginalState, ProgressEvent, Report
-from minify_server.ledger import (
+from minify_contract.ledger import (
     AttemptSuperseded,
     JobTicket,
 )
+from minify_contract.models import CulpritState, JobSpec, JobState, OriginalState, ProgressEvent, Report
 from minify_worker import programs
 from minify_worker.service import joblog
 from minify_worker.service.channel import (

@@ -20,7 +20,7 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JOB_LOG_NAME
+from minify_contract.models import JOB_LOG_NAME
 
 log = logging.getLogger(__name__)
 

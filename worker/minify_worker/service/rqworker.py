@@ -38,8 +38,8 @@ from rq import Queue, Worker, worker_registration
 from rq.executions import Execution
 from rq.job import Job
 
-from minify_client.config_schema import describe_torch_config
-from minify_server.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
+from minify_contract.config_schema import describe_torch_config
+from minify_contract.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
 from minify_worker.engine.workdirs import remove_stale_job_dirs
 from minify_worker.service.channel import REDIS_PATIENCE_ENV, redis_patience_s
 from minify_worker.service.job import record_worker_lost

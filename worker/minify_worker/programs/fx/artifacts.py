@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.engine.artifacts import (
     ACCURACY_RULES,
     INPUTS,

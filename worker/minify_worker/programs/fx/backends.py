@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_client.config_keys import config_setting
-from minify_client.models import BUILTIN_BACKENDS
+from minify_contract.config_keys import config_setting
+from minify_contract.models import BUILTIN_BACKENDS
 from minify_worker.allowlist import allowed_prefixes
 
 logger = logging.getLogger(__name__)
@@ -534,7 +534,7 @@ def run_compiled(compiled: Compiled, inputs: list[Any]) -> Any:
 def apply_inductor_config(overrides: dict[str, Any]) -> None:
     """Set each dotted config key: `cpp.inject_relu_bug_TESTING_ONLY` in `torch._inductor.config`,
     `torch._dynamo.config.X` and `torch._functorch.config.X` in theirs (as captures record them:
-    `minify_client.config_keys`)."""
+    `minify_contract.config_keys`)."""
     for key, value in overrides.items():
         module_name, setting = config_setting(key)
         owner: Any = importlib.import_module(module_name)

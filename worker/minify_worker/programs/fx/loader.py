@@ -5,7 +5,7 @@ Runs in a sandbox child only (`prepare_in_child`, a `SandboxPool.call` target; t
 
 Accepted programs:
 - a `.pt2` written by `torch.export.save`; one with members that run code when loaded (pickled
-  weights or constants, see `minify_client.archive`) only when `MINIFY_ALLOW_PICKLE=1`: the check
+  weights or constants, see `minify_contract.archive`) only when `MINIFY_ALLOW_PICKLE=1`: the check
   runs here, before `torch.export.load`, whatever the server decided;
 - a pickled `torch.fx.GraphModule` written by `torch.save(gm)`, only when `MINIFY_ALLOW_PICKLE=1`
   (a pickle runs code when loaded): it is re-exported with `torch.export.export(gm, args)`.
@@ -41,7 +41,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from minify_client.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 from minify_worker.programs.fx import export_load
 from minify_worker.programs.fx.op_modules import ALLOWED_OP_MODULES_ENV
 from minify_worker.programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from minify_client.models import JobSpec, Milestone
+from minify_contract.models import JobSpec, Milestone
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY, CulpritPhase
 from minify_worker.programs.fx import graph, shrink, strategies

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_client import accuracy, signatures
-from minify_client.config_keys import INDUCTOR_CONFIG, config_setting
-from minify_client.models import BUILTIN_BACKENDS, JobSpec
+from minify_contract import accuracy, signatures
+from minify_contract.config_keys import INDUCTOR_CONFIG, config_setting
+from minify_contract.models import BUILTIN_BACKENDS, JobSpec
 from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, header_tail
 from minify_worker.outcomes import Signature
 from minify_worker.programs.fx.backends import DynamicShapes, constant_positions, dynamic_shapes_of
@@ -467,7 +467,7 @@ def check_accuracy(gm, inputs, result):
 
 
 def accuracy_rules_module() -> str:
-    """accuracy_rules.py: minify_client/accuracy.py verbatim (standard library and torch only)."""
+    """accuracy_rules.py: minify_contract/accuracy.py verbatim (standard library and torch only)."""
     return inspect.getsource(accuracy)
 
 
@@ -500,7 +500,7 @@ def _main(kind: str, cuda: bool, constants: bool = False) -> str:
 
 
 def signature_rules_module() -> str:
-    """signature_rules.py: minify_client/signatures.py verbatim, and the excepthook repro.py installs
+    """signature_rules.py: minify_contract/signatures.py verbatim, and the excepthook repro.py installs
     with it: after the traceback, the exception chain and a 'repro failed with:' line in the form
     report.json records (what the version checks read), then the signature expected."""
     source = inspect.getsource(signatures).replace("from __future__ import annotations\n", "")

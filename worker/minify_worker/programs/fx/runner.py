@@ -7,7 +7,7 @@ classified by the parent.
 
 - an exception while compiling → `Fails(compile_error)`, while running → `Fails(runtime_error)`;
 - an allocator running out of memory (CUDA or host) → `OutOfMemory`;
-- failure kind `accuracy`: the compiled result against eager by `minify_client.accuracy` (the oracle
+- failure kind `accuracy`: the compiled result against eager by `minify_contract.accuracy` (the oracle
   the capture helper shares), the way torch's accuracy minifier does it (`backend_accuracy_fails` /
   `same_two_models` in torch/_dynamo/debug_utils.py, with `ACCURACY_FAILS` of
   torch/_dynamo/repro/after_aot.py): forward only, an fp64 reference when
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_client import signatures
-from minify_client.accuracy import (
+from minify_contract import signatures
+from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
     described,
@@ -52,7 +52,7 @@ from minify_client.accuracy import (
     integer_divergence,
     missing_error,
 )
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
 from minify_worker.programs.classify import EnvironmentFault, environment_fault, failure, repeated
 from minify_worker.programs.fx.backends import (

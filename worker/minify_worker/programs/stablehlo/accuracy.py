@@ -4,7 +4,7 @@ as the worker did.
 
 Each floating-point output is compared with `allclose` within the tolerance, NaNs equal, shapes
 equal. Integer and boolean outputs have no rounding: they are compared exactly, strict or not, as
-the FX jobs' oracle compares them (`minify_client.accuracy`; XLA's rule used to skip them unless
+the FX jobs' oracle compares them (`minify_contract.accuracy`; XLA's rule used to skip them unless
 strict, and a wrong integer result went unseen).
 Not torch's `same`: without an fp64 reference it passes every non-strict mismatch, and with
 one it cannot judge a NaN the reference has too. Against the program promoted to f64

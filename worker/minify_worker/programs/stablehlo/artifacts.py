@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from minify_client import signatures
-from minify_client.models import JobSpec
+from minify_contract import signatures
+from minify_contract.models import JobSpec
 from minify_worker.engine.artifacts import STORAGE_ERRNOS, ArtifactWriteError, header_tail
 from minify_worker.outcomes import Signature, signature_from_dict
 
@@ -159,9 +159,9 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: 
 
 
 def _signature_rules() -> str:
-    """minify_client/signatures.py, verbatim: how the repro names its failure, as minify does."""
+    """minify_contract/signatures.py, verbatim: how the repro names its failure, as minify does."""
     source = inspect.getsource(signatures).replace("from __future__ import annotations\n", "")
-    return "# " + "-" * 20 + " minify's signature rules (minify_client/signatures.py, verbatim) " + "-" * 7 + \
+    return "# " + "-" * 20 + " minify's signature rules (minify_contract/signatures.py, verbatim) " + "-" * 7 + \
         "\n" + source.strip("\n") + "\n\n# " + "-" * 93
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY
 from minify_worker.programs.candidates import Tier

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker import oracle
 from minify_worker.outcomes import INTEGER_ONLY, Crashed, Fails, Invalid, Outcome, Passes, Signature
 from minify_worker.programs.classify import failure, repeated
@@ -172,7 +172,7 @@ def accuracy_signature(detail: str, reference: Sequence[np.ndarray], outputs: Se
     """The accuracy failure `detail` describes, keyed as the FX runner keys it (`INTEGER_ONLY` when
     the floating-point outputs of `outputs` pass and only integer or boolean ones differ), so a
     float failure does not drift into an integer one, nor back."""
-    from minify_client.accuracy import ACCURACY_EXC_TYPE
+    from minify_contract.accuracy import ACCURACY_EXC_TYPE
 
     key = ""
     if len(reference) == len(outputs) and (fp64 is None or len(fp64) == len(outputs)):

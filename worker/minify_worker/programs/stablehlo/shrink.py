@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from minify_client.models import Milestone
+from minify_contract.models import Milestone
 from minify_worker.programs.candidates import Candidate
 
 from .module import Module, Value, tensor_shape

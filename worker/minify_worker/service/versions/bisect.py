@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import Bisection, BisectRequest, Report, VersionOutcome, VersionRun
-from minify_client.progress import bisect_summary
+from minify_contract.models import Bisection, BisectRequest, Report, VersionOutcome, VersionRun
+from minify_contract.summaries import bisect_summary
 from minify_worker.service.versions.envs import EnvError, IndexInstaller
 from minify_worker.service.versions.probe import run_repro, stop_on_sigterm
 from minify_worker.service.versions.ranges import VersionError, parse_version
@@ -173,7 +173,7 @@ def bisect_job(ticket: dict[str, Any]) -> str:
     (its result's `bisect`), its event stream (log lines) and report.json follow it."""
     from rq import get_current_job
 
-    from minify_server.ledger import TicketKeys, record_fields
+    from minify_contract.ledger import TicketKeys, record_fields
     from minify_worker.service.channel import JobChannel
 
     rq_job = get_current_job()

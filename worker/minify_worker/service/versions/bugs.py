@@ -18,8 +18,8 @@ from typing import Any
 
 from redis import Redis
 
-from minify_client.models import VersionOutcome, VersionRun
-from minify_server.ledger import bug_retests_key, bug_versions_key
+from minify_contract.ledger import bug_retests_key, bug_versions_key
+from minify_contract.models import VersionOutcome, VersionRun
 from minify_worker.service.versions import ranges
 
 

@@ -33,8 +33,8 @@ from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from minify_client.models import CulpritState, Report, VersionOutcome, VersionRun
-from minify_server.ledger import WORKERS_TORCH_KEY, job_versions_key
+from minify_contract.ledger import WORKERS_TORCH_KEY, job_versions_key
+from minify_contract.models import CulpritState, Report, VersionOutcome, VersionRun
 from minify_worker.service.versions import ranges
 from minify_worker.service.versions.envs import TorchEnv, configured_envs
 from minify_worker.service.versions.probe import probe_timeout_s, run_repro, stop_all, stop_on_sigterm

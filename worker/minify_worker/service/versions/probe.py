@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from minify_client.models import VersionRun
+from minify_contract.models import VersionRun
 from minify_worker.service.versions.envs import TorchEnv
 from minify_worker.service.versions.ranges import classify
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import total_ordering
 
-from minify_client import signatures
-from minify_client.models import RegressionRange, VersionOutcome, VersionRun
+from minify_contract import signatures
+from minify_contract.models import RegressionRange, VersionOutcome, VersionRun
 
 _VERSION = re.compile(
     r"^\s*v?(?P<release>\d+(?:\.\d+)*)"
@@ -110,7 +110,7 @@ def sort_versions(versions: Sequence[str]) -> list[str]:
 
 def same_signature(observed: str, expected: str) -> bool:
     """Whether two signatures (as report.json and repro.py write them) name the same failure: the
-    same root-cause type and normalized key (minify_client.signatures), a signal's name as written."""
+    same root-cause type and normalized key (minify_contract.signatures), a signal's name as written."""
     left, right = signatures.parse_signature(observed), signatures.parse_signature(expected)
     if left is None or right is None:
         return observed.strip() == expected.strip()

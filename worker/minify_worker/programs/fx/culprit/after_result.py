@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from minify_client.models import CulpritState, JobSpec, Report
+from minify_contract.models import CulpritState, JobSpec, Report
 from minify_worker.engine import artifacts
 from minify_worker.outcomes import Signature, Stopped
 from minify_worker.programs.culprit import (

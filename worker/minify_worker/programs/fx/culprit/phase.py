@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch.fx as fx
 
-from minify_client.models import Culprit, JobSpec, Workaround
+from minify_contract.models import Culprit, JobSpec, Workaround
 from minify_worker import oracle
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 from minify_worker.programs.culprit import Found

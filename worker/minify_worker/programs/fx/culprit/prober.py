@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minify_client.models import JobSpec
+from minify_contract.models import JobSpec
 from minify_worker import oracle
 from minify_worker.outcomes import Outcome, Passes, Signature, Stopped
 from minify_worker.programs.fx import bisector

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from minify_client.config_keys import config_setting
-from minify_client.models import JobSpec
+from minify_contract.config_keys import config_setting
+from minify_contract.models import JobSpec
 from minify_worker.programs.fx import bisector
 
 BACKEND = "backend"  # a workaround that changes the backend, not a config key

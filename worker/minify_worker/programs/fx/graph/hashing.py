@@ -1,5 +1,5 @@
 """A graph's identity: `structural_hash` (one candidate: the scheduler's memo key) and
-`graph_shape_hash` (what a bug is made of: minify_client.bugs groups jobs by it), one digest
+`graph_shape_hash` (what a bug is made of: minify_contract.bugs groups jobs by it), one digest
 and one argument writer for both.
 """
 
@@ -37,7 +37,7 @@ def graph_shape_hash(graph: fx.Graph) -> str:
     """Hash of what a bug is made of, not of one instance of it: the ops, the edges between them, and
     each input's kind, dtype and device; not node names, not the inputs' value keys, not tensor sizes
     (an int or a float argument counts by its type, so a view to another size is the same shape).
-    Two programs that minimize to the same graph at other sizes share it (minify_client.bugs)."""
+    Two programs that minimize to the same graph at other sizes share it (minify_contract.bugs)."""
 
     def placeholder(node: fx.Node) -> str:
         tensor = node.meta.get(META_TENSOR) or {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from minify_client.models import BUILTIN_BACKENDS, DYNAMIC_MODES, FAILURE_KINDS, JobSpec, parse_config_value
+from minify_contract.models import BUILTIN_BACKENDS, DYNAMIC_MODES, FAILURE_KINDS, JobSpec, parse_config_value
 
 
 class SpecError(ValueError):

@@ -13,9 +13,9 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from minify_client.config_schema import ConfigSchema
-from minify_client.models import TorchInstall, WorkerInfo
-from minify_server.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket, record_key
+from minify_contract.config_schema import ConfigSchema
+from minify_contract.ledger import CONFIG_SCHEMAS_KEY, WORKERS_TORCH_KEY, JobTicket, record_key
+from minify_contract.models import TorchInstall, WorkerInfo
 
 QUEUE_NAMES = ("cpu", "cuda")
 JOB_ENTRY = "minify_worker.service.job.run_job"
@@ -127,7 +127,7 @@ async def worker_infos(redis: AsyncRedis) -> list[WorkerInfo]:
 
 async def config_schemas(redis: AsyncRedis) -> list[ConfigSchema]:
     """What the torch of each live worker accepts in JobSpec.config, as the workers published it
-    (minify_client.config_schema); none where no live worker published one."""
+    (minify_contract.config_schema); none where no live worker published one."""
     published = await redis.hgetall(CONFIG_SCHEMAS_KEY)
     held = torch_versions_held(await worker_infos(redis))
     return [ConfigSchema.model_validate_json(text) for version, text in sorted(published.items()) if version in held]

@@ -35,9 +35,9 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 from redis import Redis
 from redis.exceptions import WatchError
 
-from minify_client.bugs import bug_key
-from minify_client.config_schema import config_mistake
-from minify_client.models import CulpritState, JobSpec, JobState, JobStatus, Progress, ProgressEvent, Report
+from minify_contract.bugs import bug_key
+from minify_contract.config_schema import config_mistake
+from minify_contract.models import CulpritState, JobSpec, JobState, JobStatus, Progress, ProgressEvent, Report
 
 INDEX_KEY = "minify:jobs"
 COUNTERS_KEY = "minify:counters"
@@ -47,7 +47,7 @@ QUEUES_SERVED_KEY = "minify:queues:served_at"
 # Worker name -> the torch installations it announced, as JSON (minify_worker/service/versions/phase.py).
 WORKERS_TORCH_KEY = "minify:workers:torch"
 # torch version -> the settings it accepts in JobSpec.config, as a worker with that torch published
-# them at start (minify_client.config_schema.ConfigSchema as JSON).
+# them at start (minify_contract.config_schema.ConfigSchema as JSON).
 CONFIG_SCHEMAS_KEY = "minify:config:schemas"
 EVENTS_MAXLEN = 10_000
 CANCEL_TTL_S = 7 * 24 * 3600
@@ -291,7 +291,7 @@ class JobTicket(BaseModel):
 
 def add_to_bug_index(pipe: Any, keys: TicketKeys, job_id: str, report: Report, finished_at: str) -> str | None:
     """Queue on `pipe` (a Redis transaction, sync or async) the writes that file a succeeded job under
-    its bug (minify_client.bugs.bug_key): the bug's record (the first job filed stays its
+    its bug (minify_contract.bugs.bug_key): the bug's record (the first job filed stays its
     representative), its jobs by finish time, the bugs by last seen, and `bug` on the job's record.
     Returns the bug id; None (nothing queued) for a report without a signature or a graph shape
     hash, a failure the job's own config caused (torch refusing a value it was given: the user's

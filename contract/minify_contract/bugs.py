@@ -8,7 +8,7 @@ ops, edges, dtypes and devices, not its tensor sizes). As ClusterFuzz groups cra
 state, two programs that minimize to the same ops failing the same way are one bug, whatever their
 sizes or names.
 
-Filing a job under its bug is a Redis write, the service's: minify_server/ledger.py
+Filing a job under its bug is a Redis write, the service's: minify_contract/ledger.py
 (`add_to_bug_index`) calls `bug_key`; this module imports no Redis.
 """
 

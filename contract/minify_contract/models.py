@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from minify_client import signatures
+from minify_contract import signatures
 
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
 FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
@@ -583,7 +583,7 @@ class BugChange(BaseModel):
 class Bug(BaseModel):
     """The jobs whose minimal programs fail the same way: one root-cause signature, one graph shape."""
 
-    id: str = Field(description="bug_key(signature, graph_shape_hash) (minify_client.bugs)")
+    id: str = Field(description="bug_key(signature, graph_shape_hash) (minify_contract.bugs)")
     signature: str
     graph_shape_hash: str
     failure_kind: str | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from minify_client.config_keys import CONFIG_MODULES, config_key
+from minify_contract.config_keys import CONFIG_MODULES, config_key
 
 # JSON kinds of a config value.
 KINDS = ("bool", "int", "float", "str", "null", "list", "dict")
