@@ -2,7 +2,7 @@
 
 `bug_key` is the one place the key is computed, by the worker (report.json's `bug`, the index) and
 by the server (filing a job a worker left unfiled). A bug is the root-cause signature (as
-report.json records it, already normalized by minify_worker/signatures.py: paths, numbers and
+report.json records it, already normalized by minify_contract/signatures.py: paths, numbers and
 generated names taken out) together with the shape of the minimal graph (`graph_shape_hash`: its
 ops, edges, dtypes and devices, not its tensor sizes). As ClusterFuzz groups crashes by crash
 state, two programs that minimize to the same ops failing the same way are one bug, whatever their
