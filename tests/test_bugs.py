@@ -73,7 +73,10 @@ SWEEP_OFTEN = {"MINIFY_RETENTION_SWEEP_INTERVAL_S": "0.5"}
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with start_service(tmp_path_factory.mktemp("bugs") / "data", workers=1) as running:
+    """The module's service with a worker, its retention sweep every half second (no job of it is
+    backdated, so the sweep deletes nothing): the sweep test runs on it, one worker start (torch's
+    imports, some 10 s of CPU) fewer than a service of its own."""
+    with start_service(tmp_path_factory.mktemp("bugs") / "data", workers=1, env=SWEEP_OFTEN) as running:
         yield running
 
 
@@ -192,11 +195,11 @@ def test_succeeded_jobs_are_grouped_into_bugs_by_signature_and_graph_shape(
 
 
 def test_a_succeeded_job_no_worker_filed_is_filed_by_the_servers_sweep(
-        tmp_path: Path, bug_programs: dict[str, list[Path]]) -> None:
-    with start_service(tmp_path / "data", workers=1, env=SWEEP_OFTEN) as running, running.client() as client:
+        service: Service, bug_programs: dict[str, list[Path]]) -> None:
+    with service.client() as client:
         job_id = post(client, bug_programs["tanh"][3], FIVE_BUGS).json()["id"]
         bug = wait_for_status(client, job_id, FINISHED)["bug"]
-        store = _redis(running)
+        store = _redis(service)
         # As a worker leaves a job whose ticket names no bug keys (queued before the server knew of bugs).
         store.hdel(f"minify:job:{job_id}", "bug")
         store.delete(f"minify:bug:{bug}", f"minify:bug:{bug}:jobs")
@@ -432,8 +435,10 @@ def test_a_worker_that_cannot_write_an_artifact_fails_the_job_naming_it(
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     env = {**os.environ, MARKER: idle_service.marker, **ALLOWED}
+    # Preloaded without inductor's warm-up (a compile, whose files would meet the limit first): the
+    # job's sandbox forks from the worker's imports (the spawned path has its own tests, test_gpu_safety).
     worker = subprocess.Popen([sys.executable, "-m", "minify_worker.cli", "--redis-url", idle_service.redis_url,
-                               "--queues", "cpu", "--name", "small-disk", "--no-preload"], env=env,
+                               "--queues", "cpu", "--name", "small-disk", "--no-warm-up"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limited)
     try:
         with idle_service.client() as client:
