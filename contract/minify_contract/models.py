@@ -61,6 +61,14 @@ class FailureSpec(_Strict):
                     "and an original that fails differently ends the job not_reproducible",
     )
 
+    training: bool = Field(
+        default=False,
+        description="compile the program for training, as the training step whose compile failed did: grad "
+                    "mode on and every floating-point input requiring grad, so AOT autograd traces the joint "
+                    "forward-and-backward graph and partitions it (a capture sets it for a compile that failed "
+                    "there); by default the program is compiled for inference",
+    )
+
     @field_validator("signature")
     @classmethod
     def _signature_shape(cls, value: str | None) -> str | None:

@@ -200,6 +200,7 @@ fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", k
 fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")
 fail_on_gelu_and_layer_norm = raise_on_all("gelu", "native_layer_norm")
 wrong_on_softmax = wrong_on("_softmax")
+fail_on_index = raise_on("index")  # tests/test_shrink_runs_eagerly.py: x[randperm(n)], as pytorch#183988
 
 # One backend that misbehaves a different way per op, so one warm pool can show every outcome.
 misbehave_by_op = first_match(

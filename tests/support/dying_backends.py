@@ -50,3 +50,16 @@ def die_at_run_on(op: str, how: Death) -> Backend:
 abort_at_run_on_relu = die_at_run_on("relu", "abort")
 segfault_at_run_on_relu = die_at_run_on("relu", "segfault")
 exit_at_run_on_relu = die_at_run_on("relu", "exit")
+
+
+def abort_where_eager_raises(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Compile anything; a run that raises (eagerly, as the graph itself does) aborts the process
+    instead: a bounds check that a generated kernel turns into a death (pytorch#126691)."""
+
+    def run(*args: Any) -> Any:
+        try:
+            return gm(*args)
+        except Exception:
+            die("abort")
+
+    return run

@@ -4,7 +4,9 @@ that kills the process (a generated kernel that segfaults, glibc aborting on a h
 
 - Before a compiled graph's first run, the session exports it with that run's inputs into
   `DIR/.pending/<pid>-<n>/` (the capture's three files, the spec saying `failure.kind = "crash"`,
-  and `pending.json` last: a folder without it is incomplete). When the run returns or raises, the
+  and `pending.json` last: a folder without it is incomplete). An inductor compile on the CPU
+  records its thread count (`cpp.threads`, `compile_threads`): a check that throws inside an
+  OpenMP region kills the process only where the kernel has one. When the run returns or raises, the
   folder is removed. Only the first run of each graph is guarded: later runs pass straight
   through the wrapper.
 - A process that dies inside that run leaves the folder. The supervisor (the runner's or the
@@ -119,6 +121,51 @@ def write_pending(directory: Path, program: Any, *, test: str, key: str, level: 
     temporary.write_text(json.dumps(meta) + "\n")
     temporary.replace(folder / _META)  # last: a folder without it was never complete
     return folder
+
+
+def compile_threads(backend: str, on_cuda: bool) -> dict[str, int]:
+    """The thread count an inductor compile on the CPU baked into its C++ code, as the setting
+    `cpp.threads` (none where it is one, or for another backend or device). Inductor writes an
+    OpenMP parallel region only for more than one thread, and a bounds check that throws inside one
+    terminates the process (SIGABRT) where one thread raises a clean error (pytorch#126691): the
+    worker's sandbox children run with fewer threads than the user's process, so a crash capture
+    carries the count its program was compiled with."""
+    if backend not in ("inductor", "aot_inductor") or on_cuda:
+        return {}
+    import torch
+    import torch._inductor.config
+
+    threads = int(torch._inductor.config.cpp.threads)
+    threads = threads if threads > 0 else torch.get_num_threads()
+    return {"cpp.threads": threads} if threads > 1 else {}
+
+
+class UnsavableInputs(Exception):
+    """A first run's inputs hold a tensor that no pending capture can keep as what it is."""
+
+
+def check_savable(inputs: Sequence[Any]) -> None:
+    """Raise `UnsavableInputs` naming the first input a pending capture cannot keep: a ZeroTensor
+    (the storage-less zero gradient autograd gives for `sgn` and other ops whose derivative is
+    zero), which torch.save refuses, and which a dense zeros tensor would not stand for (a kernel
+    that reads its null data pointer is the bug: pytorch#197067); or a tensor subclass, which
+    torch.save writes but the worker's `torch.load(weights_only=True)` refuses. Conjugate and
+    negative views, sparse and nested tensors are saved and read back as they are."""
+    import torch
+
+    for position, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value._is_zerotensor():
+            raise UnsavableInputs(
+                f"input {position} is a ZeroTensor (a tensor without storage, the zero gradient autograd gives "
+                "for ops such as sgn): torch.save cannot write it, and a dense zeros tensor in its place would "
+                "be another program, without the null data pointer the compiled code receives; to minimize "
+                "it, pass the compiled function torch._efficientzerotensor(shape) in a script of its own")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise UnsavableInputs(
+                f"input {position} is a tensor subclass ({type(value).__qualname__}): the worker reads inputs "
+                "with torch.load(weights_only=True), which refuses it")
 
 
 def drop(folder: Path | None) -> None:

@@ -39,7 +39,7 @@ from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
 from .dynamic import export_dynamic, is_symbolic, specialize_floats
-from .fidelity import accuracy_signature, refuse_unreproducible
+from .fidelity import accuracy_signature, needs_training, refuse_unreproducible
 from .higher_order import CaptureRefused, check_round_trip, export_refused, for_export, higher_order_ops
 from .torch_hooks import FailedCompile
 from .transforms import lower, transform_calls
@@ -105,6 +105,9 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         args, kwargs = failed.program.example_inputs or ((), {})
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
     refuse_unreproducible(failed)  # a failure the program would not carry (fidelity.py)
+    if needs_training(failed):  # it fails where a compile for training traces the joint graph
+        given = _given(spec)
+        spec = {**given, "failure": {"training": True, **dict(given.get("failure") or {})}}
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
     transforms = transform_calls(module.graph)

@@ -12,12 +12,16 @@ partitions anything and passes. A custom `torch.autograd.Function` makes it wors
 the backend its forward and backward (`autograd_function_apply`), and `torch.export` keeps the
 forward only, so no program the worker loads holds the backward the partitioner failed on.
 
-`refuse_unreproducible(failed)` raises `CaptureRefused` naming what the failure needs and the
-program cannot hold, where the failing call's own traceback shows it was raised in AOT
-autograd's partitioner, or while AOT autograd traced the backward of the joint graph. A training
-compile that fails later (in the forward's compiler, inductor lowering a kernel) is captured as
-before: the forward graph the worker compiles holds what that failure needs. The user's program
-is not touched: this reads the exception's traceback and the graph, and runs nothing.
+A failure whose own traceback shows it was raised in AOT autograd's partitioner, or while AOT
+autograd traced the backward of the joint graph, is captured with `failure.training` set
+(`needs_training`): the worker then compiles the program for training (grad mode on, its
+floating-point inputs requiring grad), and so does repro.py, so the joint graph is traced and
+partitioned as it was for the user. `refuse_unreproducible(failed)` raises `CaptureRefused` where
+the program still cannot hold what the failure needs: a custom autograd.Function in the graph,
+whose backward torch.export drops. A training compile that fails later (in the forward's
+compiler, inductor lowering a kernel) is captured as before: the forward graph the worker compiles
+holds what that failure needs. The user's program is not touched: this reads the exception's
+traceback and the graph, and runs nothing.
 
 `accuracy_signature(error)`: wrong values are signed as the worker signs them. The worker keys an
 accuracy failure that only integer or boolean outputs show (`AccuracyError: integer outputs only`,
@@ -74,21 +78,28 @@ def refuse_unreproducible(failed: FailedCompile) -> None:
 def unreproducible(failed: FailedCompile) -> str | None:
     """Why the program captured from `failed` (a dynamo graph) would not fail in the worker as it
     failed here, or None when nothing says so."""
+    stage = _training_stage_of(failed)
+    functions = autograd_functions(failed.graph) if stage is not None else []
+    if not functions:
+        return None
+    names = ", ".join(functions)
+    return (f"the compile failed in AOT autograd's {stage}, which only a compile for training does; the worker "
+            f"can compile the captured program for training, but its custom autograd.Function"
+            f"{'s' if len(functions) > 1 else ''} ({names}) would lose the backward the joint graph is built "
+            "from: torch.export keeps a Function's forward only. It would not fail there: the failing graph is "
+            "not captured")
+
+
+def needs_training(failed: FailedCompile) -> bool:
+    """Whether the program captured from `failed` must be compiled for training to fail as it did:
+    a compile error raised in AOT autograd's partitioner or its tracing of the joint graph's backward."""
+    return _training_stage_of(failed) is not None
+
+
+def _training_stage_of(failed: FailedCompile) -> str | None:
     if failed.level != "dynamo" or failed.program is not None or failed.kind != "compile_error":
         return None
-    stage = training_stage(failed.error)
-    if stage is None:
-        return None
-    functions = autograd_functions(failed.graph)
-    held = ""
-    if functions:
-        names = ", ".join(functions)
-        held = (f"; and its custom autograd.Function{'s' if len(functions) > 1 else ''} ({names}) "
-                "would lose the backward: torch.export keeps a Function's forward only")
-    return (f"the compile failed in AOT autograd's {stage}, which only a compile for training does (grad mode "
-            "on, inputs requiring grad); the captured program is the forward graph, which the worker compiles "
-            f"for inference, where nothing is partitioned and no backward is traced{held}. It would not fail "
-            "there: the failing graph is not captured")
+    return training_stage(failed.error)
 
 
 def training_stage(error: BaseException) -> str | None:

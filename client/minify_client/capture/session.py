@@ -34,6 +34,7 @@ from . import crash
 from .destinations import DEFAULT_CAPTURE_DIR, add_note, save_and_submit
 from .failed_graph import capture_key, exported, signature_of
 from .torch_hooks import FailedCompile, Level, add_listener, remove_listener
+from .whole_model import on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +111,17 @@ class CaptureSession:
         """Write the graph about to run for the first time as a pending capture (crash.py)."""
         try:
             failed = describe()
-            program = exported(failed, {"failure": {"kind": "crash", "signature": None}})
+            crash.check_savable(failed.inputs or [])
+            threads = crash.compile_threads(failed.backend, on_cuda(failed.inputs or []))
+            program = exported(failed, {"failure": {"kind": "crash", "signature": None},
+                                        **({"config": threads} if threads else {})})
             return crash.write_pending(self.directory, program, test=self._test, key=capture_key(failed),
                                        level=failed.level, backend=failed.backend)
         except Exception as error:  # the run goes on unguarded; said once, not per graph
             if not self._guard_failed:
-                logger.warning("minify: cannot guard a compiled graph's first run for crashes (%s: %s); "
-                               "a crash there would leave no capture", type(error).__name__, error)
+                said = str(error) if isinstance(error, crash.UnsavableInputs) else f"{type(error).__name__}: {error}"
+                logger.warning("minify: cannot guard a compiled graph's first run for crashes (%s); "
+                               "a crash there would leave no capture", said)
                 self._guard_failed = True
             return None
 

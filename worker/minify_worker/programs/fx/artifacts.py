@@ -116,7 +116,12 @@ def write_program_files(
     files.append(INPUTS)
     # A registered backend receives candidates as dynamo's form (torch functions): so does the repro's.
     shown = as_torch_functions(to_graph_module(graph), inputs).graph if uses_torch_functions(spec.backend) else graph
-    repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines, inputs=inputs)
+    kind = signature.kind if signature is not None else spec.failure.kind
+    # On the CPU only: an eager index out of bounds on a GPU is a device-side assert, which would
+    # leave this child's CUDA context unusable for the files still to write.
+    eager_error = eager_raises(graph, inputs) if kind == "crash" and spec.device == "cpu" else None
+    repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines, inputs=inputs,
+                         eager_error=eager_error)
     write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
     rules = signature_rules_module()
@@ -135,6 +140,17 @@ def write_program_files(
         write_artifact(out_dir / MINIMIZED, write_minimized)
         files.append(MINIMIZED)
     return {"files": files, "errors": errors}
+
+
+def eager_raises(graph: fx.Graph, inputs: Sequence[InputValue]) -> str | None:
+    """What `graph` raises when run eagerly on `inputs` (`Type: message`), or None where it runs: a
+    crash whose program raises eagerly is a clean error the compiled program turned into a death."""
+    try:
+        with torch.no_grad():
+            to_graph_module(graph)(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def graph_inputs(graph: fx.Graph, values: Mapping[str, InputValue]) -> tuple[InputValue, ...]:

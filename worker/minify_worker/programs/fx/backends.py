@@ -107,6 +107,28 @@ def _inductor(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
     return run
 
 
+def _inductor_for_training(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
+    """Inductor as torch.compile calls it for a training step: grad mode on, so that AOT autograd
+    traces the joint forward-and-backward graph of inputs requiring grad and partitions it."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch.enable_grad():
+        compiled = compile_fx(gm, list(inputs))
+
+    def run(*args: Any) -> Any:
+        with torch.enable_grad():
+            return _call(compiled, list(args))
+
+    return run
+
+
+def for_training(inputs: Sequence[Any]) -> list[Any]:
+    """`inputs` as a training step passes them: every floating-point tensor a leaf requiring grad."""
+    return [value.detach().clone().requires_grad_(True)
+            if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) else value
+            for value in inputs]
+
+
 def _aot_inductor(workdir: Path, shapes: DynamicShapes | None) -> Backend:
     def compile_aoti(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
         import torch._inductor
@@ -159,19 +181,22 @@ def uses_torch_functions(name: str) -> bool:
     return name not in BUILTIN_BACKENDS and ":" not in name
 
 
-def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = None) -> Backend:
+def resolve_backend(name: str, workdir: Path, shapes: DynamicShapes | None = None,
+                    training: bool = False) -> Backend:
     """The compile function for the spec's `backend` (raises `BackendError` if it cannot be used),
     compiling the dims in `shapes` symbolically (see the module's docstring), and the program's
-    constant tensors as constants (`constants_inside`)."""
-    _backend(name, workdir, None)  # a backend that cannot be used says so now, not at the first compile
-    return constants_inside(lambda kept: _backend(name, workdir, kept), shapes)
+    constant tensors as constants (`constants_inside`); with `training` (`FailureSpec.training`),
+    inductor compiles with grad mode on (the caller passes inputs `for_training`; other backends
+    compile in the grad mode they are called in, which is on)."""
+    _backend(name, workdir, None, training)  # a backend that cannot be used says so now, not at the first compile
+    return constants_inside(lambda kept: _backend(name, workdir, kept, training), shapes)
 
 
-def _backend(name: str, workdir: Path, shapes: DynamicShapes | None) -> Backend:
+def _backend(name: str, workdir: Path, shapes: DynamicShapes | None, training: bool = False) -> Backend:
     if name == "aot_inductor":
         return _aot_inductor(workdir, shapes)
     if name == "inductor":
-        backend = _inductor
+        backend = _inductor_for_training if training else _inductor
     elif name in REGISTERED_BACKENDS:
         backend = _registered(name)
     elif ":" in name:

@@ -58,14 +58,17 @@ EXPORT_HINT = (
 def prepare_in_child(context: Any, *, program: str, inputs: str | None = None) -> dict[str, Any]:
     """`SandboxPool.call` target: `prepare` into the pool's work dir on the spec's device."""
     return prepare(Path(program), None if inputs is None else Path(inputs), Path(context.workdir),
-                   device=context.spec.device, eager_may_fail=context.spec.failure.kind == "accuracy")
+                   device=context.spec.device, eager_may_fail=context.spec.failure.kind in ("accuracy", "crash"))
 
 
 def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cpu",
             eager_may_fail: bool = False) -> dict[str, Any]:
     """Load `program` (and `inputs`), write values.pt and program.json into `workdir`; returns the metadata.
     `eager_may_fail`: an accuracy job's program may raise eagerly (its failure may be a MissingError:
-    eager raises, compiled returns); the values recorded up to the failing op are kept."""
+    eager raises, compiled returns), and so may a crash job's (eager raises, the compiled program
+    kills the process: a check the compiled code turned into a crash); the values recorded up to the
+    failing op are kept. The runner refuses a candidate that raises both ways (the program's own
+    error)."""
     import torch
 
     from minify_worker.programs.fx.graph import count_ops, flat_graph_from_exported_program, graph_to_wire

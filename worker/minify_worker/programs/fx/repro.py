@@ -35,7 +35,7 @@ from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_mod
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
                  environment: Mapping[str, str] | None = None, culprit_lines: list[str] | None = None,
-                 inputs: Sequence[Any] | None = None) -> str:
+                 inputs: Sequence[Any] | None = None, eager_error: str | None = None) -> str:
     """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
 
     `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
@@ -44,13 +44,17 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     graph's input values, in order) that `inline_inputs` can write, a straight script that holds
     them (`_render_inline`); else one that reads inputs.pt and whose header lists `environment`
     (the worker's, as `torch.utils.collect_env` reports it), ready for a bug report.
+
+    `eager_error` (a crash whose program raises eagerly: `Type: message`): the header says so, and
+    the script passes (exit 0) where the compiled program raises instead of dying, as eager does.
     """
     kind = signature.kind if signature is not None else spec.failure.kind
+    eager_error = eager_error if kind == "crash" else None
     shapes = dynamic_shapes_of(graph, spec.dynamic)
     plain = shapes is None and not subgraphs(graph) and spec.backend != "aot_inductor"
     inline = inline_inputs(inputs) if inputs is not None and plain else None
     if inline is not None:
-        return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline)
+        return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline, eager_error)
     constants = constant_positions(graph)
     if shapes is not None and constants:  # the compiled module takes the other inputs: their dims
         shapes = DynamicShapes(shapes.mode, tuple(dims for position, dims in enumerate(shapes.dims)
@@ -58,7 +62,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     classes, imports = _module_classes(graph, "Repro")
     cuda = torch.device(spec.device).type == "cuda"
     preamble = [
-        _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or []),
+        _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or [], eager_error),
         _IMPORTS,
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
@@ -71,18 +75,19 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *classes,
         _trace_function(graph),
         *([_CONSTANTS_AS_ATTRIBUTES] if constants else []),
-        *_compile_functions(spec.backend, shapes),
+        *_compile_functions(spec.backend, shapes, _training(spec, kind)),
         _LOAD_INPUTS,
         *([_SYNCHRONIZE] if cuda else []),
         *([_CHECK_ACCURACY] if kind == "accuracy" else []),
-        _main(kind, cuda, bool(constants)),
+        *([_FOR_TRAINING] if _training(spec, kind) else []),
+        _main(kind, cuda, bool(constants), eager_error is not None, _training(spec, kind)),
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
 
 
 def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
-                   culprit_lines: list[str], inline: str) -> str:
+                   culprit_lines: list[str], inline: str, eager_error: str | None = None) -> str:
     """The repro of a plain graph (no subgraph, static shapes, not AOTInductor) with small inputs, as
     a script without functions: its settings, the program, its inputs, the call."""
     expected = str(signature) if signature is not None else "(not recorded)"
@@ -91,12 +96,15 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     accuracy = kind == "accuracy"
     # The compiled program runs on copies where the reference runs after it (accuracy): a program
     # that writes into its inputs must not hand the reference inputs it changed.
-    compiler_import, compiled = _inline_compile(spec.backend, "*clone_inputs(inputs)" if accuracy else "*inputs")
+    training = _training(spec, kind)
+    compiler_import, compiled = _inline_compile(spec.backend, "*clone_inputs(inputs)" if accuracy else "*inputs",
+                                                training)
     constants = constant_positions(graph)
     header = [
         f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
         f"with {spec.backend} on {spec.device}, minimized on torch {torch_version}.",
         f"Signature: {expected}",
+        *_eager_notes(eager_error),
         *_backend_notes(spec),
     ]
     header += header_tail(culprit_lines, {}, "", "Run: python repro.py")
@@ -116,6 +124,9 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         f"inputs = [\n{inline}]",
         *([f"inputs = [value.to({spec.device!r}) if isinstance(value, torch.Tensor) else value for value in inputs]"]
           if cuda else []),
+        *(["# compiled for training, as the failing compile was: floating-point inputs require grad",
+           "inputs = [value.detach().requires_grad_(True) if isinstance(value, torch.Tensor) and "
+           "value.is_floating_point() else value for value in inputs]"] if training else []),
         f"try:  # {SIGNATURE_RULES_MODULE}.py, beside this file from minify, names the failure as minify does",
         f"    __import__({SIGNATURE_RULES_MODULE!r}).install({expected!r})",
         "except ModuleNotFoundError:",
@@ -123,8 +134,9 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         "gm = trace_repro(Repro())" if _input_free_ops(graph) else "gm = torch.fx.symbolic_trace(Repro())",
         *_constant_inputs(graph),
         *(["gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
-        *compiled,
-        *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda else []),
+        *(_raising_passes(compiled + (["torch.cuda.synchronize()"] if cuda else []), "")
+          if eager_error is not None else compiled),
+        *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda and eager_error is None else []),
         *(["check_accuracy(gm, inputs, result)"] if accuracy else []),
         f'print(f"repro passed: no failure ({spec.backend} on {spec.device}, torch {{torch.__version__}})")',
     ]
@@ -137,9 +149,11 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n\n\n" + "\n".join(call) + "\n"
 
 
-def _inline_compile(backend: str, arguments: str = "*inputs") -> tuple[str | None, list[str]]:
+def _inline_compile(backend: str, arguments: str = "*inputs", training: bool = False) -> tuple[str | None, list[str]]:
     """The import and the lines that compile `gm` as the worker does and run it on `arguments`
-    (`result`)."""
+    (`result`); `training`: with grad mode on (inductor; other backends run in the mode they find)."""
+    if backend == "inductor" and training:
+        return "from torch._inductor.compile_fx import compile_fx", [f"result = compile_fx(gm, inputs)({arguments})"]
     if backend == "inductor":
         return "from torch._inductor.compile_fx import compile_fx", [
             "with torch.no_grad():", f"    result = compile_fx(gm, inputs)({arguments})"]
@@ -214,7 +228,8 @@ _EXPECTATIONS = {
 
 
 def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
-            environment: Mapping[str, str], culprit_lines: list[str] | None = None) -> str:
+            environment: Mapping[str, str], culprit_lines: list[str] | None = None,
+            eager_error: str | None = None) -> str:
     failure = spec.failure
     lines = [
         "Minimized repro written by minify (plain torch; no minify import).",
@@ -232,10 +247,31 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if kind == "accuracy":
         floats = "every floating-point output" + (" (strict)" if failure.strict_accuracy else "")
         lines.append(f"Accuracy:         tolerance {failure.tolerance} for {floats}; integers and booleans exactly")
+    lines += _eager_notes(eager_error)
     lines += _backend_notes(spec)
     lines += header_tail(culprit_lines, environment, "torch.utils.collect_env, on the worker",
                          "Run: python repro.py [--inputs PATH]     (inputs.pt beside this file by default)")
     return "\n".join(f"# {line}".rstrip() for line in "\n".join(lines).splitlines())
+
+
+def _eager_notes(eager_error: str | None) -> list[str]:
+    """A crash whose program raises eagerly: what eager raises, and what a fixed compiler does."""
+    if eager_error is None:
+        return []
+    return [f"Eager raises:     {eager_error.splitlines()[0][:_MAX_HEADER_TEXT] if eager_error else ''}",
+            "                  the compiled program kills the process instead; where it raises too (fixed),",
+            "                  this script passes"]
+
+
+def _raising_passes(lines: list[str], indent: str) -> list[str]:
+    """`lines` (the compiled program's call) in a try: where they raise, as eager does, the script
+    passes (a crash job whose program raises eagerly; the bug is the compiled program dying)."""
+    return [f"{indent}try:  # eager raises here (see the header): the compiled program should raise too",
+            *(f"{indent}    {line}" for line in lines),
+            f"{indent}except Exception as error:",
+            f'{indent}    print(f"repro passed: the compiled program raises as eager does: {{type(error).__name__}}: '
+            f'{{error}}"[:2000])',
+            f"{indent}    raise SystemExit(0) from None"]
 
 
 def _backend_notes(spec: JobSpec) -> list[str]:
@@ -474,17 +510,19 @@ def accuracy_rules_module() -> str:
 # The module beside repro.py that names a failure as minify records it (minify_worker.engine.artifacts.SIGNATURE_RULES).
 
 
-def _main(kind: str, cuda: bool, constants: bool = False) -> str:
+def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = False, training: bool = False) -> str:
     head = ["def main():",
             '    parser = argparse.ArgumentParser(description="Run the minimized repro.")',
             '    parser.add_argument("--inputs", type=Path, '
             'default=Path(__file__).resolve().with_name("inputs.pt"))',
-            "    inputs = load_inputs(parser.parse_args().inputs)"]
+            "    inputs = load_inputs(parser.parse_args().inputs)",
+            *(["    inputs = for_training(inputs)"] if training else [])]
     body = ["    gm = trace_repro(Repro(), inputs)",
             *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
             "    compiled = compile_repro(gm, list(inputs))",
-            "    result = compiled(*clone_inputs(inputs))",
-            *(["    synchronize()"] if cuda else []),
+            *(_raising_passes(["result = compiled(*clone_inputs(inputs))", *(["synchronize()"] if cuda else [])],
+                              "    ") if eager_raises else
+              ["    result = compiled(*clone_inputs(inputs))", *(["    synchronize()"] if cuda else [])]),
             *(["    check_accuracy(gm, inputs, result)"] if kind == "accuracy" else []),
             '    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")']
     tail = ["", "",
@@ -538,12 +576,14 @@ def wrong_values_signature(error):
 '''
 
 
-def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
+def _compile_functions(backend: str, shapes: DynamicShapes | None, training: bool = False) -> list[str]:
     """`compile_repro`; with dynamic dims, what keeps them symbolic as the worker does: aot_inductor
     exports with them, any other backend (then `backend_repro`) runs under torch.compile with them
-    marked (`minify_worker.programs.fx.backends`)."""
+    marked (`minify_worker.programs.fx.backends`). `training`: inductor compiles with grad mode on."""
     symbolic = shapes is not None and backend != "aot_inductor"
-    if backend == "inductor":
+    if backend == "inductor" and training:
+        body = _COMPILE_BODIES[backend].replace("torch.no_grad()", "torch.enable_grad()")
+    elif backend == "inductor":
         body = _COMPILE_BODIES[backend]
     elif backend == "aot_inductor":
         body = _COMPILE_BODIES[backend].replace(
@@ -554,6 +594,9 @@ def _compile_functions(backend: str, shapes: DynamicShapes | None) -> list[str]:
         module, attribute = backend.split(":")
         body = _COMPILE_BODIES["custom"].format(module=module, attribute=attribute)
     how = _COMPILE_HOW.get(backend, f"the torch.compile backend {backend}")
+    if training:
+        how = ("compile_fx with grad mode on" if backend == "inductor" else how) + \
+            ", for training: inputs requiring grad, so AOT autograd traces the backward"
     head = _COMPILE_HEAD.format(name="backend_repro" if symbolic else "compile_repro", how=how)
     functions = [head.strip("\n") + "\n" + body.strip("\n")]
     if shapes is not None:
@@ -674,6 +717,20 @@ def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
            f"GRADIENTS = {_gradients(spec)!r}"] if kind == "accuracy" else []),
         f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",
     ])
+
+
+def _training(spec: JobSpec, kind: str) -> bool:
+    """Whether the repro compiles for training (`FailureSpec.training`; an accuracy repro judges
+    gradients by GRADIENTS instead)."""
+    return spec.failure.training and kind != "accuracy"
+
+
+_FOR_TRAINING = """
+def for_training(inputs):
+    \"\"\"The inputs as the failing training step passed them: floating-point tensors requiring grad.\"\"\"
+    return [value.detach().requires_grad_(True) if isinstance(value, torch.Tensor) and value.is_floating_point()
+            else value for value in inputs]
+"""
 
 
 def _gradients(spec: JobSpec) -> str | None:

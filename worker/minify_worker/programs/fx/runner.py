@@ -17,7 +17,9 @@ classified by the parent.
   keyed `INTEGER_ONLY` when only integer or boolean outputs differ: a float failure does not drift
   into an integer one a candidate exposes (a boolean intermediate another bug flips), nor back;
   eager raising where the compiled graph returns → `Fails(accuracy, "MissingError")`, keyed by
-  eager's error (both raising: `Invalid`, the program's own error); and, where the job's signature
+  eager's error (both raising: `Invalid`, the program's own error); a crash job's candidate that
+  raises where eager raises too → `Invalid` likewise (eager may raise in a crash job: the bug is
+  the compiled program dying where eager raises a clean error); and, where the job's signature
   is `GradientError` (a capture of a training step whose gradients were wrong), the program is
   compiled for training (every floating-point input requiring grad) and, its outputs agreeing,
   the gradients of the sum of its outputs are judged against eager's with an fp64 reference
@@ -60,6 +62,7 @@ from minify_worker.programs.fx.backends import (
     BackendError,
     apply_inductor_config,
     dynamic_shapes_of,
+    for_training,
     resolve_backend,
     run_compiled,
 )
@@ -92,12 +95,14 @@ def _synchronize(device: str) -> None:
 def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple[fx.GraphModule, list[Any]]:
     """The candidate's GraphModule and its inputs, in placeholder order, from the value store
     (a shrunk input sliced to its `minify_narrow` sizes: `shrink.narrowed`; a graph whose ops do
-    not fit them is refused: `shrink.check_sizes`)."""
+    not fit them, or that raises eagerly on them where it runs on the whole values, is refused:
+    `shrink.check_sizes`, `shrink.check_runs`)."""
     from minify_worker.programs.fx.graph import META_NARROW, graph_from_wire, to_graph_module
-    from minify_worker.programs.fx.shrink import check_sizes, narrowed
+    from minify_worker.programs.fx.shrink import check_runs, check_sizes, narrowed
 
     graph = graph_from_wire(wire_graph)
     gm = to_graph_module(graph)
+    whole = []
     inputs = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -105,9 +110,11 @@ def build_candidate(wire_graph: dict[str, Any], values: dict[str, Any]) -> tuple
         key = node.meta.get("minify_value", node.name)
         if key not in values:
             raise KeyError(f"input {node.name!r} has no value {key!r} in the value store")
+        whole.append(values[key])
         inputs.append(narrowed(values[key], node.meta.get(META_NARROW)))
     if any(META_NARROW in node.meta for node in gm.graph.nodes if node.op == "placeholder"):
         check_sizes(gm, inputs)
+        check_runs(gm, inputs, whole)
     return gm, inputs
 
 
@@ -158,8 +165,11 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
     started = time.monotonic()
     try:
         apply_inductor_config(spec.config)
-        backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm.graph, spec.dynamic))
+        training = spec.failure.training and spec.failure.kind != "accuracy"  # accuracy: judges_gradients
+        backend = resolve_backend(spec.backend, workdir, dynamic_shapes_of(gm.graph, spec.dynamic), training)
         inputs = _to_device(inputs, spec.device)
+        if training:  # a compile for training (a capture of a compile that failed in AOT's joint graph)
+            inputs = for_training(inputs)
     except Exception as error:
         _raise_if_environment_fault(error)
         if not isinstance(error, BackendError | RuntimeError):
@@ -167,10 +177,13 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
         return Invalid(message=str(error), duration_s=time.monotonic() - started)
     if spec.failure.kind == "accuracy":
         return _run_for_accuracy(gm, inputs, backend, spec, started, runs)
+    # A crash job's program may raise eagerly (the compiled program dies instead): one that raises
+    # compiled too is judged against eager, on a copy the compile cannot have changed.
+    eager_gm = copy.deepcopy(gm) if spec.failure.kind == "crash" else None
     try:
         compiled = backend(gm, _clone_inputs(inputs))
     except Exception as error:
-        return failure(error, "compile_error", started)
+        return _unless_eager_raises(eager_gm, inputs, failure(error, "compile_error", started))
 
     def run_once() -> Outcome:
         run_started = time.monotonic()
@@ -179,10 +192,27 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
             run_compiled(compiled, inputs if runs == 1 else _clone_inputs(inputs))
             _synchronize(spec.device)
         except Exception as error:
-            return failure(error, "runtime_error", run_started)
+            return _unless_eager_raises(eager_gm, inputs, failure(error, "runtime_error", run_started))
         return Passes(duration_s=time.monotonic() - run_started)
 
     return repeated(run_once, runs, time.monotonic() - started, _stops(spec.device))
+
+
+def _unless_eager_raises(eager_gm: fx.GraphModule | None, inputs: list[Any], outcome: Outcome) -> Outcome:
+    """`outcome` (the compiled program raised), or `Invalid` where `eager_gm` (a crash job's
+    program) raises eagerly too: an error both ways is the program's own, never the compiler bug a
+    crash job minimizes (which is the compiled program dying where eager raises, or runs)."""
+    if eager_gm is None or not isinstance(outcome, Fails):
+        return outcome
+    try:
+        with torch.no_grad():
+            eager_gm(*_clone_inputs(inputs))
+    except Exception as error:
+        _raise_if_environment_fault(error)
+        return Invalid(message=f"the program raises when run eagerly, and the compiled program raises too "
+                               f"({outcome.signature}), not a crash: its own error, {type(error).__name__}: "
+                               f"{error}"[:2000], duration_s=outcome.duration_s)
+    return outcome
 
 
 def _stops(device: str) -> Callable[[Outcome], bool]:

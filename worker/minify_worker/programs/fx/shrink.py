@@ -23,6 +23,9 @@ left alone; a dim whose halving alone lost the failure is done: not halved alone
 round shrinks nothing or after `MAX_CHECKS` checks. A graph whose ops bake in sizes (a view to a
 literal shape) does not fit a smaller input: the child refuses such a candidate before compiling it
 (`check_sizes`), so it does not shrink, whatever the backend does with sizes it never looks at.
+Nor does a candidate that raises when run eagerly on its shrunk values where the whole values run
+(`check_runs`: an input made smaller than the index another input or a `randperm(n)` reads it
+with), so the repro stays a program that runs.
 
 Only static shapes are shrunk: a graph with dims compiled symbolic (`JobSpec.dynamic` other than
 "static" over an input with `minify_tensor["dynamic"]`) is left as it is (`not_shrinkable`).
@@ -30,6 +33,7 @@ Only static shapes are shrunk: a graph with dims compiled symbolic (`JobSpec.dyn
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -253,6 +257,34 @@ def check_sizes(gm: fx.GraphModule, inputs: list[Any]) -> None:
         fakes = [torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
                  if isinstance(value, torch.Tensor) else value for value, device in zip(inputs, devices, strict=True)]
         gm(*fakes)
+
+
+def check_runs(gm: fx.GraphModule, inputs: list[Any], whole: list[Any]) -> None:
+    """Raise if `gm` raises when run eagerly on `inputs` (shrunk) where it runs on `whole` (the
+    values they were sliced from): an input made smaller than the values another input indexes it
+    with (a `randperm(n)` or `arange(n)`, an index tensor, embedding ids) is a program that no
+    longer runs, whatever a compiler does with it (pytorch#183988's repro, shrunk on fake tensors,
+    indexed 1 row with randperm(8)). A graph that raises on its whole values too (a missing error,
+    a crash where eager raises: the bug is the compiled program's answer to that error) is kept.
+
+    Runs on the CPU, where the value store keeps the values: an eager index out of bounds on a
+    GPU is a device-side assert that would end the child. A graph whose ops name another device
+    raises on both and is kept.
+    """
+    problem = _eager_error(gm, inputs)
+    if problem is None or _eager_error(gm, whole) is not None:
+        return
+    raise ValueError(f"the shrunk inputs make the program raise when run eagerly, where its whole inputs run: "
+                     f"{problem}")
+
+
+def _eager_error(gm: fx.GraphModule, inputs: list[Any]) -> str | None:
+    try:
+        with torch.no_grad():  # on a copy: an in-place op on a constant attribute changes only the copy
+            copy.deepcopy(gm)(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return None
 
 
 def shapes_text(graph: fx.Graph) -> str:
