@@ -200,10 +200,12 @@ def test_close_closes_the_pools_it_restarted_not_the_callers() -> None:
     scheduler_view.submit(["relu"])
     pool.fail(0, SandboxError("the fork server died"))
     scheduler_view.submit(["relu"])
+    restarts.pools[0].fail(0, SandboxError("the fork server died"))
+    scheduler_view.submit(["relu"])
 
     scheduler_view.close()
 
-    assert restarts.pools[0].closed and not pool.closed
+    assert [restarted.closed for restarted in restarts.pools] == [True, True] and not pool.closed
 
 
 def test_in_sandbox_spawns_a_fresh_sandbox_when_the_forked_one_cannot_run(monkeypatch: pytest.MonkeyPatch,
