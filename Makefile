@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: serve test demo lint setup browser gpu-wheels test-versions
+.PHONY: serve test test-fast demo lint setup browser gpu-wheels test-versions
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ test:
 	$(MAKE) --no-print-directory -j2 setup browser
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadgroup
+
+# The fast, pure tests alone (marked `fast`: no sandbox child, subprocess, compile, Redis or
+# browser), in one process, for the loop of an edit; only the modules that mark some are collected
+# (collecting the rest imports transformers, the server, ...: most of the time). docs/internals.md, "Tests".
+test-fast: setup
+	.venv/bin/python -m pytest -q -m fast -n 0 $$(grep -rl --include='test_*.py' 'pytest.mark.fast' tests)
 
 lint: setup
 	.venv/bin/ruff check .

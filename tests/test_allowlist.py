@@ -10,19 +10,23 @@ import pytest
 from minify_worker.allowlist import allowed_prefixes
 
 
+@pytest.mark.fast
 def test_the_prefixes_are_the_comma_separated_entries_without_spaces() -> None:
     assert allowed_prefixes("ALLOWED", {"ALLOWED": " pkg.backends , tests.support,other"}) == \
         ["pkg.backends", "tests.support", "other"]
 
 
+@pytest.mark.fast
 def test_empty_entries_are_dropped() -> None:
     assert allowed_prefixes("ALLOWED", {"ALLOWED": ",pkg,, ,"}) == ["pkg"]
 
 
+@pytest.mark.fast
 def test_an_unset_variable_allows_nothing() -> None:
     assert allowed_prefixes("ALLOWED", {}) == []
 
 
+@pytest.mark.fast
 def test_the_environment_is_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_TEST_ALLOWED", "first")
     assert allowed_prefixes("MINIFY_TEST_ALLOWED") == ["first"]

@@ -12,6 +12,7 @@ import pytest
 from minify_worker.programs.fx import bisector
 
 
+@pytest.mark.fast
 def test_a_bisection_ended_by_an_error_prints_nothing_on_stdout(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     # torch's cleanup prints "Bisection status deleted." when do_bisect's frame dies, which on an
     # error is after do_bisect returned: it once broke `minify-worker minify --json`.
@@ -25,6 +26,7 @@ def test_a_bisection_ended_by_an_error_prints_nothing_on_stdout(tmp_path: Path, 
     assert not (tmp_path / "bisect").exists()
 
 
+@pytest.mark.fast
 def test_a_bisection_that_finds_the_first_failing_stage_prints_nothing_on_stdout(
     tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
@@ -74,6 +76,7 @@ def same(probe: bisector.Probe, *, device_class: str = "cpu", has_convolution: b
                                        setting=values.__getitem__)
 
 
+@pytest.mark.fast
 def test_probes_that_compile_what_the_last_stage_compiles_are_named_with_why() -> None:
     cudagraphs = bisector.Probe("inductor", "cudagraphs", "test_disable")
     padding = bisector.Probe("inductor", "inductor_comprehensive_padding", "test_disable",
@@ -86,6 +89,7 @@ def test_probes_that_compile_what_the_last_stage_compiles_are_named_with_why() -
     assert "no convolution" in (same(layout) or "")
 
 
+@pytest.mark.fast
 def test_probes_that_may_compile_otherwise_are_run() -> None:
     cudagraphs = bisector.Probe("inductor", "cudagraphs", "test_disable")
     padding = bisector.Probe("inductor", "inductor_comprehensive_padding", "test_disable",

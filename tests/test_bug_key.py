@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 import torch.fx as fx
 
 from minify_contract.bugs import bug_key
 from minify_worker.programs.fx import graph as G
+
+pytestmark = pytest.mark.fast
 
 aten = torch.ops.aten
 

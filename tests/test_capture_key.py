@@ -12,6 +12,8 @@ import torch.fx as fx
 from minify_client.capture import failed_graph
 from minify_client.capture.torch_hooks import FailedCompile
 
+pytestmark = pytest.mark.fast
+
 
 def _model(x: torch.Tensor, n: int) -> Any:
     return torch.relu(x.view(2, 4)).sum(dim=[1], keepdim=True) * n, (x, [x, 1.5], {"k": "v"})

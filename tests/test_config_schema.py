@@ -39,6 +39,7 @@ SCHEMA = ConfigSchema(torch="2.13.0", keys={
     {"cpp.inject_relu_bug_TESTING_ONLY": None},
     {"post_grad_custom_pre_pass": {"anything": [1, "x"]}},
 ])
+@pytest.mark.fast
 def test_a_config_the_torch_takes_has_no_problems(config: dict[str, Any]) -> None:
     assert config_problems(config, SCHEMA) == []
 
@@ -54,11 +55,13 @@ def test_a_config_the_torch_takes_has_no_problems(config: dict[str, Any]) -> Non
     ({"cpp.threads": True}, "config cpp.threads=True is a bool; torch 2.13.0 takes int"),
     ({"cpp.simdlen": 1.5}, "config cpp.simdlen=1.5 is a float; torch 2.13.0 takes int or null"),
 ])
+@pytest.mark.fast
 def test_a_config_the_torch_does_not_take_says_which_key_and_what_it_takes(config: dict[str, Any],
                                                                            problem: str) -> None:
     assert config_problems(config, SCHEMA) == [problem]
 
 
+@pytest.mark.fast
 def test_every_problem_is_told_not_only_the_first() -> None:
     problems = config_problems({"cpp.no_such_key": 1, "max_autotune": "yes", "cpp.threads": 2}, SCHEMA)
     assert [problem.split(" ")[1] for problem in problems] == ["key", "max_autotune='yes'"]
@@ -69,6 +72,7 @@ def this_torch() -> ConfigSchema:
     return describe_torch_config()
 
 
+@pytest.mark.fast
 def test_this_torchs_schema_takes_every_setting_it_has_now(this_torch: ConfigSchema) -> None:
     from minify_client.capture.config import config_values
 
@@ -77,6 +81,7 @@ def test_this_torchs_schema_takes_every_setting_it_has_now(this_torch: ConfigSch
     assert config_problems(values, this_torch) == []
 
 
+@pytest.mark.fast
 def test_this_torchs_schema_reads_kinds_and_choices_from_its_annotations(this_torch: ConfigSchema) -> None:
     import torch
 
@@ -103,6 +108,7 @@ def test_this_torchs_schema_reads_kinds_and_choices_from_its_annotations(this_to
      None),
     (None, {"max_autotune": True}, None),
 ])
+@pytest.mark.fast
 def test_a_signature_blames_the_jobs_own_config_only_when_torch_refused_its_value(
         signature: str | None, config: dict[str, Any], blamed: str | None) -> None:
     assert config_mistake(signature, config) == blamed

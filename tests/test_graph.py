@@ -14,6 +14,8 @@ from examples import programs
 from minify_worker.programs.fx import graph as G
 from tests.support.graphs import targets_of
 
+pytestmark = pytest.mark.fast
+
 
 def _flat(builder_name: str) -> fx.Graph:
     ep, _ = programs.BUILDERS[builder_name]()

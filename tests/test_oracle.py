@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from minify_contract.models import FailureSpec
 from minify_worker import oracle
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
+
+pytestmark = pytest.mark.fast
 
 CPP_LOG = """C++ compile error
 

@@ -14,6 +14,8 @@ from minify_worker.outcomes import Signature
 from minify_worker.programs import representation
 from minify_worker.programs.fx import graph as g
 
+pytestmark = pytest.mark.fast
+
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
                  text="RuntimeError: injected failure on relu", chain=("InductorError", "RuntimeError"))
 NO_CULPRIT = {"culprit_state": "skipped"}

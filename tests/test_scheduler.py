@@ -22,6 +22,8 @@ from minify_worker.programs.fx.strategies import PASSES
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import flat_chain, ops_of
 
+pytestmark = pytest.mark.fast
+
 
 def contains_relu(graph: fx.Graph) -> bool:
     return "relu" in ops_of(graph)

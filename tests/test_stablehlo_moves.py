@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from minify_worker.engine.scheduler import Scheduler, reduce
 from minify_worker.outcomes import Fails
 from minify_worker.programs.candidates import StrategyContext
 from minify_worker.programs.stablehlo import REPRESENTATION, moves, shrink, surgery
 from minify_worker.programs.stablehlo.module import Module, Op, Value, catalog, empty, key, render, size
 from tests.support.evaluators import SIGNATURE, ThreadEvaluator, still_fails
+
+pytestmark = pytest.mark.fast
 
 T = "tensor<4x8xf32>"
 R = "tensor<4xf32>"

@@ -167,17 +167,20 @@ def _multi_output_graph() -> tuple[fx.Graph, dict[str, object]]:
 # --- order ----------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_granularities_go_from_the_largest_power_of_two_down_to_one():
     graph, _ = _program("linear_relu_sigmoid")
     assert len(graph.nodes) == 7
     assert S.granularities(graph, S.StrategyContext()) == [4, 2, 1]
 
 
+@pytest.mark.fast
 def test_granularities_respect_the_maximum():
     graph, _ = _program("transformer_layer")
     assert S.granularities(graph, S.StrategyContext(max_granularity=4)) == [4, 2, 1]
 
 
+@pytest.mark.fast
 def test_truncations_cut_at_odd_multiples_of_the_granularity():
     graph = flat_chain(("sin", "relu", "cos", "exp", "tanh", "sigmoid", "neg", "abs"))
     context = S.StrategyContext()
@@ -185,6 +188,7 @@ def test_truncations_cut_at_odd_multiples_of_the_granularity():
         "truncate after relu (granularity 2)", "truncate after sigmoid (granularity 2)"]
 
 
+@pytest.mark.fast
 def test_truncation_and_delta_debugging_alternate_per_granularity_as_in_torch():
     graph, _ = _program("linear_relu_sigmoid")
     assert _descriptions(S.truncate_and_delta_debug(graph, S.StrategyContext())) == [
@@ -196,6 +200,7 @@ def test_truncation_and_delta_debugging_alternate_per_granularity_as_in_torch():
     ]
 
 
+@pytest.mark.fast
 def test_output_chunks_are_removed_before_truncation_when_outputs_dominate():
     graph, _ = _multi_output_graph()
     first = next(S.truncate_and_delta_debug(graph, S.StrategyContext()))
@@ -223,6 +228,7 @@ def test_every_candidate_is_smaller_canonical_and_runs_in_eager(name: str):
         _run(candidate.graph, values)
 
 
+@pytest.mark.fast
 def test_candidates_of_a_multi_output_op_run_in_eager():
     graph = fx.Graph()
     x = graph.placeholder("x")
@@ -238,12 +244,14 @@ def test_candidates_of_a_multi_output_op_run_in_eager():
         _run(candidate.graph, values)
 
 
+@pytest.mark.fast
 def test_structural_strategies_yield_nothing_for_a_clean_graph():
     graph, _ = _program("transformer_layer")
     for strategy in (S.eliminate_dead_code, S.remove_unused_inputs, S.consolidate_inputs):
         assert list(strategy(graph, S.StrategyContext())) == []
 
 
+@pytest.mark.fast
 def test_dead_code_elimination_proposes_the_graph_without_unused_ops():
     graph, _ = _program("relu_cos")
     with_dead_op = G.copy_graph(graph)
@@ -254,6 +262,7 @@ def test_dead_code_elimination_proposes_the_graph_without_unused_ops():
     assert targets_of(candidate.graph) == ["aten.relu.default", "aten.cos.default"]
 
 
+@pytest.mark.fast
 def test_accuracy_proposes_candidates_whose_outputs_are_booleans():
     graph, _ = _program("accuracy_vs_strict")
     descriptions = _descriptions(S.truncate_suffix(graph, ACCURACY))
@@ -261,6 +270,7 @@ def test_accuracy_proposes_candidates_whose_outputs_are_booleans():
     assert "truncate after relu (granularity 1)" in descriptions
 
 
+@pytest.mark.fast
 def test_keep_single_output_tries_each_output_alone():
     graph, _ = _multi_output_graph()
     assert _descriptions(S.keep_single_output(graph, S.StrategyContext())) == [
@@ -268,6 +278,7 @@ def test_keep_single_output_tries_each_output_alone():
         "keep only output 3 (exp)"]
 
 
+@pytest.mark.fast
 def test_one_minimal_proposes_dropping_and_promoting_each_op():
     graph = flat_chain(("sin", "relu"))
     assert _descriptions(S.one_minimal(graph, S.StrategyContext())) == [
@@ -275,6 +286,7 @@ def test_one_minimal_proposes_dropping_and_promoting_each_op():
         "promote relu to an input", "cut the chain at relu (its producers become outputs)"]
 
 
+@pytest.mark.fast
 def test_passes_are_the_opening_then_the_default_and_final_tiers():
     assert [tier.names for tier in S.PASSES] == [
         [s.__name__ for s in strategies]
@@ -285,17 +297,20 @@ def test_passes_are_the_opening_then_the_default_and_final_tiers():
 # --- greedy minimization with a simulated failure --------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_chain_reduces_to_the_failing_op():
     graph = flat_chain(("sin", "cos", "exp", "relu", "tanh", "neg", "abs", "sigmoid"))
     assert targets_of(_minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))) == ["aten.relu.default"]
 
 
+@pytest.mark.fast
 def test_a_transformer_layer_reduces_to_the_failing_op():
     graph, values = _program("transformer_layer")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
     assert targets_of(result) == ["aten.relu.default"]
 
 
+@pytest.mark.fast
 def test_linear_relu_sigmoid_reduces_to_torchs_aoti_repro():
     graph, _ = _program("linear_relu_sigmoid")
     result = _minimize(graph, S.StrategyContext(), _contains("aten.relu.default"))
@@ -306,24 +321,28 @@ def test_linear_relu_sigmoid_reduces_to_torchs_aoti_repro():
     ]
 
 
+@pytest.mark.fast
 def test_relu_cos_with_a_relu_bug_reduces_to_relu():
     graph, values = _program("relu_cos")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
     assert targets_of(result) == ["aten.relu.default"]
 
 
+@pytest.mark.fast
 def test_non_strict_accuracy_localizes_the_bug_that_changes_float_outputs():
     graph, values = _program("accuracy_vs_strict")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=False))
     assert targets_of(result) == ["aten.relu.default"]
 
 
+@pytest.mark.fast
 def test_strict_accuracy_localizes_the_bug_behind_the_boolean_mask():
     graph, values = _program("accuracy_vs_strict")
     result = _minimize(graph, ACCURACY, _accuracy_bug(values, strict=True))
     assert targets_of(result) == ["aten.log1p.default"]
 
 
+@pytest.mark.fast
 def test_the_final_pass_drops_ops_between_two_that_fail_together():
     graph = flat_chain(("sin", "relu", "cos", "exp"))
 
@@ -341,6 +360,7 @@ class _DynamicReshape(torch.nn.Module):
         return x.reshape(x.shape[0] * 2, -1).relu()
 
 
+@pytest.mark.fast
 def test_accuracy_proposes_candidates_that_output_an_int():
     ep = torch.export.export(_DynamicReshape(), (torch.randn(4, 6),),
                              dynamic_shapes={"x": {0: torch.export.Dim("n", min=2)}})
@@ -373,6 +393,7 @@ def _cycled_chain(length: int, kinds: tuple[str, ...]) -> fx.Graph:
 EIGHT_KINDS = ("sin", "cos", "exp", "tanh", "sigmoid", "neg", "abs", "relu")
 
 
+@pytest.mark.fast
 def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops():
     ep = torch.export.export(_GeluChainLayerNorm(), (torch.randn(3, 8),))
     graph = G.flat_graph_from_exported_program(ep)
@@ -386,6 +407,7 @@ def test_a_bug_that_needs_two_ops_joined_by_a_chain_ends_with_the_two_ops():
     assert sorted(targets_of(ours)) == ["aten.gelu.default", "aten.layer_norm.default"]
 
 
+@pytest.mark.fast
 def test_the_result_is_one_minimal_under_every_move_of_the_final_pass():
     ep = torch.export.export(_GeluChainLayerNorm(), (torch.randn(3, 8),))
     fails = _needs("aten.gelu.default", "aten.layer_norm.default")
@@ -419,6 +441,7 @@ def test_a_bug_one_op_instance_triggers_is_found_by_cuts_by_position():
     assert len(checks) <= 2 * 8 + 10, checks
 
 
+@pytest.mark.fast
 def test_bisect_kinds_halves_the_kinds_by_op_count_then_by_position():
     # sin holds 6 of the 8 ops: the kinds' halves are {sin} and {relu, cos}, each halved by position.
     graph = flat_chain(("sin", "sin", "sin", "relu", "sin", "sin", "sin", "cos"))
@@ -428,6 +451,7 @@ def test_bisect_kinds_halves_the_kinds_by_op_count_then_by_position():
         [sin, sin, sin], [sin, sin, sin], ["aten.relu.default"], ["aten.cos.default"]]
 
 
+@pytest.mark.fast
 def test_no_opening_cut_of_a_real_layer_costs_more_than_half_its_ops():
     graph, _ = _program("transformer_layer")
     total = G.count_ops(graph)
@@ -436,6 +460,7 @@ def test_no_opening_cut_of_a_real_layer_costs_more_than_half_its_ops():
     assert max(sizes) <= total // 2, (sizes, total)
 
 
+@pytest.mark.fast
 def test_probe_kinds_proposes_one_batch_of_single_op_probes():
     graph = flat_chain(("sin", "relu", "cos", "exp"))
     probes = list(S.probe_kinds(graph, S.StrategyContext(parallelism=3)))
@@ -443,12 +468,14 @@ def test_probe_kinds_proposes_one_batch_of_single_op_probes():
         ["aten.sin.default"], ["aten.relu.default"], ["aten.cos.default"]]
 
 
+@pytest.mark.fast
 def test_bisect_ranges_keeps_each_half_of_the_ops_in_graph_order():
     graph = flat_chain(("sin", "relu", "cos"))
     assert [targets_of(c.graph) for c in S.bisect_ranges(graph, S.StrategyContext())] == [
         ["aten.sin.default", "aten.relu.default"], ["aten.cos.default"]]
 
 
+@pytest.mark.fast
 def test_aiming_candidates_of_a_real_layer_run_in_eager():
     graph, values = _program("transformer_layer")
     for strategy in S.OPENING_STRATEGIES:
@@ -456,6 +483,7 @@ def test_aiming_candidates_of_a_real_layer_run_in_eager():
             _run(candidate.graph, values)
 
 
+@pytest.mark.fast
 def test_an_accuracy_bug_is_localized_by_the_aiming_strategies():
     graph, values = _program("transformer_layer")
     checks: list[str] = []

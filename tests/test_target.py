@@ -9,6 +9,8 @@ from minify_contract.models import JobSpec, JobState
 from minify_worker.engine.target import Reproduced, Target, Unreproduced, next_step, original_output
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 
+pytestmark = pytest.mark.fast
+
 RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on relu",
                  text="RuntimeError: injected failure on relu")
 COS = Signature(kind="compile_error", exc_type="RuntimeError", key="injected failure on cos",

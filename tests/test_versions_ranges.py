@@ -17,6 +17,8 @@ from minify_worker.service.versions.ranges import (
     summary,
 )
 
+pytestmark = pytest.mark.fast
+
 SIGNATURE = "RuntimeError: injected failure on relu"
 
 
