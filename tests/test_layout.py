@@ -285,3 +285,36 @@ def test_importing_the_engine_package_imports_none_of_its_modules() -> None:
     assert not [node for node in RUNTIME[f"{ROOT}.engine"] if isinstance(node, (ast.Import, ast.ImportFrom))
                 and ast.unparse(node) not in ("from __future__ import annotations", "import importlib",
                                               "from typing import Any")], ast.unparse(init)
+
+
+# (vi) ------------------------------------------------------------------------------------------
+
+# The engine's phases, in the order a run goes through them: each returns the job's ending as a value.
+ENGINE_PHASES = ["prepare", "reproduce_and_reduce", "shrink", "deliver", "original_verdict", "culprit"]
+
+
+def _definitions(body: list[ast.stmt]) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    return [node for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def test_the_engine_module_holds_its_phases_and_nothing_else() -> None:
+    """engine.py is `minify` (the entry point: the job's sandbox) and one run class whose methods are
+    the phases and `run`, which calls them in order; the job's time is budget.py's, the delivery
+    delivery.py's, the original's runs original.py's."""
+    tree = TREES[f"{ROOT}.engine.engine"]
+    definitions = _definitions(tree.body)
+    rest = [ast.unparse(node) for node in tree.body[1:] if not isinstance(node, (ast.Import, ast.ImportFrom))
+            and node not in definitions]
+    assert rest == ["log = logging.getLogger(__name__)"]
+    assert [node.name for node in definitions if not isinstance(node, ast.ClassDef)] == ["minify"]
+    classes = [node for node in definitions if isinstance(node, ast.ClassDef)]
+    assert len(classes) == 1, [node.name for node in classes]
+    methods = {node.name: node for node in _definitions(classes[0].body)}
+    assert list(methods) == ["__init__", "run", *ENGINE_PHASES]
+    calls = sorted((node.lineno, node.col_offset, node.func.attr) for node in ast.walk(methods["run"])
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and ast.unparse(node.func.value) == "self")
+    assert [name for *_, name in calls] == ENGINE_PHASES, "run() calls its own methods: the phases, in order"
+    nested = [node.name for method in methods.values() for node in ast.walk(method)
+              if node is not method and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert not nested, f"helpers hidden inside the phases: {nested}"

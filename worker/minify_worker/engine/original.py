@@ -3,20 +3,21 @@
 `OriginalRun` submits the original (compiled once, run `ORIGINAL_RUNS` times in one child) and
 the program with no ops, answers the scheduler's predicate (`still_fails`: against the guess while
 the original runs, else against its failure, waited for) and poll (`poll`: the hang guess, and
-whether the original's verdict ends or restarts the reduction), calibrates the candidates'
-timeout, confirms a guessed hang on the result, and verifies the result in a fresh child where
-children are reused. Where the failure is known in advance (`Target.known_in_advance`) and a
-candidate has shown it, the result need not wait for the verdict (`defers_verdict`: deliver
-first, confirm after), and a verdict that contradicts it keeps the reduction going
-(`contradiction`) instead of ending the job. What the original's outcome means is
-`target.Target`'s (values, no waiting); this module does the waiting and the acting: the facts it
-learns go into the run's `RunFacts`.
+whether the original's verdict ends or restarts the reduction), runs the reduction and hands
+back what the verdict says of it as a value (`reduce`: `Restart`, `Unreproduced` or None),
+calibrates the candidates' timeout, confirms a guessed hang on the result, and verifies the result
+in a fresh child where children are reused. Where the failure is known in advance
+(`Target.known_in_advance`) and a candidate has shown it, the result need not wait for the verdict
+(`defers_verdict`: deliver first, confirm after; `take_proof`, `wait_for_verdict`), and a verdict
+that contradicts it keeps the reduction going (`contradiction`) instead of ending the job. What
+the original's outcome means is `target.Target`'s (values, no waiting); this module does the
+waiting and the acting: the facts it learns go into the run's `RunFacts`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,6 +27,7 @@ from minify_worker.engine.evaluator import SandboxEvaluator
 from minify_worker.engine.hang import HangCalibration, HangWatch, Refuted
 from minify_worker.engine.report import RunFacts
 from minify_worker.engine.scheduler import Scheduler
+from minify_worker.engine.scheduler import reduce as reduce_to_fixed_point
 from minify_worker.engine.target import (
     Reproduced,
     Restart,
@@ -36,7 +38,8 @@ from minify_worker.engine.target import (
     original_output,
 )
 from minify_worker.outcomes import Fails, Outcome, Stopped, TimedOut
-from minify_worker.sandbox import wait_unless_stopped
+from minify_worker.programs.candidates import StrategyContext, Tier
+from minify_worker.sandbox import SandboxError, wait_unless_stopped
 
 # The original is compiled once and run this many times in one child, to find its signature and
 # tell a flaky runtime or accuracy failure from a steady one without paying for more compiles (a
@@ -75,7 +78,9 @@ class OriginalRun:
         self.graph: Any = None
         self._original_run: Future[Outcome] | None = None
         self._empty: Future[Outcome] | None = None
-        self.ending: Restart | Unreproduced | None = None  # a verdict that ends or restarts the reduction
+        # A verdict that ends or restarts the reduction: the scheduler's poll stops for it, and
+        # `reduce` hands it back.
+        self._ending: Restart | Unreproduced | None = None
         # The original did not fail as a candidate already had, with the failure known in advance:
         # the result is kept, and says so (deliver first, confirm after).
         self.contradiction: Unreproduced | None = None
@@ -117,6 +122,24 @@ class OriginalRun:
         self._say(Milestone.original_started, "running the original" + (
             f"; candidates are judged against the given signature meanwhile: {given}" if given else ""))
 
+    def reduce(self, passes: Sequence[Tier], *, on_accept: Callable[[Any, str], None]) -> Restart | Unreproduced | None:
+        """Reduce the original with `passes` to a fixed point (`scheduler.reduce`), and return what
+        the original's verdict says of it: the job ends (`Unreproduced`), the reduction starts over
+        (`Restart`), or nothing (None: the result stands; the verdict is still out where it may
+        follow the result, `defers_verdict`). Raises `Stopped` on a stop that is not the verdict's
+        (a cancel, the deadline)."""
+        assert self.scheduler is not None
+        try:
+            reduce_to_fixed_point(self.scheduler, self.graph, StrategyContext.for_failure(self.spec.failure.kind),
+                                  passes, on_accept=on_accept)
+            if not self.defers_verdict(self.facts.best):
+                self.settle()  # a graph that offered no candidate at all never asked for it
+        except Stopped:
+            if self._ending is None:
+                raise
+        ending, self._ending = self._ending, None
+        return ending
+
     def still_fails(self, outcome: Outcome) -> bool:
         """The scheduler's predicate: judged against the guess while the original runs (where the
         guess can judge it), else against the original's failure, waited for. Once the original's
@@ -137,7 +160,7 @@ class OriginalRun:
         in advance, a candidate showed it (`Target.proof`, so `best` is smaller than the original),
         and the original still runs."""
         assert self._original_run is not None
-        return (not self.target.known and self.ending is None and self.contradiction is None
+        return (not self.target.known and self._ending is None and self.contradiction is None
                 and self.target.proof is not None and best is not self.graph and not self._original_run.done())
 
     def adopt_proof(self, best: Any) -> bool:
@@ -152,6 +175,20 @@ class OriginalRun:
             self.facts.original_state = OriginalState.running
         return True
 
+    def take_proof(self, best: Any) -> Unreproduced | None:
+        """The reduction ended with the verdict out, or contradicting a candidate's proof: the result
+        `best` goes out on the proof (`adopt_proof`). Returns what ends the job instead: the verdict
+        contradicts the proof and no smaller program fails so (`contradiction`), or the program with
+        no ops fails like the proof (the original's runs are stopped then). Raises `Stopped` on a stop."""
+        if not self.adopt_proof(best):
+            assert self.contradiction is not None
+            return self.contradiction
+        empty = self.empty_fails_like_proof()
+        if empty is not None:
+            self.stop()
+            return Unreproduced(JobState.failed, empty)
+        return None
+
     def empty_fails_like_proof(self) -> str | None:
         """Before a result delivered ahead of the verdict: the program with no ops must not fail as
         the candidates did (the failure must depend on the program). Returns why it does, if it does."""
@@ -163,14 +200,14 @@ class OriginalRun:
 
     def settle(self) -> Restart | Unreproduced | None:
         """Wait for the original's verdict (once), act on it, and return what ends or restarts the
-        reduction (`ending`), if anything does. Raises `Stopped` on a cancel."""
-        if self.target.known or self.ending is not None or self.contradiction is not None:
-            return self.ending
+        reduction, if anything does (`reduce` hands it back). Raises `Stopped` on a cancel."""
+        if self.target.known or self._ending is not None or self.contradiction is not None:
+            return self._ending
         assert self._original_run is not None
         if self.target.hang_guessed and not self._original_run.done():
             outcome = self._confirm_hang()
             if outcome is None:
-                return self.ending
+                return self._ending
         else:
             self._wait_for([self._original_run])
             outcome = self._original_run.result()
@@ -184,7 +221,7 @@ class OriginalRun:
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced) and settled.reproduced:  # the empty program fails so too
             self.facts.original_state = OriginalState.confirmed
-            self.ending = settled
+            self._ending = settled
             return settled
         if isinstance(settled, Unreproduced):
             self.facts.original_state = OriginalState.not_reproduced
@@ -198,13 +235,13 @@ class OriginalRun:
                 return None
             if settled.status is JobState.not_reproducible:
                 self.facts.next_step = next_step(outcome, self.spec)
-            self.ending = settled
+            self._ending = settled
             return settled
         adopted = self.facts.signature is not None  # the reduction ended on a candidate's proof
         self._reproduced(settled, outcome)
         if settled.restart is not None and not adopted:
-            self.ending = Restart(settled.restart)
-        return self.ending
+            self._ending = Restart(settled.restart)
+        return self._ending
 
     def _reproduced(self, settled: Reproduced, outcome: Outcome) -> None:
         """The original failed the wanted way: the target is known, the candidates' timeout is
@@ -248,15 +285,15 @@ class OriginalRun:
     def poll(self) -> str | None:
         """The scheduler asks this while it waits: is the original a hang by now, should the
         reduction stop (the original's verdict ends or restarts it, a cancel, the deadline)."""
-        if self.ending is not None:
-            return f"the original's verdict came: {self.ending.reason}"
+        if self._ending is not None:
+            return f"the original's verdict came: {self._ending.reason}"
         self.hang_watch.poll(self.target.known or self.target.guess is not None, self.target.adopt_hang)
         return self._stop_reason()
 
     def _confirm_hang(self) -> Outcome | None:
         """The reduction ended on a guessed hang while the original still runs: confirm it on the
         result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
-        the reduction from the original, waiting for its outcome (None; `ending` says why)."""
+        the reduction from the original, waiting for its outcome (None; `reduce` hands back why)."""
         assert self.facts.best is not None and self.target.guess is not None and self.scheduler is not None
         outcome = self.hang_watch.confirm(self.facts.best, self.target.guess, remaining_s=self._remaining(),
                                           wait_for=self._wait_for)
@@ -267,7 +304,7 @@ class OriginalRun:
         self.facts.candidate_timeout_s = None
         self.evaluator.set_timeout(self.first_timeout())
         self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))
-        self.ending = Restart(outcome.reason)
+        self._ending = Restart(outcome.reason)
         return None
 
     def verify_in_a_fresh_child(self) -> str | None:
@@ -285,6 +322,37 @@ class OriginalRun:
             return None
         return (f"the result did not fail the same way when run again in a fresh child ({outcome.kind}): it may "
                 "depend on what an earlier candidate left in a reused child")
+
+    def wait_for_verdict(self) -> None:
+        """Deliver first, confirm after: wait for the verdict on a result delivered before it (the
+        facts say what it was). A stop (a cancel, the job's timeout) or a sandbox failure ends the
+        wait, never the job: the facts say `stopped` or `lost`."""
+        started = time.monotonic()
+        self.delivered = True
+        try:
+            self.settle()
+        except Stopped as stopped:
+            self.cancel()
+            self.facts.original_state = OriginalState.stopped
+            self.facts.original_verdict = f"the wait for its verdict ended: {stopped.reason}"
+        except SandboxError as error:
+            self.facts.original_state = OriginalState.lost
+            self.facts.original_verdict = f"the sandbox failed before its verdict: {error}"
+        self.facts.phase_s["original"] = round(time.monotonic() - started, 3)
+
+    def stop(self, *, cancel: bool = False) -> None:
+        """No verdict will follow a result delivered without it (the job was cut short): its runs are
+        cancelled and the facts say it stopped. `cancel`: the job was cancelled: cancel them anyway."""
+        running = self.facts.original_state is OriginalState.running
+        if running or cancel:
+            self.cancel()
+        if running:
+            self.mark_stopped()
+
+    def mark_stopped(self) -> None:
+        """The job ended before the original's verdict."""
+        self.facts.original_state = OriginalState.stopped
+        self.facts.original_verdict = "the job ended before its verdict"
 
     def cancel(self) -> None:
         """Cancel the original's run and the empty program's, if they are still going."""

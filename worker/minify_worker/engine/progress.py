@@ -50,6 +50,25 @@ class Progress:
                                                  nodes=self.facts.program.count_ops(self.facts.best),
                                                  checks=self.stats.checks_total if self.stats else 0))
 
+    def reduction_begins(self) -> None:
+        """The original's verdict came while candidates were judged against the guess: the
+        reduction proper begins (unless the verdict came in a later phase, the shrink)."""
+        if self.phase == "reproduce":
+            self.enter("reduce")
+
+    def accepted(self, graph: Any, description: str) -> None:
+        """A smaller program was accepted: it is the smallest so far, a point and an event."""
+        self._new_best(graph, Milestone.accepted, description)
+
+    def restarted(self, graph: Any, reason: str) -> None:
+        """The reduction starts over from the original `graph`, for `reason`."""
+        self._new_best(graph, Milestone.restarted, reason)
+
+    def _new_best(self, graph: Any, milestone: Milestone, message: str) -> None:
+        self.facts.best = graph
+        self.record_point()
+        self.emit(force=True, graph=graph, milestone=milestone, message=message)
+
     def say(self, milestone: Milestone, message: str) -> None:
         """A step of the job, typed and told."""
         self.emit(force=True, milestone=milestone, message=message)
