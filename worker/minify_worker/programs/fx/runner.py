@@ -6,6 +6,8 @@ and return one `Outcome`. Exceptions become values here; only a dead child (a si
 classified by the parent.
 
 - an exception while compiling → `Fails(compile_error)`, while running → `Fails(runtime_error)`;
+  with `failure.training` (a capture of a compile that failed in AOT autograd's joint graph) the
+  candidate is compiled and run for training: grad mode on, floating-point inputs requiring grad;
 - an allocator running out of memory (CUDA or host) → `OutOfMemory`;
 - failure kind `accuracy`: the compiled result against eager by `minify_contract.accuracy` (the oracle
   the capture helper shares), the way torch's accuracy minifier does it (`backend_accuracy_fails` /
