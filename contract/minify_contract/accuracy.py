@@ -47,6 +47,9 @@ ACCURACY_EXC_TYPE = "AccuracyError"
 MISSING_ERROR_EXC_TYPE = "MissingError"
 GRADIENT_EXC_TYPE = "GradientError"
 DEFAULT_TOLERANCE = 1e-3
+# The key of wrong values only the inputs a graph writes into show, its outputs agreeing
+# (`written_inputs`): its own signature, so a minimization never drifts into an output's failure.
+WRITTEN_INPUTS_ONLY = "written inputs only"
 
 
 class AccuracyError(Exception):
@@ -209,15 +212,18 @@ def compare_to_eager(gm: Any, inputs: list[Any], run_compiled: Callable[[list[An
     import torch
 
     with torch.no_grad():
-        reference = gm(*clone_inputs(inputs))
+        eager_inputs = clone_inputs(inputs)
+        reference = gm(*eager_inputs)
         try:
             fp64 = fp64_reference(gm, inputs)
         except Exception:
             if not strict:
                 return None
             fp64 = None
-        result = run_compiled(clone_inputs(inputs))
-        return divergence(reference, result, fp64, tolerance=tolerance, strict=strict, gm=gm, inputs=inputs)
+        compiled_inputs = clone_inputs(inputs)
+        result = run_compiled(compiled_inputs)
+        found = divergence(reference, result, fp64, tolerance=tolerance, strict=strict, gm=gm, inputs=inputs)
+        return found or written_inputs(inputs, eager_inputs, compiled_inputs, tolerance=tolerance)
 
 
 def gradient_inputs(inputs: Sequence[Any], *, requiring_grad_only: bool) -> list[int]:
@@ -354,9 +360,98 @@ def _short(value: Any) -> str:
 
 
 def clone_inputs(inputs: list[Any]) -> list[Any]:
+    """Copies of `inputs` that alias as they do: tensors sharing a storage (`base` and `base[1:]`)
+    become views of one copy of it, with their sizes, strides and offsets, so a graph that writes
+    into one input and reads another sees, on the copies, what it saw on the originals (AOT
+    autograd compiles such inputs through a synthetic base: pytorch#198095). Other tensors are
+    cloned one by one, as before."""
     import torch
 
-    return [value.clone() if isinstance(value, torch.Tensor) else value for value in inputs]
+    shared = _shared_storages(inputs)
+    copies = {key: None for key in shared}
+    bases: dict[tuple[Any, int, Any], Any] = {}
+    # A tensor that is its whole storage is the base of the others (as `base` of `base[1:]`), else
+    # a flat one over the storage: the others are real views of it (`_base` set). AOT autograd
+    # replays an aliased output's views from the base, and tensors that only share a storage (as
+    # torch.load gives them back) make it fail otherwise (pytorch#198095's graph raises an
+    # AssertionError in gen_alias_from_base instead of returning wrong values).
+    for value in sorted((value for value in inputs if _storage_key(value) in shared), key=_whole, reverse=True):
+        key = _storage_key(value)
+        if copies[key] is None:
+            copies[key] = value.untyped_storage().clone()
+        if (*key, value.dtype) not in bases:
+            shape, stride = (value.shape, value.stride()) if _whole(value) else \
+                ((copies[key].nbytes() // value.element_size(),), (1,))
+            with torch.no_grad():
+                bases[(*key, value.dtype)] = torch.empty(0, dtype=value.dtype, device=value.device).set_(
+                    copies[key], 0, shape, stride)
+    cloned: list[Any] = []
+    for value in inputs:
+        key = _storage_key(value)
+        if key is None or key not in shared:
+            cloned.append(value.clone() if isinstance(value, torch.Tensor) else value)
+            continue
+        base = bases[(*key, value.dtype)]
+        same = _whole(value) and base.shape == value.shape and base.stride() == value.stride()
+        copy_ = base if same else base.as_strided(value.shape, value.stride(), value.storage_offset())
+        cloned.append(copy_.requires_grad_(True) if value.requires_grad else copy_)
+    return cloned
+
+
+def _whole(value: Any) -> bool:
+    return value.is_contiguous() and value.storage_offset() == 0 \
+        and value.numel() * value.element_size() == value.untyped_storage().nbytes()
+
+
+def aliased_inputs(inputs: Sequence[Any]) -> list[list[int]]:
+    """The positions of the tensors of `inputs` that share a storage, one group per storage."""
+    groups: dict[tuple[Any, int], list[int]] = {}
+    for position, value in enumerate(inputs):
+        key = _storage_key(value)
+        if key is not None:
+            groups.setdefault(key, []).append(position)
+    return [positions for positions in groups.values() if len(positions) > 1]
+
+
+def _shared_storages(inputs: Sequence[Any]) -> set[tuple[Any, int]]:
+    return {_storage_key(inputs[group[0]]) for group in aliased_inputs(inputs)}  # type: ignore[misc]
+
+
+def _storage_key(value: Any) -> tuple[Any, int] | None:
+    """What identifies `value`'s storage, for a plain strided tensor with one; None otherwise
+    (not a tensor, a subclass, sparse, or an empty storage)."""
+    import torch
+
+    if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided \
+            or value.device.type == "meta":
+        return None
+    pointer = value.untyped_storage().data_ptr()
+    return (value.device, pointer) if pointer else None
+
+
+def written_inputs(before: Sequence[Any], eager: Sequence[Any], compiled: Sequence[Any], *,
+                   tolerance: float = DEFAULT_TOLERANCE) -> str | None:
+    """None when every input a run wrote into (changed from `before`) holds, after the compiled
+    run, what it holds after eager's run of the same graph, else what differs (`input N written
+    by the graph: ...`): a wrong write-back of an input mutation, or a write through a wrong view,
+    is wrong values as much as a wrong output is. Floats by torch's rule with eager's own values as
+    the reference (torch's `same` passes anything without one), others exactly."""
+    import torch
+
+    found: list[str] = []
+    for position, (original, expected, got) in enumerate(zip(before, eager, compiled, strict=True)):
+        if not isinstance(original, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            continue
+        with torch.no_grad():
+            if torch.equal(original, expected) and torch.equal(original, got):
+                continue
+            floats = float_divergence([expected], [got], [expected.to(torch.float64)], tolerance=tolerance) \
+                if expected.is_floating_point() else None
+            exact = expected.is_floating_point() or torch.equal(expected, got)
+        if floats is not None or not exact:
+            found.append(f"input {position} written by the graph: {_short(expected)} after eager, "
+                         f"{_short(got)} compiled")
+    return "; ".join(found) or None
 
 
 # ---------------------------------------------------------------------------------------------

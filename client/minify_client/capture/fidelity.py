@@ -28,6 +28,9 @@ accuracy failure that only integer or boolean outputs show (`AccuracyError: inte
 `minify_worker.outcomes.INTEGER_ONLY`), so that a float failure and an integer one never drift
 into each other; a capture that signed #175966's wrong int64 values plain `AccuracyError` made a
 job whose original failed "not with the signature the spec gives", which ended `not_reproducible`.
+Wrong values only the inputs a graph writes into show, its outputs agreeing (a wrong write-back of
+an input mutation), are keyed `AccuracyError: written inputs only` (`accuracy.written_inputs`,
+`accuracy.WRITTEN_INPUTS_ONLY`), as the worker keys them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from minify_contract.accuracy import ACCURACY_EXC_TYPE
+from minify_contract.accuracy import ACCURACY_EXC_TYPE, WRITTEN_INPUTS_ONLY
 
 from .higher_order import CaptureRefused
 from .torch_hooks import FailedCompile
@@ -52,6 +55,8 @@ _BACKWARD = (("torch/autograd/__init__.py", "grad"), ("torch/autograd/graph.py",
 # which the client does not import), and how `accuracy.integer_divergence` says each of them.
 INTEGER_ONLY = "integer outputs only"
 _INTEGER_PART = re.compile(r"output \d+: ")
+# How `accuracy.written_inputs` says an input the graph wrote into holds other values than eager's.
+_WRITTEN_PART = re.compile(r"input \d+ written by the graph: ")
 
 
 def accuracy_signature(error: BaseException) -> str:
@@ -64,6 +69,8 @@ def accuracy_signature(error: BaseException) -> str:
     parts = [part.strip() for part in str(error).split("; ") if part.strip()]
     if name == ACCURACY_EXC_TYPE and parts and all(_INTEGER_PART.match(part) for part in parts):
         return f"{name}: {INTEGER_ONLY}"
+    if name == ACCURACY_EXC_TYPE and parts and all(_WRITTEN_PART.match(part) for part in parts):
+        return f"{name}: {WRITTEN_INPUTS_ONLY}"
     return name
 
 

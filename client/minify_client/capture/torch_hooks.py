@@ -179,14 +179,15 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
                     symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
             raise
-        gradients = None
+        gradients, running = None, compiled
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             if _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled):
                 def gradients(args: tuple[Any, ...]) -> Callable[[Any], None] | None:
                     _check_gradients(self.compiler_fn, _module(gm, graph), example_inputs, compiled, args)
                     return _watch_versions(_module(gm, graph), args)
+            running = _watch_aliasing(compiled, graph, example_inputs)
         # A run that raises is reported once, where eager runs the same inputs (`_watch_runs`).
-        watched = _watch_runs(compiled, lambda error, args: _runtime_failure(
+        watched = _watch_runs(running, lambda error, args: _runtime_failure(
             error, args, self.compiler_fn, _module(gm, graph), example_inputs, grad_enabled), gradients)
         # The first run guarded for crashes, described with its own inputs (capture/crash.py).
         return crash.watch_compiled(watched, list(_listeners), lambda args: FailedCompile(
@@ -311,13 +312,24 @@ def _import_path(function: Any) -> str | None:
 
 def snapshot(values: Sequence[Any]) -> list[Any]:
     """The inputs as they are now (a program may write into them later): real tensors cloned,
-    fake ones (AOT level) made from their metadata, symbolic sizes as their hints."""
+    fake ones (AOT level) made from their metadata, symbolic sizes as their hints. Real tensors
+    that share a storage (`t0` and `t0[1:]`) stay views of one copy of it (`accuracy.clone_inputs`):
+    what a graph does with aliased inputs (AOT autograd's synthetic base) is part of what it
+    computes, and torch.save keeps the sharing in inputs.pt for the worker."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from minify_contract.accuracy import aliased_inputs, clone_inputs
+
     with _disable_current_modes(), torch.no_grad():
-        return [_snapshot_one(value, torch, FakeTensor) for value in values]
+        taken = [_snapshot_one(value, torch, FakeTensor) for value in values]
+        for group in aliased_inputs(values):
+            if all(not isinstance(values[position], FakeTensor) for position in group):
+                copies = clone_inputs([values[position].detach() for position in group])
+                for position, copied in zip(group, copies, strict=True):
+                    taken[position] = copied
+        return taken
 
 
 def _snapshot_one(value: Any, torch: Any, fake_type: type) -> Any:
@@ -521,6 +533,62 @@ def _tell_lost_version_check(graph: Any, inputs: list[Any], requires: list[bool]
                 "(a missing error, as pytorch#197887). Not captured: no graph a compiler received holds the "
                 "modification; report it with your program", "s" if len(moved) > 1 else "", which,
                 "were" if len(moved) > 1 else "was", said)
+
+
+def _watch_aliasing(compiled: Any, graph: Any, example_inputs: list[Any]) -> Any:
+    """MINIFY_CAPTURE_ACCURACY=1, a graph that writes into an input: `compiled` behind a wrapper
+    that says, once, when a run's inputs share memory otherwise than the inputs it was compiled
+    for (`accuracy.aliased_inputs`). AOT autograd compiles a graph that mutates an input for the
+    aliasing it saw (a synthetic base where inputs alias); dynamo should guard on it and
+    recompile, and where it does not (pytorch#139789) the run is wrong while every graph a
+    compiler received is right for its own inputs: compiled for these inputs, the graph handles
+    them. Nothing is captured; the warning says so. Other graphs are returned as they are."""
+    from minify_contract.accuracy import aliased_inputs
+
+    written = _written_placeholders(graph)
+    if not written:
+        return compiled
+    compiled_for = aliased_inputs(example_inputs)
+    said = [False]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not said[0]:
+            try:
+                aliasing = aliased_inputs(args)
+                if aliasing != compiled_for:
+                    said[0] = True
+                    _tell_aliasing_reused(written, compiled_for, aliasing)
+            except Exception:  # a capture must never change what the user's code does
+                logger.debug("minify: watching the inputs' aliasing failed", exc_info=True)
+        return compiled(*args, **kwargs)
+
+    return run
+
+
+def _written_placeholders(graph: Any) -> list[str]:
+    """The graph's inputs an in-place op (a method or function named `..._`, as `mul_`) writes."""
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    written: list[str] = []
+    for node in graph.nodes:
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if node.op not in ("call_method", "call_function") or not isinstance(name, str):
+            continue
+        if name.endswith("_") and not name.endswith("__") and node.args and node.args[0] in placeholders \
+                and node.args[0].name not in written:
+            written.append(node.args[0].name)
+    return written
+
+
+def _tell_aliasing_reused(written: list[str], compiled_for: list[list[int]], aliasing: list[list[int]]) -> None:
+    def said(groups: list[list[int]]) -> str:
+        return ", ".join(" and ".join(map(str, group)) for group in groups) or "no memory"
+
+    logger.warning(
+        "minify: dynamo reused, without recompiling, a graph compiled for inputs sharing %s on inputs sharing %s "
+        "(a missing guard on input aliasing, as pytorch#139789): the graph writes into %s, and AOT autograd compiled "
+        "that for the aliasing it saw, so this run can differ from eager. Not captured: no graph is wrong for its "
+        "own inputs (compiled for these, it handles them). Report it with your program; until fixed, clone "
+        "overlapping inputs before the call", said(compiled_for), said(aliasing), ", ".join(written))
 
 
 def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], compiled: Any) -> bool:

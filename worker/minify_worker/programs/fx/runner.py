@@ -48,6 +48,8 @@ from minify_contract import signatures
 from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
+    WRITTEN_INPUTS_ONLY,
+    clone_inputs,
     described,
     float_divergence,
     fp64_reference,
@@ -55,6 +57,7 @@ from minify_contract.accuracy import (
     gradient_inputs,
     integer_divergence,
     missing_error,
+    written_inputs,
 )
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import INTEGER_ONLY, Fails, Invalid, Outcome, Passes, Signature
@@ -81,7 +84,9 @@ log = logging.getLogger(__name__)
 
 
 def _clone_inputs(inputs: list[Any]) -> list[Any]:
-    return [value.clone() if isinstance(value, torch.Tensor) else value for value in inputs]
+    # Inputs that share a storage stay views of one copy (what AOT autograd does with aliased
+    # inputs is part of what the graph computes): `accuracy.clone_inputs`.
+    return clone_inputs(inputs)
 
 
 def _to_device(inputs: list[Any], device: str) -> list[Any]:
@@ -277,8 +282,9 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
     training = judges_gradients(spec)
     if training:
         backend = _training(backend, spec)
+    eager_inputs = _clone_inputs(inputs)
     try:
-        reference = copy.deepcopy(gm)(*_clone_inputs(inputs))
+        reference = copy.deepcopy(gm)(*eager_inputs)
     except Exception as error:
         _raise_if_environment_fault(error)
         return _missing_error(gm, inputs, backend, error, started)
@@ -301,7 +307,8 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
     def run_once() -> Outcome:
         run_started = time.monotonic()
         try:
-            result = run_compiled(compiled, _clone_inputs(inputs))
+            compiled_inputs = _clone_inputs(inputs)
+            result = run_compiled(compiled, compiled_inputs)
             _synchronize(spec.device)
         except Exception as error:
             return failure(error, "runtime_error", run_started)
@@ -310,6 +317,12 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         integers = integer_divergence(reference, result, fp64, tolerance=tolerance, gm=gm, inputs=inputs)
         duration = time.monotonic() - run_started
         detail = described(floats, integers)
+        written = None if detail is not None else written_inputs(inputs, eager_inputs, compiled_inputs,
+                                                                 tolerance=tolerance)
+        if written is not None:  # the outputs agree; an input the graph writes into does not
+            return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=WRITTEN_INPUTS_ONLY,
+                                             text=f"{ACCURACY_EXC_TYPE}: {written}"),
+                         duration_s=time.monotonic() - run_started)
         if detail is None and positions:
             return _gradients_judged(gm, inputs, compiled, positions, spec, run_started)
         if detail is None:
