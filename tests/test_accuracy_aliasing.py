@@ -25,7 +25,7 @@ from minify_contract.accuracy import WRITTEN_INPUTS_ONLY, aliased_inputs, clone_
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.test_accuracy_backends import run_captured
+from tests.test_accuracy_backends import minimize_capture, run_captured
 
 # This file by its path from the repo root (`tests.test_accuracy_aliasing`), as sandbox children and
 # the capture's backend name import it; pytest imports it by another name.
@@ -131,6 +131,16 @@ def test_a_lost_input_mutation_is_captured_keyed_by_the_written_inputs_and_the_w
     assert outcome.signature.key == WRITTEN_INPUTS_ONLY
     assert str(outcome.signature) == spec.failure.signature
     assert " written by the graph: " in outcome.signature.text
+
+
+def test_a_lost_write_back_is_minimized_and_its_repro_judges_the_written_input(tmp_path: Path, allowed: None) -> None:
+    x, y = randn(2, 3), randn(2, 3) + 1
+    capture(accumulate, (x, y), importable(skip_write_back), tmp_path / "capture")
+
+    spec, ran = minimize_capture(tmp_path / "capture", tmp_path / "out", ["add_"])
+
+    assert "written by the graph" in ran.stdout + ran.stderr
+    assert spec.failure.signature == f"AccuracyError: {WRITTEN_INPUTS_ONLY}"
 
 
 def test_a_synthetic_base_view_returned_wrong_by_aot_eager_is_captured_with_its_aliased_inputs(

@@ -97,8 +97,10 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     # The compiled program runs on copies where the reference runs after it (accuracy): a program
     # that writes into its inputs must not hand the reference inputs it changed.
     training = _training(spec, kind)
-    compiler_import, compiled = _inline_compile(spec.backend, "*clone_inputs(inputs)" if accuracy else "*inputs",
+    compiler_import, compiled = _inline_compile(spec.backend, "*compiled_inputs" if accuracy else "*inputs",
                                                 training)
+    if accuracy:  # the copies the compiled program ran on: what it wrote into them is judged too
+        compiled = ["compiled_inputs = clone_inputs(inputs)", *compiled]
     constants = constant_positions(graph)
     header = [
         f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
@@ -137,7 +139,7 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         *(_raising_passes(compiled + (["torch.cuda.synchronize()"] if cuda else []), "")
           if eager_error is not None else compiled),
         *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda and eager_error is None else []),
-        *(["check_accuracy(gm, inputs, result)"] if accuracy else []),
+        *(["check_accuracy(gm, inputs, result, compiled_inputs)"] if accuracy else []),
         f'print(f"repro passed: no failure ({spec.backend} on {spec.device}, torch {{torch.__version__}})")',
     ]
     definitions = [*(part.replace("        super().__init__()\n\n", "").replace(
@@ -462,13 +464,15 @@ def synchronize():
 """
 
 _CHECK_ACCURACY = '''
-def check_accuracy(gm, inputs, result):
+def check_accuracy(gm, inputs, result, compiled_inputs=None):
     """minify's accuracy rule: compared with eager, floats judged against an fp64 reference as
-    torch's accuracy minifier judges them, integers and booleans exactly, ties told apart
-    (accuracy_rules.py, beside this file from minify); without that file, torch's rule for floats
-    and every integer and boolean output exactly equal."""
+    torch's accuracy minifier judges them, integers and booleans exactly, ties told apart, then the
+    inputs the program wrote into (`compiled_inputs`, the copies the compiled program ran on)
+    against what eager wrote (accuracy_rules.py, beside this file from minify); without that file,
+    torch's rule for floats and every integer and boolean output exactly equal."""
+    eager_inputs = clone_inputs(inputs)
     try:
-        reference = copy.deepcopy(gm)(*clone_inputs(inputs))
+        reference = copy.deepcopy(gm)(*eager_inputs)
     except Exception as error:  # eager raises where the compiled program returned: minify's MissingError
         from accuracy_rules import missing_error
 
@@ -495,6 +499,10 @@ def check_accuracy(gm, inputs, result):
         return
     detail = divergence(reference, result, fp64_reference, tolerance=TOLERANCE, strict=STRICT_ACCURACY, gm=gm,
                         inputs=inputs)
+    if detail is None and compiled_inputs is not None:
+        from accuracy_rules import written_inputs
+
+        detail = written_inputs(inputs, eager_inputs, compiled_inputs, tolerance=TOLERANCE)
     if detail is not None:
         raise AccuracyError(detail)
     if GRADIENTS:  # a training step's gradients, compiled for training by the backend GRADIENTS names
@@ -522,13 +530,16 @@ def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = F
             'default=Path(__file__).resolve().with_name("inputs.pt"))',
             "    inputs = load_inputs(parser.parse_args().inputs)",
             *(["    inputs = for_training(inputs)"] if training else [])]
+    # An accuracy repro keeps the copies the compiled program ran on: what it wrote into them is judged.
+    arguments = "compiled_inputs" if kind == "accuracy" else "clone_inputs(inputs)"
     body = ["    gm = trace_repro(Repro(), inputs)",
             *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
             "    compiled = compile_repro(gm, list(inputs))",
-            *(_raising_passes(["result = compiled(*clone_inputs(inputs))", *(["synchronize()"] if cuda else [])],
+            *(["    compiled_inputs = clone_inputs(inputs)"] if kind == "accuracy" else []),
+            *(_raising_passes([f"result = compiled(*{arguments})", *(["synchronize()"] if cuda else [])],
                               "    ") if eager_raises else
-              ["    result = compiled(*clone_inputs(inputs))", *(["    synchronize()"] if cuda else [])]),
-            *(["    check_accuracy(gm, inputs, result)"] if kind == "accuracy" else []),
+              [f"    result = compiled(*{arguments})", *(["    synchronize()"] if cuda else [])]),
+            *(["    check_accuracy(gm, inputs, result, compiled_inputs)"] if kind == "accuracy" else []),
             '    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")']
     tail = ["", "",
             'if __name__ == "__main__":',
