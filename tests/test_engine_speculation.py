@@ -1,6 +1,6 @@
 """Candidates are judged while the original still runs, against the first candidate failure of
 the kind asked for; if the original then fails otherwise, the reduction starts over
-(target.Target.provisional)."""
+(verdict.Verdict.provisional)."""
 
 from __future__ import annotations
 

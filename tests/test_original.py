@@ -1,7 +1,7 @@
 """The original's runs beside the reduction (engine/original.py), driven with made-up outcomes: a
 fake evaluator whose runs the test settles, a fake scheduler, a program that is a list of op names.
 No sandbox, no compile. What a job does with the verdict end to end is in test_deliver_first.py and
-test_engine*.py; the verdict's values alone in test_target.py."""
+test_engine*.py; the verdict's values alone in test_verdict.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from minify_worker.engine.original import (
     OriginalRun,
 )
 from minify_worker.engine.report import RunFacts
-from minify_worker.engine.target import Restart, Unreproduced
+from minify_worker.engine.verdict import Restart, Unreproduced
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 
 pytestmark = pytest.mark.fast

@@ -82,7 +82,7 @@ def test_an_event_carries_the_counts_the_signature_and_the_accepted_programs_cod
     events: list[ProgressEvent] = []
     signature = Signature(kind="compile_error", exc_type="RuntimeError", key="relu", text="RuntimeError: relu")
     run = progress(events, nodes_original=5, best=["relu", "cos"], signature=signature)
-    run.stats = Stats(checks_total=7, checks_cached=2, checks_in_flight=1, phase="drop")
+    run.stats = Stats(checks_total=7, checks_cached=2, checks_in_flight=1, strategy="drop")
     run.stats.outcomes["passes"] = 4
     run.enter("reduce")
 
@@ -92,14 +92,14 @@ def test_an_event_carries_the_counts_the_signature_and_the_accepted_programs_cod
     assert (event.nodes_original, event.nodes_current) == (5, 2)
     assert (event.checks_total, event.checks_cached, event.checks_in_flight) == (7, 2, 1)
     assert event.outcomes == {"passes": 4}
-    assert event.phase == "drop"  # while reducing, the scheduler's pass names the phase
+    assert event.phase == "drop"  # while reducing, the strategy names the event's phase
     assert event.signature == str(signature) and event.graph_code == "relu"
 
 
 def test_outside_the_reduction_the_event_names_the_engines_phase() -> None:
     events: list[ProgressEvent] = []
     run = progress(events)
-    run.stats = Stats(phase="drop")
+    run.stats = Stats(strategy="drop")
     run.enter("shrink")
 
     run.emit(force=True)

@@ -26,7 +26,7 @@ from minify_worker.engine import artifacts
 from minify_worker.engine.original import OriginalRun
 from minify_worker.engine.progress import Progress
 from minify_worker.engine.report import RunFacts, after_verdict, build_report
-from minify_worker.engine.target import Unreproduced
+from minify_worker.engine.verdict import Unreproduced
 from minify_worker.outcomes import Signature
 from minify_worker.programs import Representation, culprit
 from minify_worker.sandbox import SandboxPool
@@ -50,7 +50,7 @@ class Ending:
 
     @classmethod
     def unreproduced(cls, verdict: Unreproduced) -> Ending:
-        """The original's verdict ends the job (`target.Unreproduced`)."""
+        """The original's verdict ends the job (`verdict.Unreproduced`)."""
         return cls(verdict.status, verdict.reason, seen=verdict.seen)
 
 

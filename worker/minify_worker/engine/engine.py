@@ -43,7 +43,7 @@ from minify_worker.engine.original import OriginalRun
 from minify_worker.engine.progress import Progress
 from minify_worker.engine.report import RunFacts
 from minify_worker.engine.scheduler import Scheduler
-from minify_worker.engine.target import Unreproduced
+from minify_worker.engine.verdict import Unreproduced
 from minify_worker.engine.workdirs import make_job_dir
 from minify_worker.outcomes import Stopped
 from minify_worker.programs.prepared import ProgramError
@@ -179,7 +179,7 @@ class _Run:
         """Run the original, and reduce at once: candidates run while the original does, judged
         against the first candidate failure until the original's own is known
         (`OriginalRun.still_fails`); if the original turns out to fail otherwise, the reduction
-        starts over (`target.Restart`). A result that goes out before the verdict goes out on a
+        starts over (`verdict.Restart`). A result that goes out before the verdict goes out on a
         candidate's proof (`OriginalRun.take_proof`)."""
         self.progress.enter("reproduce")
         self.original.start(self.evaluator, self.scheduler, self.graph)
@@ -188,7 +188,7 @@ class _Run:
             while (verdict := self.original.reduce(passes, on_accept=self.progress.accepted)) is not None:
                 if isinstance(verdict, Unreproduced):
                     return Ending.unreproduced(verdict)
-                self.progress.restarted(self.graph, verdict.reason)  # `target.Restart`
+                self.progress.restarted(self.graph, verdict.reason)  # `verdict.Restart`
             if self.facts.signature is None:  # the verdict is out, or contradicted a candidate's proof
                 unproved = self.original.take_proof(self.facts.best)
                 if unproved is not None:

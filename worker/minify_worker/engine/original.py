@@ -7,10 +7,10 @@ whether the original's verdict ends or restarts the reduction), runs the reducti
 back what the verdict says of it as a value (`reduce`: `Restart`, `Unreproduced` or None),
 calibrates the candidates' timeout, confirms a guessed hang on the result, and verifies the result
 in a fresh child where children are reused. Where the failure is known in advance
-(`Target.known_in_advance`) and a candidate has shown it, the result need not wait for the verdict
+(`Verdict.known_in_advance`) and a candidate has shown it, the result need not wait for the verdict
 (`defers_verdict`: deliver first, confirm after; `take_proof`, `wait_for_verdict`), and a verdict
 that contradicts it keeps the reduction going (`contradiction`) instead of ending the job. What
-the original's outcome means is `target.Target`'s (values, no waiting); this module does the
+the original's outcome means is `verdict.Verdict`'s (values, no waiting); this module does the
 waiting and the acting: the facts it learns go into the run's `RunFacts`.
 """
 
@@ -28,11 +28,11 @@ from minify_worker.engine.hang import HangCalibration, HangWatch, Refuted
 from minify_worker.engine.report import RunFacts
 from minify_worker.engine.scheduler import Scheduler
 from minify_worker.engine.scheduler import reduce as reduce_to_fixed_point
-from minify_worker.engine.target import (
+from minify_worker.engine.verdict import (
     Reproduced,
     Restart,
-    Target,
     Unreproduced,
+    Verdict,
     empty_fails_reason,
     next_step,
     original_output,
@@ -68,7 +68,7 @@ class OriginalRun:
         self.spec = spec
         self.facts = facts
         self.program = facts.program
-        self.target = Target(spec)
+        self.verdict = Verdict(spec)
         self._say = say
         self._remaining = remaining
         self._stop_reason = stop_reason
@@ -85,7 +85,7 @@ class OriginalRun:
         # the result is kept, and says so (deliver first, confirm after).
         self.contradiction: Unreproduced | None = None
         self.delivered = False  # the result went out before the verdict: the verdict only confirms it
-        self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.target.hang_state,
+        self.hang_watch = HangWatch(hang, spec, hang_state=lambda: self.verdict.hang_state,
                                     shorten=self._shorten_timeout,
                                     say=say,
                                     count_ops=self.program.count_ops)
@@ -145,31 +145,31 @@ class OriginalRun:
         guess can judge it), else against the original's failure, waited for. Once the original's
         verdict ends or restarts the reduction, no candidate counts, and the scheduler's next poll
         stops it (`poll`)."""
-        if not self.target.known and self._original_run is not None and not self._original_run.done():
-            verdict = self.target.provisional(outcome)
+        if not self.verdict.known and self._original_run is not None and not self._original_run.done():
+            verdict = self.verdict.provisional(outcome)
             if verdict is not None:
                 return verdict
         if self.settle() is not None:
             return False
         if self.contradiction is not None:  # judged by the failure a candidate showed, as before the verdict
-            return bool(self.target.provisional(outcome))
-        return self.target.judge(outcome)
+            return bool(self.verdict.provisional(outcome))
+        return self.verdict.judge(outcome)
 
     def defers_verdict(self, best: Any) -> bool:
         """Whether the result `best` may go out before the original's verdict: the failure is known
-        in advance, a candidate showed it (`Target.proof`, so `best` is smaller than the original),
+        in advance, a candidate showed it (`Verdict.proof`, so `best` is smaller than the original),
         and the original still runs."""
         assert self._original_run is not None
-        return (not self.target.known and self._ending is None and self.contradiction is None
-                and self.target.proof is not None and best is not self.graph and not self._original_run.done())
+        return (not self.verdict.known and self._ending is None and self.contradiction is None
+                and self.verdict.proof is not None and best is not self.graph and not self._original_run.done())
 
     def adopt_proof(self, best: Any) -> bool:
         """The target is the failure a candidate showed, while the original's verdict is out or
         contradicts it (`facts.signature`; the verdict, if it comes, confirms it). False when no
         candidate has shown a failure known in advance, or the result is the original itself."""
-        proof = self.target.proof
-        if self.target.known or proof is None or best is self.graph:
-            return self.target.known
+        proof = self.verdict.proof
+        if self.verdict.known or proof is None or best is self.graph:
+            return self.verdict.known
         self.facts.signature = proof
         if self.contradiction is None:
             self.facts.original_state = OriginalState.running
@@ -201,10 +201,10 @@ class OriginalRun:
     def settle(self) -> Restart | Unreproduced | None:
         """Wait for the original's verdict (once), act on it, and return what ends or restarts the
         reduction, if anything does (`reduce` hands it back). Raises `Stopped` on a cancel."""
-        if self.target.known or self._ending is not None or self.contradiction is not None:
+        if self.verdict.known or self._ending is not None or self.contradiction is not None:
             return self._ending
         assert self._original_run is not None
-        if self.target.hang_guessed and not self._original_run.done():
+        if self.verdict.hang_guessed and not self._original_run.done():
             outcome = self._confirm_hang()
             if outcome is None:
                 return self._ending
@@ -216,7 +216,7 @@ class OriginalRun:
             self._wait_for([self._empty])
             return self._empty.result()
 
-        settled = self.target.settle(outcome, empty)
+        settled = self.verdict.settle(outcome, empty)
         self.facts.original_compiles = 1  # its runs reused the one compiled program (run_wire_candidate's `runs`)
         self.facts.original_runs = settled.runs
         if isinstance(settled, Unreproduced) and settled.reproduced:  # the empty program fails so too
@@ -227,11 +227,11 @@ class OriginalRun:
             self.facts.original_state = OriginalState.not_reproduced
             self.facts.original_verdict = settled.reason
             self.facts.original_output = original_output(outcome)
-            if self.target.proof is not None and (self.delivered or settled.status is JobState.not_reproducible):
+            if self.verdict.proof is not None and (self.delivered or settled.status is JobState.not_reproducible):
                 self.contradiction = settled  # a candidate proved the failure: the result stands
                 if not self.delivered:
                     self._say(Milestone.original_not_reproduced, f"{settled.reason}; the reduction goes on "
-                              f"with the failure a candidate showed: {self.target.proof}")
+                              f"with the failure a candidate showed: {self.verdict.proof}")
                 return None
             if settled.status is JobState.not_reproducible:
                 self.facts.next_step = next_step(outcome, self.spec)
@@ -287,20 +287,20 @@ class OriginalRun:
         reduction stop (the original's verdict ends or restarts it, a cancel, the deadline)."""
         if self._ending is not None:
             return f"the original's verdict came: {self._ending.reason}"
-        self.hang_watch.poll(self.target.known or self.target.guess is not None, self.target.adopt_hang)
+        self.hang_watch.poll(self.verdict.known or self.verdict.guess is not None, self.verdict.adopt_hang)
         return self._stop_reason()
 
     def _confirm_hang(self) -> Outcome | None:
         """The reduction ended on a guessed hang while the original still runs: confirm it on the
         result (`HangWatch.confirm`). Refuted: forget what the short timeouts decided, and restart
         the reduction from the original, waiting for its outcome (None; `reduce` hands back why)."""
-        assert self.facts.best is not None and self.target.guess is not None and self.scheduler is not None
-        outcome = self.hang_watch.confirm(self.facts.best, self.target.guess, remaining_s=self._remaining(),
+        assert self.facts.best is not None and self.verdict.guess is not None and self.scheduler is not None
+        outcome = self.hang_watch.confirm(self.facts.best, self.verdict.guess, remaining_s=self._remaining(),
                                           wait_for=self._wait_for)
         if not isinstance(outcome, Refuted):
             return outcome
         self._say(Milestone.hang_refuted, outcome.reason)
-        self.target.refute_hang()
+        self.verdict.refute_hang()
         self.facts.candidate_timeout_s = None
         self.evaluator.set_timeout(self.first_timeout())
         self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut))

@@ -89,7 +89,7 @@ class Progress:
         event = ProgressEvent(
             type="culprit" if culprit_state is not None and status is None else
             "status" if status is not None else "progress",
-            phase=stats.phase if stats and self.phase == "reduce" else self.phase,
+            phase=stats.strategy if stats and self.phase == "reduce" else self.phase,
             nodes_original=facts.nodes_original,
             nodes_current=facts.program.count_ops(facts.best) if facts.best is not None else None,
             checks_total=stats.checks_total if stats else 0,

@@ -45,7 +45,7 @@ class Stats:
     checks_cached: int = 0
     checks_in_flight: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
-    phase: str = ""
+    strategy: str = ""  # the strategy proposing candidates now (a progress event's phase while reducing)
 
 
 @dataclass
@@ -301,7 +301,7 @@ def reduce(
     while tier < len(passes):
         progressed = False
         for name, strategy in passes[tier].strategies:
-            scheduler.stats.phase = name
+            scheduler.stats.strategy = name
             candidate = scheduler.first_failing(graph, strategy(graph, context))
             if candidate is not None:
                 graph = candidate.graph

@@ -194,7 +194,7 @@ def shrink(scheduler: Scheduler, graph: fx.Graph, *, max_checks: int = MAX_CHECK
     result = Shrinking(graph)
     done: set[Dim] = set()
     started = scheduler.stats.checks_total
-    scheduler.stats.phase = "shrink"
+    scheduler.stats.strategy = "shrink"
     while (budget := max_checks - (scheduler.stats.checks_total - started)) > 0:
         offered: list[tuple[frozenset[Dim], Candidate]] = []
         offers = islice(_recorded(candidates(result.graph, done, first=not result.accepted), offered), budget)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minify_contract.models import JobSpec, JobState
-from minify_worker.engine.target import Reproduced, Target, Unreproduced, next_step, original_output
+from minify_worker.engine.verdict import Reproduced, Unreproduced, Verdict, next_step, original_output
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 
 pytestmark = pytest.mark.fast
@@ -18,8 +18,8 @@ COS = Signature(kind="compile_error", exc_type="RuntimeError", key="injected fai
 RUNTIME = Signature(kind="runtime_error", exc_type="ValueError", key="bad value", text="ValueError: bad value")
 
 
-def target(**failure: object) -> Target:
-    return Target(JobSpec.model_validate({"failure": failure}))
+def target(**failure: object) -> Verdict:
+    return Verdict(JobSpec.model_validate({"failure": failure}))
 
 
 def test_the_first_failure_of_the_kind_asked_for_is_the_guess() -> None:

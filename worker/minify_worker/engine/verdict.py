@@ -2,7 +2,7 @@
 
 The original is compiled and run while the reduction already goes on, so for a while candidates
 are judged against a guess: the first candidate failure of the kind asked for (or the signature
-the spec gives), or a hang guessed from how long the original has been running. `Target` holds
+the spec gives), or a hang guessed from how long the original has been running. `Verdict` holds
 that guess and every verdict given against it; when the original's outcome comes, `settle` turns
 it into a value: `Reproduced` (the signature from then on, and whether verdicts given against the
 guess were wrong, so the reduction must start again from the original) or `Unreproduced` (the job
@@ -61,8 +61,9 @@ class Restart:
 Settled = Reproduced | Unreproduced
 
 
-class Target:
-    """One job's target: guessed while the original runs, then known (`signature`)."""
+class Verdict:
+    """One job's verdict on the original: the target signature, guessed while the original runs, then known
+    (`signature`)."""
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
