@@ -90,11 +90,11 @@ gpu-wheels: $(STAMP)
 TORCH_PIN_2.11 := 2.11.0
 TORCH_PIN_2.14 := 2.14.1
 TORCH_PIN_2.15 := 2.15.0
-TORCH_OTHER_TESTS := tests/test_engine_inductor.py tests/test_runner.py tests/test_engine.py \
-	tests/test_loader.py tests/test_graph.py tests/test_artifacts.py tests/test_archive_code.py \
-	tests/test_control_flow.py tests/test_dynamic_shapes.py tests/test_oracle.py tests/test_sandbox.py \
-	tests/test_client_capture.py tests/test_capture_plugin.py tests/test_culprit.py tests/test_bisector.py \
-	tests/test_given_signature.py tests/test_bug_key.py tests/test_gpu_safety.py
+TORCH_OTHER_TESTS := tests/worker/engine/test_engine_inductor.py tests/worker/programs/fx/test_runner.py tests/worker/engine/test_engine.py \
+	tests/worker/programs/fx/test_loader.py tests/worker/programs/fx/test_graph.py tests/worker/engine/test_artifacts.py tests/contract/test_archive_code.py \
+	tests/worker/programs/fx/test_control_flow.py tests/worker/programs/fx/test_dynamic_shapes.py tests/worker/test_oracle.py tests/worker/sandbox/test_sandbox.py \
+	tests/client/capture/test_client_capture.py tests/client/capture/test_capture_plugin.py tests/worker/programs/fx/test_culprit.py tests/worker/programs/fx/test_bisector.py \
+	tests/worker/engine/test_given_signature.py tests/contract/test_bug_key.py tests/worker/sandbox/test_gpu_safety.py
 
 # torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
 define TORCH_OTHER_REQUIREMENTS
@@ -121,11 +121,11 @@ export TORCH_OTHER_REQUIREMENTS
 
 # The version phase on real releases, not part of `make test` (three more multi-GB venvs): a job
 # minimized on .venv's 2.13 probes repro.py on 2.11, 2.14 and 2.15 (MINIFY_TORCH_ENVS), offline and
-# through a service's RQ workers (tests/test_versions_releases.py).
+# through a service's RQ workers (tests/worker/service/test_versions_releases.py).
 VERSION_RELEASES := 2.11 2.14 2.15
 test-versions: $(VERSION_RELEASES:%=.venv-torch-%/.installed)
 	MINIFY_TEST_TORCH_RELEASES="$(VERSION_RELEASES:%=.venv-torch-%)" .venv/bin/python -m pytest -q -ra \
-		-p no:cacheprovider tests/test_versions_releases.py
+		-p no:cacheprovider tests/worker/service/test_versions_releases.py
 
 test-torch-%: .venv-torch-%/.installed
 	.venv-torch-$*/bin/python -c "import torch; assert torch.__version__.startswith('$*.'), torch.__version__"

@@ -7,7 +7,7 @@ tiny programs that make five bugs under `tests.support.backends:fail_on_each_of_
 failing op, each with other ops around it and another input size), and posts every program
 `--rounds` times, the submissions dealt out to `--clients` concurrent clients (`run_load`). Every
 API request's latency is recorded while the jobs run; then every job's end and the bug list are
-checked. tests/test_bugs.py runs the same function; docs/service.md has the figures.
+checked. tests/server/test_bugs.py runs the same function; docs/service.md has the figures.
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(repo))
     # The workers' sandbox children import the test backends by path, from the repo root.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    from tests.server.test_bugs import build_programs
     from tests.support.service import start_service
-    from tests.test_bugs import build_programs
 
     with tempfile.TemporaryDirectory(prefix="minify-bench-bugs-") as scratch:
         programs = build_programs(Path(scratch) / "programs")

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 # Every job ends with the culprit phase (programs/fx/culprit/), whose floor is 20 s of compiler bisection: the
 # tests that are not about it keep it to a few seconds (a partial culprit, said so); those that
-# are (tests/test_culprit.py) give it minutes.
+# are (tests/worker/programs/fx/test_culprit.py) give it minutes.
 os.environ.setdefault("MINIFY_CULPRIT_MIN_BUDGET_S", "5")
 
 

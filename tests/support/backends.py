@@ -200,7 +200,8 @@ fail_on_relu_kill_sandbox_on_sin = first_match(("relu", fail_on_relu), ("sin", k
 fail_on_max_pool_and_mean = raise_on_all("max_pool2d_with_indices", "mean")
 fail_on_gelu_and_layer_norm = raise_on_all("gelu", "native_layer_norm")
 wrong_on_softmax = wrong_on("_softmax")
-fail_on_index = raise_on("index")  # tests/test_shrink_runs_eagerly.py: x[randperm(n)], as pytorch#183988
+# tests/worker/programs/fx/test_shrink_runs_eagerly.py: x[randperm(n)], as pytorch#183988
+fail_on_index = raise_on("index")
 
 # One backend that misbehaves a different way per op, so one warm pool can show every outcome.
 misbehave_by_op = first_match(
@@ -354,7 +355,7 @@ def fail_first_run_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Cal
 
 
 
-# -- Judging candidates while the original runs (tests/test_engine_speculation.py) -------------
+# -- Judging candidates while the original runs (tests/worker/engine/test_engine_speculation.py) -------------
 
 
 def fail_on_relu_slowly_when_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -380,7 +381,7 @@ def fail_on_relu_slowly_or_at_once_on_cos(gm: fx.GraphModule, example_inputs: li
 
 
 
-# -- Deliver first, confirm after (tests/test_deliver_first.py) -----------------------------------
+# -- Deliver first, confirm after (tests/worker/engine/test_deliver_first.py) -----------------------------------
 
 
 def _whole(gm: fx.GraphModule) -> bool:
@@ -408,7 +409,7 @@ def fail_on_relu_unless_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> 
 
 def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Takes 7 s to compile a graph with relu, then runs it as eager: slow, but no hang, so a
-    hang guessed from a shorter timeout must not stand (tests/test_engine_limits.py)."""
+    hang guessed from a shorter timeout must not stand (tests/worker/engine/test_engine_limits.py)."""
     if has_op(gm, "relu"):
         time.sleep(7)
     return _eager(gm)
@@ -424,7 +425,7 @@ def slow_on_relu_slowest_when_whole(gm: fx.GraphModule, example_inputs: list[Any
     return _eager(gm)
 
 
-# -- Size-dependent failures, for the shrink phase (tests/test_shrink.py) -----------------------
+# -- Size-dependent failures, for the shrink phase (tests/worker/programs/fx/test_shrink.py) -----------------------
 
 
 def fail_on_relu_with_a_dim_of_64_or_more(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -456,14 +457,14 @@ fail_on_clamp_and_mean = raise_on_all("clamp", "mean")
 fail_on_tanh_and_layer_norm = raise_on_all("tanh", "native_layer_norm")
 
 
-# -- Bugs (tests/test_bugs.py, bench/bugs.py): five ops, five bugs --------------------------------
+# -- Bugs (tests/server/test_bugs.py, bench/bugs.py): five ops, five bugs --------------------------------
 
 FIVE_BUG_OPS = ("relu", "sigmoid", "tanh", "exp", "neg")
 # Fails compiling a graph with any of the five ops, naming it: each op is a bug of its own.
 fail_on_each_of_five = first_match(*((op, raise_on(op)) for op in FIVE_BUG_OPS))
 
 
-# -- Settings that avoid a bug, for the culprit phase's workarounds (tests/test_culprit.py) -------
+# -- Settings that avoid a bug, for the culprit phase's workarounds (tests/worker/programs/fx/test_culprit.py) -------
 
 
 def fail_on_relu_unless_pattern_matcher_off(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

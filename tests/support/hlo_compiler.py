@@ -1,4 +1,4 @@
-"""A stand-in vendor compiler for `backend: command` (tests/test_stablehlo_engine.py), run as
+"""A stand-in vendor compiler for `backend: command` (tests/worker/programs/stablehlo/test_stablehlo_engine.py), run as
 `python hlo_compiler.py MODULE.mlir`: it refuses a reduce-max (`error: ...`, exit status 1), and
 dies of SIGSEGV on a module with a multiply but no reduce-max (a crash in a candidate); it accepts
 everything else."""

@@ -1,4 +1,4 @@
-"""Stand-ins for the version phase's tests (tests/test_versions_*.py): a bug whose presence depends on
+"""Stand-ins for the version phase's tests (tests/worker/service/test_versions_*.py): a bug whose presence depends on
 `torch.__version__`, and an interpreter that shares the CI venv's torch but reports another version.
 
 No real inductor bug that differs between the releases we can install cheaply in CI is used

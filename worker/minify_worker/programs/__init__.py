@@ -5,7 +5,7 @@ protocol and this registry: the FX graph of a `.pt2` (`programs/fx/`) is one rep
 StableHLO module (`programs/stablehlo/`) another, and a new kind of program adds a package beside
 them, not branches in the engine. Neither representation imports the other: what both need lives
 here, above them (`candidates`, `prepared`, `classify`, `culprit`), or in the neutral modules
-(`minify_worker.outcomes`, `oracle`, `artifacts`); tests/test_layout.py checks it. A representation is two
+(`minify_worker.outcomes`, `oracle`, `artifacts`); tests/worker/test_layout.py checks it. A representation is two
 halves: pure functions over a program in the engine's process (memo key, size, op kinds, its
 strategies, the wire form a sandbox child gets), and entry points that run only in sandbox
 children, named as call targets (`module:function`), because only children parse untrusted

@@ -1,7 +1,8 @@
 """The one place minify touches torch's compiler bisector (`torch._inductor.compiler_bisector`).
 
-Read from torch 2.13.0's source; its tests (tests/test_culprit.py, tests/test_bisector.py) pass on
-2.11.0, 2.13.0 and 2.14.1 (`make test-torch-2.11`, `make test-torch-2.14`). What we rely on:
+Read from torch 2.13.0's source; its tests (tests/worker/programs/fx/test_culprit.py,
+tests/worker/programs/fx/test_bisector.py) pass on 2.11.0, 2.13.0 and 2.14.1 (`make test-torch-2.11`,
+`make test-torch-2.14`). What we rely on:
 
 - `CompilerBisector.do_bisect(fn)` drives the search: the first stage of `BACKENDS` (eager,
   aot_eager, aot_eager_decomp_partition, aot_eager_decomp_partition_crossref, inductor) that

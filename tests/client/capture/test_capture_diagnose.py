@@ -1,0 +1,252 @@
+"""Failures no captured graph holds (capture/diagnose.py): a script or test that fails after
+compiling something, with nothing captured, is rerun with torch.compile off, then backends eager
+and aot_eager, then its own backend, and the layer to blame is said, with the next step, in the
+runner's output or the plugin's summary and in DIR/diagnoses.json. The user's outcome is unchanged.
+
+The family: real dynamo-level and AOT-level bugs of torch 2.13 CPU (restated from public PyTorch
+issues, in tests/crash_suite/case_no_graph.py), the program's own failure (it fails without
+torch.compile too), and a backend's wrong values that the accuracy capture (off here) would have
+caught.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from minify_client.capture.diagnose import Rerun, _verdict
+from tests.support.subprocesses import run_clean
+
+REPO = Path(__file__).resolve().parents[3]
+SUITE = REPO / "tests" / "crash_suite"
+
+PROGRAM = """
+import torch
+total = torch.compile(lambda x: x.sum(), backend="eager")(torch.ones(3))
+assert total == 4, f"the sum is {total}"
+"""
+BACKEND = """
+import torch
+from tests.support.backends import wrong_on_relu
+x = torch.randn(8)
+assert torch.equal(torch.compile(torch.relu, backend=wrong_on_relu)(x), torch.relu(x)), "relu differs"
+"""
+# Strict torch.export of submodules kept in a plain list (pytorch#150428): export's own KeyError,
+# which TORCHDYNAMO_DISABLE=1 does not turn off; not the program's failure.
+EXPORT = """
+import torch
+
+class Shift(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.nn.Parameter(torch.full((2, 3), 0.5))
+
+    def forward(self, x):
+        return x + self.offset
+
+class Chain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = [Shift(), Shift()]
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+torch.export.export(Chain(), (torch.ones(2, 3),), strict=True)
+"""
+CASES = {"program": (PROGRAM, ["no torch.compile"], "AssertionError"),
+         "export": (EXPORT, ["no torch.compile"], "KeyError"),
+         "backend": (BACKEND, ["no torch.compile", "eager", "aot_eager", "your backend"], "AssertionError")}
+SAID = {"program": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1): the failure is the program's own",
+        "export": "inside torch.export, which the program calls itself",
+        "backend": "so your backend's compiled code is to blame"}
+
+
+def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return run_clean(command, cwd, timeout_s=900, **extra)
+
+
+# The runner takes the layers the plugin's summary test does not: the program's own failure and the
+# backend's (all four rerun settings). Dynamo's and AOT autograd's are the plugin test's two cases,
+# and AOT autograd's the runner's too in tests/test_realbugs.py (#139789, through bench/realbugs).
+@pytest.mark.parametrize("layer", sorted(CASES))
+def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, layer: str) -> None:
+    script, settings, error = CASES[layer]
+    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--diagnose", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == 1 and error in done.stderr  # the script's own outcome
+    assert SAID[layer] in done.stderr, done.stderr[-3000:]
+    [entry] = json.loads((tmp_path / "caps" / "diagnoses.json").read_text())["diagnoses"]
+    assert (entry["test"], entry["layer"]) == ("script.py", layer)
+    assert entry["signature"].startswith(error)
+    assert [rerun["setting"] for rerun in entry["reruns"]] == settings
+    assert [rerun["outcome"] for rerun in entry["reruns"]] == ["passes"] * (len(settings) - 1) + ["fails the same way"]
+    assert all((tmp_path / "caps" / rerun["log"]).is_file() for rerun in entry["reruns"])
+    assert not (tmp_path / "caps" / "captures.json").exists()
+
+
+def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(textwrap.dedent(PROGRAM))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--dir", "caps", "script.py"], tmp_path)
+    assert done.returncode == 1 and "no graph captured" not in done.stderr
+    assert not (tmp_path / "caps" / "diagnoses.json").exists()
+
+
+# What the sample suite's tests do without the plugin (tests/crash_suite/case_no_graph.py: two
+# failures of torch 2.13 CPU, restated from public issues, and a test that passes).
+PLAIN_OUTCOMES = {"tests/crash_suite/case_no_graph.py::test_identity_branch_is_replayed": "FAILED",
+                  "tests/crash_suite/case_no_graph.py::test_aliased_view_rebuilt_from_the_base": "FAILED",
+                  "tests/crash_suite/case_no_graph.py::test_compiles_and_matches": "PASSED"}
+
+
+def test_pytest_plugin_summary_says_which_layer_each_uncaptured_failure_is_in(tmp_path: Path) -> None:
+    """Under the plugin with diagnosis on, each test ends as it does without it (PLAIN_OUTCOMES),
+    and the summary and diagnoses.json name each failure's layer."""
+    command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_no_graph.py"),
+               "-rA"]
+    diagnosed = _run(command, REPO, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"), MINIFY_CAPTURE_DIAGNOSE="1")
+    assert diagnosed.returncode == 1, diagnosed.stdout[-3000:]
+    outcomes = {line.split()[1]: line.split()[0] for line in diagnosed.stdout.splitlines()
+                if line.startswith(("PASSED ", "FAILED "))}
+    assert outcomes == PLAIN_OUTCOMES, diagnosed.stdout[-3000:]
+    summary = diagnosed.stdout.split("minify: failures no captured graph holds", 1)[1]
+    assert "case_no_graph.py::test_identity_branch_is_replayed: " in summary
+    assert "so dynamo is to blame" in summary.split("case_no_graph.py::test_aliased")[0]
+    assert "so AOT autograd is to blame" in summary.split("case_no_graph.py::test_aliased")[1]
+    entries = json.loads((tmp_path / "caps" / "diagnoses.json").read_text())["diagnoses"]
+    assert {entry["test"]: entry["layer"] for entry in entries} == {
+        "case_no_graph.py::test_identity_branch_is_replayed": "dynamo",
+        "case_no_graph.py::test_aliased_view_rebuilt_from_the_base": "aot_autograd"}
+
+
+def _reruns(*outcomes: str) -> list[Rerun]:
+    settings = ["no torch.compile", "eager", "aot_eager", "your backend"]
+    return [Rerun(setting, outcome, None, 1.0, f"{setting}.log")  # type: ignore[arg-type]
+            for setting, outcome in zip(settings, outcomes, strict=False)]
+
+
+@pytest.mark.parametrize(("outcomes", "layer"), [
+    (["fails the same way"], "program"),
+    (["fails differently"], "program"),
+    (["passes", "fails the same way"], "dynamo"),
+    (["passes", "passes", "fails differently"], "aot_autograd"),
+    (["passes", "passes", "passes", "fails the same way"], "backend"),
+    (["passes", "passes", "passes", "passes"], "not_alone"),
+    (["passes", "timed out"], None),
+    (["could not run"], None),
+])
+def test_the_first_rerun_that_fails_names_the_layer(outcomes: list[str], layer: str | None) -> None:
+    found = _verdict("t", "AssertionError", _reruns(*outcomes))
+    assert found.layer == layer
+    assert ("did not finish" in found.message) == (layer is None)
+
+
+def test_a_failure_without_torch_compile_inside_torch_export_blames_export_not_the_program() -> None:
+    export_failed = Rerun("no torch.compile", "fails the same way", "KeyError", 1.0, "log", "torch.export")
+    assert _verdict("t", "KeyError", [export_failed]).layer == "export"
+    private = Rerun("no torch.compile", "fails differently", "UserError", 1.0, "log", "torch._export.utils")
+    assert _verdict("t", "KeyError", [private]).layer == "export"
+    for raised_in in ("torch.nn.modules.module", "torch.functional", None):
+        own = Rerun("no torch.compile", "fails the same way", "RuntimeError", 1.0, "log", raised_in)
+        assert _verdict("t", "RuntimeError", [own]).layer == "program"
+
+
+def _raised(call: Callable[[], object]) -> BaseException:
+    try:
+        call()
+    except Exception as error:  # the error is the subject
+        return error
+    raise AssertionError("it did not raise")
+
+
+def test_a_rerun_says_which_torch_module_the_program_called_when_it_failed() -> None:
+    """The family: strict export's internal error and a non-strict export's refusal of
+    data-dependent control flow are torch.export's; a module's shape error is in torch.nn; an
+    operator's error raised in C++ has no torch frame."""
+    import torch
+
+    from minify_client.capture.rerun import torch_entry
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = [torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)]  # a plain list: not registered
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for stage in self.stages:
+                x = stage(x)
+            return x
+
+    class Branches(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1 if x.sum() > 0 else x - 1
+
+    x = torch.ones(2, 3)
+    assert torch_entry(_raised(lambda: torch.export.export(Chain(), (x,), strict=True))) == "torch.export"
+    assert torch_entry(_raised(lambda: torch.export.export(Branches(), (x,), strict=False))) == "torch.export"
+    assert torch_entry(_raised(lambda: torch.nn.Linear(4, 3)(x))).startswith("torch.nn.modules")
+    assert torch_entry(_raised(lambda: torch.ones(2) + torch.ones(3))) is None
+
+
+def _dynamo_error() -> BaseException:
+    import torch
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    try:
+        torch.compile(breaks, backend="eager", fullgraph=True)(torch.ones(2))
+    except Exception as error:  # the error dynamo raises is the subject
+        return error
+    raise AssertionError("dynamo traced a graph break under fullgraph")
+
+
+def test_an_error_dynamo_raised_before_compiling_is_named_as_dynamo_s() -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    error = _dynamo_error()
+    note = refused_before_compile(error)
+
+    assert note is not None and "dynamo refused the program" in note and type(error).__name__ in note
+
+
+def test_an_error_raised_from_a_dynamo_error_is_named_too() -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    try:
+        raise RuntimeError("the user's wrapper") from _dynamo_error()
+    except RuntimeError as error:
+        assert refused_before_compile(error) is not None
+
+
+@pytest.mark.parametrize("error", [RuntimeError("shape mismatch"), AssertionError("wrong values"), KeyError("x")])
+def test_errors_not_from_dynamo_get_no_such_note(error: BaseException) -> None:
+    from minify_client.capture.diagnose import refused_before_compile
+
+    assert refused_before_compile(error) is None
+
+
+def test_runner_names_a_fullgraph_refusal_as_dynamo_s(tmp_path: Path) -> None:
+    script = tmp_path / "refused.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        def f(x):
+            torch._dynamo.graph_break()
+            return x + 1
+
+        torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+    """))
+    result = _run([sys.executable, "-m", "minify_client.capture", str(script)], tmp_path)
+
+    assert result.returncode == 1
+    assert "dynamo refused the program before any graph reached a compiler" in result.stderr

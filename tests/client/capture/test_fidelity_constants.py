@@ -1,0 +1,175 @@
+"""A program's constant tensors reach the worker's compiler as constants (issue 38, pytorch#175966).
+
+A tensor a program builds from literals (`torch.tensor([10**9])`, `torch.as_tensor([...])`) is a
+constant in the graph torch.compile hands a compiler (AOT autograd's `_tensor_constant0`), which
+inductor folds into its kernels; torch.export lifts it to an input (`c_lifted_tensor_0`). Compiled
+as an input, the captured program was another program: #175966's 32-bit product, which needs the
+constant folded in, passed 3x in the worker. The worker and repro.py now compile such inputs as
+tensor attributes of the module (`backends.constants_as_attributes`).
+
+The family: programs that build a constant from literals in four ways (an int64 factor, a 0-d
+float, a list through `as_tensor`, a float vector in a `where`), each captured from a real
+`torch.compile` with MINIFY_CAPTURE_ACCURACY's check, minimized by the offline engine and its
+repro.py run in a fresh process. The backend is cheap and behaves as inductor did: AOT autograd,
+then a forward compiler that gets the values wrong when a constant tensor is folded into the
+graph (a get_attr), and right when the same tensor is an input.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from minify_client.capture import capture_failures
+from minify_contract.models import JobSpec, JobState
+from minify_worker.engine import MinifyResult, minify
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from tests.support.repro import run_repro
+
+# The backend as `tests.<this module>`: the name a capture records and sandbox children and
+# repro.py import (pytest imports this file under its bare name).
+BACKENDS = "tests.client.capture.test_fidelity_constants"
+
+
+def _wrong_when_constants_are_folded(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """AOT autograd's forward compiler: eager, but every tensor output off by one when an op
+    computes with a tensor constant of the graph (a get_attr, through its copies), as inductor's
+    kernels were wrong with the constant folded in. A graph that only returns it is right."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    copies = {"lift_fresh_copy", "detach", "detach_", "clone", "alias", "_to_copy"}
+    constant = {node for node in gm.graph.nodes
+                if node.op == "get_attr" and isinstance(getattr(gm, str(node.target), None), torch.Tensor)}
+    folded = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not constant.intersection(node.all_input_nodes):
+            continue
+        packet = getattr(node.target, "overloadpacket", None)
+        if packet is not None and packet.__name__ in copies:
+            constant.add(node)
+        else:
+            folded = True
+
+    def run(*args: Any) -> Any:
+        outputs = gm(*args)
+        if not folded:
+            return outputs
+        return [value + 1 if isinstance(value, torch.Tensor) and value.dtype != torch.bool else value
+                for value in outputs]
+
+    return make_boxed_func(run)
+
+
+def wrong_with_a_constant(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A torch.compile backend: AOT autograd (inference) with `_wrong_when_constants_are_folded`."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_wrong_when_constants_are_folded)(gm, example_inputs)
+
+
+def int64_factor(x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(0, 11, dtype=torch.int64) * torch.tensor([10**9], dtype=torch.int64) + x
+
+
+def scalar_scale(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) * torch.tensor(3.0)
+
+
+def listed_offsets(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) + torch.as_tensor([1, 2, 3, 4])
+
+
+def default_vector(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 0, x, torch.tensor([-1.0, -2.0, -3.0, -4.0]))
+
+
+FAMILY = {
+    "int64_factor": (int64_factor, lambda: torch.zeros(1, dtype=torch.int64)),
+    "scalar_scale": (scalar_scale, lambda: torch.randn(4, 4)),
+    "listed_offsets": (listed_offsets, lambda: torch.arange(16).reshape(4, 4)),
+    "default_vector": (default_vector, lambda: torch.randn(3, 4)),
+}
+
+# Wrong floats, and wrong integers alone, are told apart (`minify_worker.outcomes.INTEGER_ONLY`).
+SIGNATURES = {"int64_factor": "AccuracyError: integer outputs only", "scalar_scale": "AccuracyError",
+              "listed_offsets": "AccuracyError: integer outputs only", "default_vector": "AccuracyError"}
+
+
+def capture(function: Callable[..., Any], x: torch.Tensor, directory: Path) -> Path:
+    """The user's compile of `function` with the backend imported as the worker imports it, its
+    wrong values captured by the accuracy check (nothing raises); the captured program's path."""
+    backend = importlib.import_module(BACKENDS).wrong_with_a_constant
+    torch._dynamo.reset()
+    with capture_failures(torch.nn.Identity(), (x,), save_to=directory, name="program", accuracy=True) as block:
+        torch.compile(function, backend=backend)(x.clone())
+    assert block.captured is not None, block.capture_error
+    return directory / "program.pt2"
+
+
+@pytest.fixture(scope="module")
+def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, MinifyResult]]:
+    """Every program of the family captured and minimized (two candidates at a time, no culprit)."""
+    results = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.client.capture.test_fidelity_")
+        for name, (function, make_input) in FAMILY.items():
+            captured = capture(function, make_input(), tmp_path_factory.mktemp(name))
+            spec = JobSpec.model_validate_json((captured.parent / "spec.json").read_text())
+            spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}),
+                                           "culprit": False, "versions": False})
+            results[name] = captured, minify(captured, spec, captured.parent / "out",
+                                             inputs=captured.parent / "inputs.pt")
+    return results
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_the_capture_holds_a_constant_tensor_as_export_lifts_it(
+        name: str, minimized: dict[str, tuple[Path, MinifyResult]]) -> None:
+    program = torch.export.load(minimized[name][0])
+
+    kinds = [spec.kind.name for spec in program.graph_signature.input_specs]
+    assert "CONSTANT_TENSOR" in kinds, kinds  # the class under test: a lifted constant
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_a_failure_that_needs_the_constant_folded_reproduces_in_the_worker(
+        name: str, minimized: dict[str, tuple[Path, MinifyResult]]) -> None:
+    result = minimized[name][1]
+
+    assert result.status is JobState.succeeded, result.reason
+    assert result.report.signature == SIGNATURES[name]
+    code = result.report.graph_code or ""
+    assert "lift_fresh_copy" in code or "c_lifted_tensor" in code, code
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_its_repro_compiles_the_constant_as_a_constant_and_fails_the_same_way(
+        name: str, minimized: dict[str, tuple[Path, MinifyResult]]) -> None:
+    repro = minimized[name][1].artifacts["repro.py"]
+    done = run_repro(repro)
+
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert f"repro failed with: {SIGNATURES[name]}\n" in done.stderr
+    assert "CONSTANT_INPUTS = [" in repro.read_text()
+
+
+def test_a_program_with_the_constant_as_a_real_input_is_compiled_with_it_as_an_input(tmp_path: Path) -> None:
+    """Only constants move: the same product with the factor passed in is not wrong, so nothing is
+    captured (the backend sees no constant)."""
+    def factor_given(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        return torch.arange(0, 11, dtype=torch.int64) * factor + x
+
+    backend = importlib.import_module(BACKENDS).wrong_with_a_constant
+    torch._dynamo.reset()
+    x, factor = torch.zeros(1, dtype=torch.int64), torch.tensor([10**9])
+    with capture_failures(torch.nn.Identity(), (x, factor), save_to=tmp_path, accuracy=True) as block:
+        result = torch.compile(factor_given, backend=backend)(x, factor)
+
+    assert block.captured is None
+    assert torch.equal(result, factor_given(x, factor))

@@ -1,0 +1,387 @@
+"""The sandbox: every candidate in its own child of a warm fork server; a dead child is a result.
+
+One module-scoped pool runs the test backend `misbehave_by_op`, which fails a different way per
+op (relu: compile error, neg: runtime error, sin: SIGSEGV, tanh: hang with a grandchild, exp:
+exit without a report, sigmoid: out of memory), so a one-op graph picks the misbehaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from minify_contract.models import JobSpec
+from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
+from minify_worker.programs.fx.graph import graph_to_wire
+from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
+from minify_worker.sandbox.processes import process_stats
+from tests.support import backends, calls
+from tests.support.graphs import chain_graph
+
+BACKEND = f"{backends.PREFIX}:misbehave_by_op"
+# What the pools here may import in their children: the test backends and test call targets.
+ALLOWED = {**backends.ALLOWED, **calls.ALLOWED}
+
+
+def chain(*ops: str) -> dict:
+    """The wire form of x → ops... → output, with x read from the value store."""
+    return graph_to_wire(chain_graph(*ops))
+
+
+def session_members(session_id: int) -> list[int]:
+    """Pids of live processes in session `session_id` (each child is a session and group leader)."""
+    return [pid for pid, fields in process_stats() if int(fields[3]) == session_id and fields[0] != "Z"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sandbox")
+    torch.save({"x": torch.randn(4, 4)}, path / "values.pt")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pool(workdir: Path) -> Iterator[SandboxPool]:
+    spec = JobSpec(backend=BACKEND)
+    with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2, env=ALLOWED) as sandbox:
+        sandbox.wait_ready(180)
+        yield sandbox
+
+
+def test_a_candidate_that_compiles_and_runs_passes(pool: SandboxPool) -> None:
+    assert isinstance(pool.submit(chain("abs"), timeout_s=60).result(), Passes)
+
+
+def test_a_compile_error_comes_back_as_its_signature(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("relu"), timeout_s=60).result()
+    assert isinstance(outcome, Fails)
+    assert (outcome.signature.kind, outcome.signature.exc_type) == ("compile_error", "RuntimeError")
+    assert outcome.signature.key == "injected failure on relu"
+
+
+def test_an_error_while_running_is_a_runtime_error(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("neg"), timeout_s=60).result()
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "runtime_error"
+
+
+def test_a_segfaulting_child_is_crashed_with_sigsegv(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("sin"), timeout_s=60).result()
+    assert isinstance(outcome, Crashed)
+    assert outcome.signal == signal.SIGSEGV and outcome.signature.exc_type == "SIGSEGV"
+
+
+def test_a_child_that_exits_without_reporting_is_crashed_with_its_exit_status(pool: SandboxPool) -> None:
+    outcome = pool.submit(chain("exp"), timeout_s=60).result()
+    assert isinstance(outcome, Crashed)
+    assert (outcome.signal, outcome.signature.exc_type, outcome.signature.key) == (0, "ExitStatus", "3")
+
+
+def test_running_out_of_memory_is_out_of_memory_not_a_failure(pool: SandboxPool) -> None:
+    assert isinstance(pool.submit(chain("sigmoid"), timeout_s=60).result(), OutOfMemory)
+
+
+def test_a_hanging_child_times_out_and_its_whole_group_dies(pool: SandboxPool) -> None:
+    started = time.monotonic()
+    future = pool.submit(chain("tanh"), timeout_s=1.5)
+    outcome = future.result(timeout=60)
+    assert isinstance(outcome, TimedOut)
+    assert 1.5 <= outcome.after_s < 10 and time.monotonic() - started < 15
+    pid = pool.child_pid(future)
+    assert pid is not None
+    assert wait_until(lambda: not session_members(pid)), "the child or its `sleep` grandchild outlived it"
+
+
+def test_a_timeout_can_be_shortened_while_the_child_runs(pool: SandboxPool) -> None:
+    # The engine starts candidates before the original's runs have calibrated the timeout.
+    future = pool.submit(chain("tanh"), timeout_s=600)
+    assert wait_until(lambda: pool.child_pid(future) is not None, 60)
+    pool.set_timeout(future, 1.0)
+    outcome = future.result(timeout=60)
+    assert isinstance(outcome, TimedOut) and 1.0 <= outcome.after_s < 10
+
+
+def test_cancel_kills_the_running_child(pool: SandboxPool) -> None:
+    future = pool.submit(chain("tanh"), timeout_s=120)
+    assert wait_until(lambda: pool.child_pid(future) is not None)
+    pid = pool.child_pid(future)
+    assert pool.cancel(future) and future.cancelled()
+    assert wait_until(lambda: not session_members(pid))
+
+
+def test_children_run_in_parallel(pool: SandboxPool) -> None:
+    started = time.monotonic()
+    futures = [pool.submit(chain("tanh"), timeout_s=3) for _ in range(2)]
+    assert all(isinstance(future.result(timeout=60), TimedOut) for future in futures)
+    assert time.monotonic() - started < 5.5, "two 3 s hangs with parallelism 2 ran one after the other"
+
+
+def test_more_requests_than_parallelism_queue_and_all_finish(pool: SandboxPool) -> None:
+    futures = [pool.submit(chain(op), timeout_s=60) for op in ("abs", "relu", "sin", "abs", "neg")]
+    kinds = [future.result(timeout=120).kind for future in futures]
+    assert kinds == ["passes", "fails", "crashed", "passes", "fails"]
+
+
+def test_call_runs_a_function_in_a_child_with_the_value_store(pool: SandboxPool) -> None:
+    assert pool.call("tests.support.calls:value_names", timeout_s=60) == {"names": ["x"]}
+    echoed = pool.call("tests.support.calls:echo", {"a": 1}, timeout_s=60)
+    assert echoed["kwargs"] == {"a": 1} and echoed["pid"] != os.getpid()
+
+
+def test_a_crashing_call_raises_sandbox_call_error(pool: SandboxPool) -> None:
+    with pytest.raises(SandboxCallError) as raised:
+        pool.call("tests.support.calls:crash_in_call", timeout_s=60)
+    assert raised.value.error_type == "crashed" and "SIGSEGV" in str(raised.value)
+
+
+def test_an_outcome_call_resolves_with_the_outcome_its_target_returned(pool: SandboxPool) -> None:
+    spec_json = JobSpec(backend=BACKEND).model_dump_json()
+    outcome = pool.submit_outcome_call("tests.support.calls:run_with_spec",
+                                       {"wire_graph": chain("relu"), "spec_json": spec_json}, timeout_s=60).result()
+    assert isinstance(outcome, Fails) and outcome.signature.kind == "compile_error"
+
+
+def test_an_outcome_call_whose_child_crashes_is_the_crash_as_a_candidates_would_be(pool: SandboxPool) -> None:
+    outcome = pool.submit_outcome_call("tests.support.calls:crash_in_call", timeout_s=60).result()
+    assert isinstance(outcome, Crashed) and outcome.signal == signal.SIGSEGV
+    assert outcome.signature == pool.submit(chain("sin"), timeout_s=60).result().signature
+
+
+def test_an_outcome_call_whose_child_hangs_times_out(pool: SandboxPool) -> None:
+    spec_json = JobSpec(backend=BACKEND).model_dump_json()
+    outcome = pool.submit_outcome_call("tests.support.calls:run_with_spec",
+                                       {"wire_graph": chain("tanh"), "spec_json": spec_json}, timeout_s=3).result()
+    assert isinstance(outcome, TimedOut)
+
+
+def test_an_outcome_call_whose_target_raises_is_invalid(pool: SandboxPool) -> None:
+    outcome = pool.submit_outcome_call("tests.support.calls:value_names", {"unexpected": 1}, timeout_s=60).result()
+    assert isinstance(outcome, Invalid) and outcome.message.startswith("TypeError: ")
+
+
+def test_call_targets_outside_minify_worker_are_refused(pool: SandboxPool) -> None:
+    with pytest.raises(ValueError, match="minify_worker"):
+        pool.call("os:system", {"command": "true"})
+
+
+def test_call_targets_of_the_tests_need_the_pools_opt_in() -> None:
+    assert call_allowed("minify_worker.engine.artifacts:write_minimized", {})
+    assert not call_allowed("tests.support.calls:echo", {})
+    assert call_allowed("tests.support.calls:echo", calls.ALLOWED)
+    assert not call_allowed("os:system", calls.ALLOWED)
+
+
+def test_children_keep_temporary_files_in_the_work_dir(pool: SandboxPool, workdir: Path) -> None:
+    where = pool.call("tests.support.calls:temp_dir", timeout_s=60)
+    assert Path(where["tempdir"]).is_relative_to(workdir)
+
+
+def test_compile_caches_are_shared_outside_temp_unless_kept_per_job(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path / "caches"))
+    assert compile_cache_dir(tmp_path / "job").is_relative_to(tmp_path / "caches")
+    monkeypatch.setenv("MINIFY_CACHE_DIR", "job")
+    assert compile_cache_dir(tmp_path / "job") == tmp_path / "job" / "cache"
+
+
+def test_the_fork_server_never_initializes_cuda(pool: SandboxPool) -> None:
+    assert pool.wait_ready(0)["cuda_initialized"] is False
+
+
+def test_close_kills_children_and_removes_the_sandbox_dir(tmp_path: Path) -> None:
+    torch.save({"x": torch.randn(2)}, tmp_path / "values.pt")
+    sandbox = SandboxPool(tmp_path, tmp_path / "values.pt", JobSpec(backend=BACKEND), parallelism=1, warm=False,
+                          env=ALLOWED)
+    future = sandbox.submit(chain("tanh"), timeout_s=300)
+    assert wait_until(lambda: sandbox.child_pid(future) is not None, 120)
+    pid, server = sandbox.child_pid(future), sandbox.server_pid
+    sandbox.close()
+    assert future.cancelled()
+    assert not session_members(pid) and not alive(server)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["values.pt"]
+
+
+def test_closing_a_spawned_fork_server_that_is_still_starting_does_not_wait_for_its_start(tmp_path: Path) -> None:
+    """A job cancelled while its spawned server still imports torch: the server reads no request
+    (not even the EOF that tells it to go) until it has started, seconds later; close stops it."""
+    sandbox = SandboxPool(tmp_path, None, JobSpec(backend="inductor"), start="spawn")
+    assert wait_until(lambda: sandbox.server_pid is not None, 30)
+    server = sandbox.server_pid
+    started = time.monotonic()
+    sandbox.close()
+    took = time.monotonic() - started
+    assert not alive(server) and not (tmp_path / "sandbox").exists()
+    assert took < 2.0, f"close took {took:.1f} s"  # it waited for the server's imports: 2.8 s on a quiet box
+
+
+PARENT = textwrap.dedent("""
+    import sys, time, torch
+    from pathlib import Path
+    from torch import fx
+    from minify_contract.models import JobSpec
+    from minify_worker.programs.fx.graph import graph_to_wire
+    from minify_worker.sandbox import SandboxPool, preload
+
+    workdir = Path(sys.argv[1])
+    if sys.argv[3] == "fork":
+        preload(warm=False)
+    torch.save({"x": torch.randn(2)}, workdir / "values.pt")
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(torch.ops.aten.tanh.default, (x,)),))
+    pool = SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False,
+                       env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends"})
+    assert pool.start_method == sys.argv[3], pool.start_method
+    future = pool.submit(graph_to_wire(graph), timeout_s=300)
+    while pool.child_pid(future) is None:
+        time.sleep(0.05)
+    print(pool.server_pid, pool.child_pid(future), flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_killed_parent_leaves_no_orphans(tmp_path: Path, start: str) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), BACKEND, start], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        server, child = (int(pid) for pid in parent.stdout.readline().split())
+        assert alive(server) and alive(child)
+        assert wait_until(lambda: len(session_members(child)) >= 2), "the hang's grandchild did not start"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert wait_until(lambda: not alive(server) and not session_members(child))
+
+
+FORK_ORIGIN = textwrap.dedent("""
+    import json, sys, threading, torch
+    from pathlib import Path
+    from minify_contract.models import JobSpec
+    from minify_worker.programs.fx.graph import graph_to_wire
+    from minify_worker.sandbox import SandboxPool, fork_refusal, preload
+    from tests.support.graphs import chain_graph
+
+    workdir = Path(sys.argv[1])
+    torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
+    report = {"before_preload": fork_refusal()}
+    preload(warm=False)
+    report["after_preload"] = fork_refusal()
+
+    def run_some() -> dict:
+        with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), parallelism=2,
+                         env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends",
+                              "MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
+            futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=5) for op in ("abs", "sin", "tanh")}
+            config = pool.call("tests.support.calls:inductor_config_values", {"keys": ["compile_threads"]})
+            kinds = {op: future.result().kind for op, future in futures.items()}
+            return {"start": pool.start_method, **config, **kinds}
+
+    # From another thread than preload's: inductor keeps config overrides per thread context.
+    thread = threading.Thread(target=lambda: report.update(preloaded=run_some()))
+    thread.start()
+    thread.join()
+    torch.set_num_threads(2)
+    torch.ones(1 << 22).sin().sum()  # starts OpenMP's pool: a fork from here would hang in the next one
+    report["after_openmp"] = fork_refusal()
+    report["after_openmp_pool"] = run_some()
+    print(json.dumps(report), flush=True)
+""")
+
+
+def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_starts(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", FORK_ORIGIN, str(tmp_path), BACKEND], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before_preload"] == "this process was not preloaded"
+    assert report["after_preload"] is None
+    outcomes = {"abs": "passes", "sin": "crashed", "tanh": "timed_out", "compile_threads": 1}
+    assert report["preloaded"] == {"start": "fork", **outcomes}
+    assert "native thread pool" in report["after_openmp"]
+    assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}
+
+
+JAX_ORIGIN = textwrap.dedent("""
+    import json, jax.numpy
+    from minify_worker.sandbox import fork_refusal, preload
+
+    jax.numpy.ones(2).block_until_ready()  # makes jax's CPU backend, and its threads, before preload
+    preload(warm=False)
+    print(json.dumps({"after_preload": fork_refusal()}), flush=True)
+""")
+
+
+def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
+    # Started before preload, jax's threads count as the origin's own: only asking jax tells.
+    pytest.importorskip("jax", reason="jax is the hlo extra's (make test installs it; a torch-version venv need not)")
+    done = subprocess.run([sys.executable, "-c", JAX_ORIGIN], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
+                                      "forked child)"
+
+
+TQDM_ORIGIN = textwrap.dedent("""
+    import sys, threading, torch
+    from pathlib import Path
+    from tqdm import tqdm
+    from minify_contract.models import JobSpec
+    from minify_worker.sandbox import SandboxCallError, SandboxPool, preload
+
+    workdir = Path(sys.argv[1])
+    tqdm(disable=True)  # tqdm's locks exist before any fork (fx's Interpreter makes one per run)
+    preload(warm=False)
+    with SandboxPool(workdir, None, JobSpec(backend="eager"),
+                     env={"MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
+        try:
+            pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=3)
+        except SandboxCallError as error:
+            print("killed:", error, flush=True)
+        try:
+            later = "made" if pool.call("tests.support.calls:make_tqdm", timeout_s=20)["made"] else "?"
+        except SandboxCallError:
+            later = "blocked"
+    made = threading.Thread(target=lambda: tqdm(disable=True), daemon=True)
+    made.start()
+    made.join(20)
+    print("origin's tqdm:", "blocked" if made.is_alive() else "made", "a later child's:", later, flush=True)
+""")
+
+
+def test_a_child_killed_holding_tqdms_lock_blocks_neither_the_origin_nor_later_children(tmp_path: Path) -> None:
+    """tqdm's write lock is a semaphore shared with every process forked after it was made; a
+    candidate killed inside fx's Interpreter (its tqdm) would leave it held, and the worker's next
+    tqdm (or any later child's) would wait forever: each forked process gets locks of its own."""
+    done = subprocess.run([sys.executable, "-c", TQDM_ORIGIN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "killed:" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "origin's tqdm: made a later child's: made", done.stdout

