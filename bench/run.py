@@ -556,8 +556,13 @@ def start_op_mismatches(table: dict[str, dict[str, list[RunResult]]], ops: dict[
     return problems
 
 
+# Ours as a revision holds them (the shared contract became a package of its own on 2026-11-28).
+OURS_PACKAGES = ("worker/minify_worker", "client/minify_client", "contract/minify_contract")
+
+
 def export_revision(revision: str, work: Path) -> Path:
-    """Check out worker/ and client/ of `revision` into WORK/src-REV; return the folder to put on PYTHONPATH.
+    """Check out worker/, client/ and contract/ (from 2026-11-28 on) of `revision` into WORK/src-REV;
+    return the folder to put on PYTHONPATH.
 
     Ours is imported from there (PYTHONPATH comes before the editable install), so a benchmark can
     pin a commit while the working tree changes under it. Returns a path holding both packages.
@@ -568,14 +573,13 @@ def export_revision(revision: str, work: Path) -> Path:
     target = work / f"src-{commit}"
     if not target.exists():
         target.mkdir(parents=True)
-        archive = subprocess.run(
-            ["git", "archive", commit, "worker/minify_worker", "client/minify_client"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        ).stdout
+        listed = subprocess.run(["git", "ls-tree", "--name-only", commit, *OURS_PACKAGES], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.split()
+        packages = [package for package in OURS_PACKAGES if package in listed]
+        archive = subprocess.run(["git", "archive", commit, *packages], cwd=REPO, capture_output=True,
+                                 check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-        for package in ("worker/minify_worker", "client/minify_client"):
+        for package in packages:
             (target / Path(package).name).symlink_to(target / package)
     return target
 
@@ -615,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--ours-rev",
         default=None,
-        help="run ours from this git revision (git archive of worker/ and client/), not the working tree",
+        help="run ours from this git revision (git archive of worker/, client/ and contract/), not the working tree",
     )
     parser.add_argument("--given-signature", action="store_true",
                         help="ours: the spec gives the signature the case fails with, as a capture does "
