@@ -33,6 +33,7 @@ public calls. `aot_inductor` exports with `dynamic_shapes` instead (`export_dyna
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import logging
 import sys
@@ -94,29 +95,18 @@ def _call(compiled: Compiled, args: list[Any]) -> Any:
     return compiled(*args)
 
 
-def _inductor(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
+def _inductor(gm: fx.GraphModule, inputs: list[Any], *, training: bool = False) -> Compiled:
+    """Inductor under `torch.no_grad()`; for a training step (`training`) as torch.compile calls it
+    then: grad mode on, so that AOT autograd traces the joint forward-and-backward graph of inputs
+    requiring grad and partitions it."""
     from torch._inductor.compile_fx import compile_fx
 
-    with torch.no_grad():
+    grad_mode = torch.enable_grad if training else torch.no_grad
+    with grad_mode():
         compiled = compile_fx(gm, list(inputs))
 
     def run(*args: Any) -> Any:
-        with torch.no_grad():
-            return _call(compiled, list(args))
-
-    return run
-
-
-def _inductor_for_training(gm: fx.GraphModule, inputs: list[Any]) -> Compiled:
-    """Inductor as torch.compile calls it for a training step: grad mode on, so that AOT autograd
-    traces the joint forward-and-backward graph of inputs requiring grad and partitions it."""
-    from torch._inductor.compile_fx import compile_fx
-
-    with torch.enable_grad():
-        compiled = compile_fx(gm, list(inputs))
-
-    def run(*args: Any) -> Any:
-        with torch.enable_grad():
+        with grad_mode():
             return _call(compiled, list(args))
 
     return run
@@ -196,7 +186,7 @@ def _backend(name: str, workdir: Path, shapes: DynamicShapes | None, training: b
     if name == "aot_inductor":
         return _aot_inductor(workdir, shapes)
     if name == "inductor":
-        backend = _inductor_for_training if training else _inductor
+        backend = functools.partial(_inductor, training=training)
     elif name in REGISTERED_BACKENDS:
         backend = _registered(name)
     elif ":" in name:
