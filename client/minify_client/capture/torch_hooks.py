@@ -652,7 +652,17 @@ def _judged(graph: Any, inputs: list[Any], run: Callable[[list[Any]], Any]) -> E
             return None  # both raise: the program's own error
         return missing_error(eager_error)
     results: list[Any] = []
-    divergence = compare_to_eager(graph, inputs, lambda args: results.append(run(args)) or results[-1])
+    error: RuntimeError | None = None
+    try:
+        divergence = compare_to_eager(graph, inputs, lambda args: results.append(run(args)) or results[-1])
+    except RuntimeError as raised:  # torch's rule: allclose raises on shapes that do not broadcast
+        error, divergence = raised, None
+    sizes = _sizes_differ(graph, inputs, reference, results[0]) if results else None
+    if sizes is not None:  # torch's rule cannot judge them (and compares shapes that broadcast)
+        logger.warning("%s", sizes)
+        return None
+    if error is not None:
+        raise error
     if divergence is not None:
         return AccuracyError(divergence)
     far = beyond_tolerance(reference, results[0]) if results else None
@@ -662,6 +672,45 @@ def _judged(graph: Any, inputs: list[Any], run: Callable[[list[Any]], Any]) -> E
             "from the fp64 reference than eager's own (eager's rounding decided them, as a floor or a comparison "
             "of a rounded value does): torch's accuracy rule passes them, and so does minify's; not captured",
             far)
+    return None
+
+
+def _sizes_differ(graph: Any, inputs: list[Any], reference: Any, result: Any) -> str | None:
+    """What to say of a compiled graph whose floating-point output has another shape than eager's
+    (a size the values decide: `unique`, `unique_consecutive`, `masked_select`, compiled under
+    dynamo's `capture_dynamic_output_shape_ops`), which torch's accuracy rule, the worker's too,
+    cannot compare (`allclose` raises, or broadcasts a size of one); None when no floating-point
+    output differs in shape. The fp64 reference tells rounding from a wrong size: where its size is
+    not eager's, eager's own rounding decided the size as much as the compiled code's
+    (pytorch#148859: a floor and an upsample whose last-bit differences `unique_consecutive` turns
+    into 2201 values, eager 2224, fp64 2206)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from minify_contract.accuracy import fp64_reference
+
+    for position, (expected, got) in enumerate(zip(tree_leaves(reference), tree_leaves(result), strict=False)):
+        if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) \
+                or not expected.is_floating_point() or expected.shape == got.shape:
+            continue
+        try:
+            precise = tree_leaves(fp64_reference(graph, inputs))[position]
+        except Exception:  # no reference: the size cannot be judged
+            precise = None
+        said = (f"minify: a compiled graph's output {position} ({str(expected.dtype).removeprefix('torch.')}) has "
+                f"shape {tuple(got.shape)} where eager's has {tuple(expected.shape)} (a size the values decide, as "
+                "unique or masked_select give)")
+        if not isinstance(precise, torch.Tensor):
+            return (f"{said}; without an fp64 reference it cannot be told from rounding, and the accuracy rule "
+                    "(torch's, the worker's too) compares outputs of one shape only: not captured")
+        if precise.shape == expected.shape:
+            return (f"{said}, and the fp64 reference's is eager's: the compiled size is wrong, but the accuracy "
+                    "rule (torch's, the worker's too) compares outputs of one shape only, so it is not captured. "
+                    "Next: report it to PyTorch with this test or script as the repro")
+        return (f"{said}, and the fp64 reference's is {tuple(precise.shape)}, not eager's: eager's own rounding "
+                "decides the size as much as the compiled code's (the op turns differences within the tolerance "
+                "into another size), so by torch's accuracy rule, and minify's, this is not a compiler error; not "
+                "captured. Next: compute the values the size depends on in float64, or round them first")
     return None
 
 

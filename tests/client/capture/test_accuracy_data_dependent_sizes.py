@@ -1,0 +1,103 @@
+"""Floating-point outputs whose size the values decide (issue 38, pytorch#148859's class): `unique`,
+`unique_consecutive`, `masked_select`, compiled under dynamo's `capture_dynamic_output_shape_ops`.
+A compiled graph that returns another size than eager's cannot be compared by torch's accuracy rule
+(the worker's too: `allclose` of two shapes raises), so the accuracy capture captures nothing; it
+says why, and the fp64 reference tells the two cases apart:
+
+- rounding: the size hinges on last-bit differences (`0.1 + 0.2` against `0.3` is equal in float32,
+  not in float64); a backend that computes in float64 gets the fp64 reference's size, not eager's,
+  and eager's rounding decided the size as much as the compiled code's;
+- a wrong size: a backend that drops the last value, where the fp64 reference has eager's size.
+
+In both the program's own outcome is unchanged. Cheap backends, no compiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from minify_client.capture import capture_failures
+
+Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+def in_fp64(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The graph computed in float64, its floating-point outputs cast back to their dtype."""
+    def run(*args: Any) -> Any:
+        outputs = gm(*[value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+                       for value in args])
+        return tuple(value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+                     for value in outputs)
+
+    return run
+
+
+def drop_last(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The graph run eagerly, the last value of each one-dimensional floating-point output dropped."""
+    def run(*args: Any) -> Any:
+        return tuple(value[:-1] if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 1
+                     else value for value in gm(*args))
+
+    return run
+
+
+PROGRAMS: list[tuple[str, Callable[..., torch.Tensor]]] = [
+    ("unique_consecutive", lambda x, y, z: torch.unique_consecutive(torch.cat([x + y, z]))),
+    ("unique", lambda x, y, z: torch.unique(torch.cat([x + y, z]))),
+    ("masked_select", lambda x, y, z: torch.masked_select(z * 2, x + y >= z)),
+]
+# float32: 0.1 + 0.2 == 0.3 (one value, a true mask); float64 of the same float32 numbers: not. Two
+# values at least each way: torch's allclose broadcasts a size of one.
+ROUNDING = (torch.tensor([1.0, 0.1]), torch.tensor([1.0, 0.2]), torch.tensor([0.3, 0.3]))
+EXACT = (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.5, 3.0]))
+
+
+def compile_and_capture(program: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], backend: Backend,
+                        directory: Path, caplog: pytest.LogCaptureFixture) -> tuple[torch.Tensor, Any, list[str]]:
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), caplog.at_level("WARNING"), \
+            capture_failures(program, args, save_to=directory, accuracy=True) as captured:
+        result = torch.compile(program, backend=backend, fullgraph=True)(*args)
+    torch._dynamo.reset()
+    said = [record.getMessage() for record in caplog.records if "a size the values decide" in record.getMessage()]
+    return result, captured, said
+
+
+@pytest.mark.parametrize(("name", "program"), PROGRAMS, ids=[case[0] for case in PROGRAMS])
+def test_a_size_rounding_decides_is_said_as_rounding_and_not_captured(
+        name: str, program: Callable[..., torch.Tensor], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    expected = program(*ROUNDING)
+    result, captured, said = compile_and_capture(program, ROUNDING, in_fp64, tmp_path, caplog)
+
+    assert result.shape != expected.shape  # the program's own outcome, unchanged by the check
+    assert captured.captured is None
+    assert len(said) == 1, said
+    assert f"where eager's has {tuple(expected.shape)}" in said[0]
+    assert f"the fp64 reference's is {tuple(result.shape)}, not eager's" in said[0]
+    assert "not a compiler error" in said[0]
+
+
+@pytest.mark.parametrize(("name", "program"), PROGRAMS, ids=[case[0] for case in PROGRAMS])
+def test_a_wrong_size_is_said_with_eagers_size_and_not_captured(
+        name: str, program: Callable[..., torch.Tensor], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    expected = program(*EXACT)
+    result, captured, said = compile_and_capture(program, EXACT, drop_last, tmp_path, caplog)
+
+    assert tuple(result.shape) == (expected.numel() - 1,)
+    assert captured.captured is None
+    assert len(said) == 1, said
+    assert "the fp64 reference's is eager's: the compiled size is wrong" in said[0]
+    assert "Next: report it to PyTorch" in said[0]
+
+
+def test_outputs_of_eagers_size_are_judged_as_before(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    program = PROGRAMS[0][1]
+    _, captured, said = compile_and_capture(program, EXACT, in_fp64, tmp_path, caplog)
+
+    assert captured.captured is None and not said
