@@ -164,12 +164,27 @@ def refused_before_compile(error: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if type(current).__module__.startswith("torch._dynamo"):
+            said = _graph_break_said(str(current))
             return (f"minify: dynamo refused the program before any graph reached a compiler "
-                    f"({type(current).__name__}), so there is no graph to capture or to minimize. "
-                    "Next: the traceback names the construct dynamo could not trace; if the program is valid "
-                    "PyTorch, report it to PyTorch (module: dynamo) with this test or script as the repro.")
+                    f"({type(current).__name__}{': ' + said if said else ''}), so there is no graph to capture or "
+                    "to minimize. Next: where dynamo's hint names a setting, run the program with it set (a capture "
+                    "carries the settings to the worker); else, if the program is valid PyTorch, report it to "
+                    "PyTorch (module: dynamo) with this test or script as the repro.")
         current = current.__cause__ or current.__context__
     return None
+
+
+def _graph_break_said(message: str) -> str:
+    """The first `Explanation:` and `Hint:` lines of a dynamo graph-break message (torch 2.13 writes
+    them under the break's name: "Operator `aten.nonzero.default`'s output shape depends on input
+    Tensor data", "Enable tracing of dynamic shape operators with
+    `torch._dynamo.config.capture_dynamic_output_shape_ops = True`"); "" when it has neither."""
+    found: dict[str, str] = {}
+    for line in message.splitlines():
+        label, _, text = line.strip().partition(": ")
+        if label in ("Explanation", "Hint") and text and label not in found:
+            found[label] = text.strip().rstrip(".")
+    return "; ".join(f"{'hint: ' if label == 'Hint' else ''}{text}" for label, text in found.items())
 
 
 def backend_override_read() -> bool:
