@@ -101,9 +101,11 @@ def test_a_graph_reused_on_aliased_inputs_is_said_and_its_layer_diagnosed(tmp_pa
 
 
 def test_a_higher_order_op_dynamo_refuses_is_named_as_dynamo_s(tmp_path: Path) -> None:
-    # dynamo fails before any backend is called: nothing compiled, so nothing to capture or rerun
+    # dynamo fails before any backend is called: nothing compiled, so nothing to capture or rerun;
+    # the note quotes dynamo's explanation of the refusal
     result = take("pt_158566_scan_item_in_body", tmp_path, diagnose=True)
     assert result.original_error.startswith("torch._dynamo.exc.UncapturedHigherOrderOpError")
     assert result.ours.verdict.startswith("nothing captured: minify: dynamo refused the program before any graph "
-                                          "reached a compiler (UncapturedHigherOrderOpError)")
+                                          "reached a compiler (UncapturedHigherOrderOpError: Expected combine_fn to "
+                                          "be wrapped as functools.partial")
 
