@@ -158,11 +158,14 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
 def refused_before_compile(error: BaseException) -> str | None:
     """The note for a failure that dynamo raised before any graph reached a backend (an unsupported
     construct under fullgraph, a higher-order op it cannot capture): no graph exists to capture or
-    to rerun with other backends, so the layer is known from the error alone. None for any other error."""
+    to rerun with other backends, so the layer is known from the error alone. None for any other
+    error, and for dynamo's `BackendCompilerFailed`, which wraps the error of a compiler a graph reached."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if type(current).__name__ == "BackendCompilerFailed":  # dynamo's wrapper of a compiler's own error
+            return None
         if type(current).__module__.startswith("torch._dynamo"):
             said = _graph_break_said(str(current))
             return (f"minify: dynamo refused the program before any graph reached a compiler "

@@ -3,7 +3,9 @@ gets a note that names the refusal in dynamo's own words: the first `Explanation
 its graph-break message, so that a refusal a setting lifts says which setting. The family: a
 `torch.cond` whose branches dynamo cannot capture whole (`nonzero` and `masked_select`, whose sizes
 the values decide: `capture_dynamic_output_shape_ops`; `.item()`: `capture_scalar_outputs`; a
-`print`: no setting). Dynamo alone (backend "eager"): nothing is compiled.
+`print`: no setting). Dynamo alone (backend "eager"): nothing is compiled. A compiler's own error,
+which dynamo raises wrapped in its `BackendCompilerFailed` (pytorch#172956: AOT autograd's
+partitioner), is no refusal: a graph reached the compiler.
 """
 
 from __future__ import annotations
@@ -80,3 +82,20 @@ def test_a_dynamo_error_without_explanation_is_named_by_its_type_alone() -> None
     note = refused_before_compile(Unsupported("no words of dynamo's own"))
 
     assert note is not None and "(Unsupported), so there is no graph" in note
+
+
+def failing_compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+    raise AssertionError("Node add was invalid, but is output")
+
+
+def test_a_compilers_own_error_wrapped_by_dynamo_is_no_refusal() -> None:
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x: x + 1, backend=failing_compiler)(torch.ones(2))
+    except Exception as error:  # dynamo's BackendCompilerFailed, the subject
+        assert type(error).__name__ == "BackendCompilerFailed"
+        assert refused_before_compile(error) is None
+    else:
+        raise AssertionError("the compiler did not fail")
+    finally:
+        torch._dynamo.reset()
