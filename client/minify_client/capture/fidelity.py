@@ -94,7 +94,8 @@ def unreproducible(failed: FailedCompile) -> str | None:
             f"can compile the captured program for training, but its custom autograd.Function"
             f"{'s' if len(functions) > 1 else ''} ({names}) would lose the backward the joint graph is built "
             "from: torch.export keeps a Function's forward only. It would not fail there: the failing graph is "
-            "not captured")
+            "not captured. Next: TORCH_LOGS=aot_joint_graph prints the joint graph AOT autograd failed on; report "
+            "it to PyTorch (module: aotdispatch) with this test or script as the repro")
 
 
 def needs_training(failed: FailedCompile) -> bool:

@@ -82,6 +82,11 @@ def _prefer_recompute(policy: Any) -> Any:
     return prefer_recompute
 
 
+# What a user can do where torch.export is the gap (pytorch#166525: a while_loop carrying a Python int).
+_NEXT = ("Next: TORCH_LOGS=graph_code prints the graph dynamo handed the compiler, to shrink by hand; torch.export's "
+         "gap is PyTorch's to fix (module: export)")
+
+
 def check_round_trip(program: Any) -> None:
     """Raise `CaptureRefused` when `program` (an ExportedProgram) holds higher-order ops and
     `torch.export.save` cannot write it or `torch.export.load` cannot read it back."""
@@ -100,7 +105,8 @@ def check_round_trip(program: Any) -> None:
     except Exception as error:
         raise CaptureRefused(
             f"{step} a program holding the higher-order op{'s' if len(ops) > 1 else ''} {', '.join(ops)} "
-            f"on torch {torch.__version__} ({root_cause(error)}): the failing graph is not captured") from error
+            f"on torch {torch.__version__} ({root_cause(error)}): the failing graph is not captured. {_NEXT}"
+        ) from error
 
 
 def export_refused(error: BaseException, ops: list[str], transforms: list[str]) -> CaptureRefused:
@@ -111,7 +117,7 @@ def export_refused(error: BaseException, ops: list[str], transforms: list[str]) 
     held = [f"the higher-order op{'s' if len(ops) > 1 else ''} {', '.join(ops)}"] if ops else []
     held += [f"torch.func transform calls ({', '.join(transforms[:4])})"] if transforms else []
     return CaptureRefused(f"torch.export cannot export a graph holding {' and '.join(held)} on torch "
-                          f"{torch.__version__} ({root_cause(error)}): the failing graph is not captured")
+                          f"{torch.__version__} ({root_cause(error)}): the failing graph is not captured. {_NEXT}")
 
 
 def root_cause(error: BaseException) -> str:

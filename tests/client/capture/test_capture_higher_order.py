@@ -155,6 +155,7 @@ def test_flex_attention_is_refused_at_capture_with_torchs_reason_and_the_users_e
     reason = str(block.capture_error)
     assert "flex_attention" in reason and torch.__version__ in reason
     assert reason.startswith(("torch.export.save cannot write", "torch.export.load cannot read back"))
+    assert "the failing graph is not captured. Next: TORCH_LOGS=graph_code" in reason  # what the user can do
     assert any(reason in note for note in raised.value.__notes__)
     assert not list(tmp_path.glob("c/*.pt2"))
 

@@ -82,6 +82,7 @@ def test_a_partitioner_failure_of_a_training_compile_is_refused_with_its_reason(
     reason = str(block.capture_error)
     assert "AOT autograd's partitioner" in reason and "keeps a Function's forward only" in reason
     assert f"autograd.Function ({function})" in reason  # what would be lost, by name
+    assert "Next: TORCH_LOGS=aot_joint_graph" in reason  # what the user can do
     assert any("not captured" in note for note in getattr(raised.value, "__notes__", []))
     assert not (tmp_path / "program.pt2").exists()
 
