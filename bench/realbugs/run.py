@@ -164,7 +164,13 @@ def capture_env(case: Case, diagnose: bool) -> dict[str, str]:
 def capture_note_of(notes: Sequence[str]) -> str:
     """The capture's own note on the error (why it could not capture), not the diagnosis's lines."""
     own = [note for note in notes if not _DIAGNOSIS_NOTE.search(note)]
-    return own[0][:300] if own else ""
+    return own[0][:1200] if own else ""
+
+
+def capture_notes(log: Path) -> list[str]:
+    """Our lines ("minify: ...") in a capture step's log."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
 
 
 def nothing_captured(note: str, diagnosis: str) -> str:
@@ -187,7 +193,8 @@ def diagnosis_of(captures: Path) -> str:
     message = entry.get("message", "")
     found = re.search(r"\bit (passes|fails)\b.*?(?=, so |$)", message)
     evidence = found.group(0) if found else message[:200]
-    return f"{entry.get('layer') or 'no layer'} ({evidence})"
+    step = re.search(r"\bNext: [^\n]*", message)
+    return f"{entry.get('layer') or 'no layer'} ({evidence})" + (f". {step.group(0)}" if step else "")
 
 
 def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
@@ -199,9 +206,7 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
                     capture_env(case, limits.diagnose))
     result.steps["capture"] = step
     result.original_error = step.error
-    text = Path(step.log).read_text(errors="replace")
-    notes = [line.strip() for line in text.splitlines() if _OUR_NOTE.match(line.strip())]
-    ours.capture_note = capture_note_of(notes)
+    ours.capture_note = capture_note_of(capture_notes(Path(step.log)))
     manifest = captures / "captures.json"
     entries = json.loads(manifest.read_text())["captures"] if manifest.exists() else []
     ours.captures = len(entries)
@@ -364,8 +369,9 @@ def load_results(paths: Sequence[Path]) -> tuple[list[str], list[CaseResult]]:
             steps = {name: Step(**step) for name, step in item.pop("steps").items()}
             ours, side = Ours(**item.pop("ours")), Torch(**item.pop("torch"))
             if ours.verdict.startswith("nothing captured"):
-                ours.capture_note = capture_note_of([ours.capture_note])
-                captures = Path(steps["capture"].log).parent / "captures"
+                log = Path(steps["capture"].log)  # the whole note where the log is still there
+                ours.capture_note = capture_note_of(capture_notes(log) if log.is_file() else [ours.capture_note])
+                captures = log.parent / "captures"
                 ours.diagnosis = diagnosis_of(captures) if captures.is_dir() else ours.diagnosis
                 ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
             earlier = by_case.get(item["case"])
