@@ -21,7 +21,7 @@ import traceback
 
 from minify_contract import signatures
 
-from . import crash, custom_ops, diagnose
+from . import crash, custom_ops, diagnose, torch_hooks
 from .session import CaptureSession, safe_name
 
 
@@ -92,13 +92,20 @@ def _diagnose(session: CaptureSession, error: BaseException, captured: list[obje
               name: str, invoked_in: str, seconds: float) -> None:
     """--diagnose: a failure no graph was captured for, in a script that compiled something, rerun
     to say which layer is to blame (capture/diagnose.py). One that dynamo raised before anything
-    compiled is named as dynamo's at once, with or without --diagnose."""
+    compiled is named as dynamo's at once, with or without --diagnose; one after graphs whose outputs
+    the accuracy check passed though not bit for bit, in a program dynamo broke, is said to be such
+    differences turned into a failure by eager code after a break (`diagnose.rounding_amplified`)."""
     if not captured and not session.compiled:
         refused = diagnose.refused_before_compile(error)
         if refused:
             print(refused, file=sys.stderr)
         return
-    if not diagnose.requested() or captured:
+    if captured:
+        return
+    amplified = diagnose.rounding_amplified(torch_hooks.passed_inexact(), diagnose.graph_breaks())
+    if amplified:
+        print(amplified, file=sys.stderr)
+    if not diagnose.requested():
         return
     print("minify: no failing graph was captured; rerunning the script to find which layer of torch.compile "
           "is to blame (--diagnose)", file=sys.stderr)

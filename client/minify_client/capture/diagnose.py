@@ -190,6 +190,33 @@ def _graph_break_said(message: str) -> str:
     return "; ".join(f"{'hint: ' if label == 'Hint' else ''}{text}" for label, text in found.items())
 
 
+def graph_breaks() -> list[str]:
+    """The reasons dynamo broke graphs for in this process (its `graph_break` counters), first line each."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return []
+    from torch._dynamo.utils import counters
+
+    return [str(reason).strip().splitlines()[0] for reason in counters["graph_break"] if str(reason).strip()]
+
+
+def rounding_amplified(inexact: Sequence[str], breaks: Sequence[str]) -> str | None:
+    """The note for a program that failed with nothing captured after dynamo broke it into graphs
+    whose outputs the accuracy check passed though not bit for bit (`torch_hooks.passed_inexact`):
+    eager code after a break that compares or counts exact values turns differences within the
+    tolerance into another result (pytorch#148859: 2201 values out of `unique_consecutive`, eager
+    2224). None without both."""
+    if not inexact or not breaks:
+        return None
+    return (f"minify: the compiled graphs passed the accuracy check, though not bit for bit ({inexact[0]}, within "
+            f"the tolerance), and dynamo broke the program into graphs ({breaks[0]}): eager code after a graph "
+            "that compares or counts exact values (unique, nonzero, a floor, ==) can turn such differences into "
+            "this failure, which no graph holds: none is wrong by torch's accuracy rule, so none is captured. "
+            "Next: with the op in the graph (torch._dynamo.config.capture_dynamic_output_shape_ops = True for "
+            "one whose size the values decide) the accuracy check judges it; or compute those values in float64")
+
+
 def backend_override_read() -> bool:
     """Whether torch.compile takes its backend from the compiler bisector (`TORCH_BISECT_BACKEND`):
     read in its source, as torch 2.13 has it (`CompilerBisector.get_backend()` in torch.compile)."""
