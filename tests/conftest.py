@@ -110,12 +110,25 @@ def program(tmp_path: Path) -> Path:
 # -- scheduling on xdist workers (`make test` runs `-n 3 --dist loadgroup`) ----------------------
 
 # Modules whose module-scoped fixtures start something costly: a pytest session that captures and
-# minimizes (test_capture_plugin), a service with workers, a browser, compiled programs. Tests are
-# otherwise dealt out one at a time, so such a fixture ran once on *each* worker (the capture suite's
-# 100 s twice); grouped, a module's tests go to one worker and its fixtures run once.
+# minimizes (test_capture_plugin), a service with workers, a browser, a sandbox pool (a spawned fork
+# server imports torch), captures minimized once for the module's tests (the fidelity families), compiled
+# programs. Tests are otherwise dealt out one at a time (xdist gives each worker the next test as it
+# frees up, so a module's neighbouring tests land on all three), and such a fixture ran once on *each*
+# worker that got one of them (the capture suite's 100 s twice); grouped, a module's tests go to one
+# worker and its fixtures run once. Modules whose module fixtures are cheap (a saved program) stay spread.
 ONE_WORKER_MODULES = frozenset({
     "test_capture_plugin", "test_culprit", "test_api", "test_api_docs", "test_dashboard", "test_bugs",
     "test_dynamic_shapes", "test_client_e2e", "test_shrink", "test_offline_out", "test_dashboard_bugs",
+    # services (a server, its Redis, workers that import torch)
+    "test_service", "test_culprit_after_result", "test_api_auth", "test_faults_service", "test_outages",
+    # browsers
+    "test_dashboard_static", "test_dashboard_bugreport",
+    # captures and jobs run once for the module's tests
+    "test_fidelity_constants", "test_fidelity_mutation", "test_fidelity_factories", "test_capture_dynamic",
+    "test_custom_ops", "test_gpu_safety",
+    # sandbox pools and their fork servers, a Redis, the torch config's description
+    "test_sandbox", "test_sandbox_reuse", "test_runner", "test_environment", "test_faults_fencing",
+    "test_config_schema",
 })
 
 
