@@ -72,14 +72,11 @@ _NEXT: dict[Layer, str] = {
     "aot_autograd": "it passes with backend 'eager' and fails with 'aot_eager' (dynamo and AOT autograd, no "
                     "compiler), so AOT autograd is to blame: functionalization, or its runtime wrappers (input "
                     "mutations written back, aliased inputs and outputs rebuilt as views), which are in no graph. "
-                    "Next: TORCH_LOGS=aot_graphs shows its graphs; if the wrong values are in one, "
-                    "MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 captures it; else report it to PyTorch "
+                    "Next: TORCH_LOGS=aot_graphs shows its graphs; {aot_capture}report it to PyTorch "
                     "(module: aotdispatch) with this test or script as the repro.",
     "backend": "it passes with backends 'eager' and 'aot_eager' and fails with yours, so your backend's compiled "
                "code is to blame, though no graph was captured: the failure is not an error while compiling. "
-               "Next: MINIFY_CAPTURE_ACCURACY=1 captures a graph whose outputs are wrong (with "
-               "MINIFY_CAPTURE_LEVEL=aot, the graph after AOT autograd), MINIFY_CAPTURE_CRASH=1 one whose run "
-               "kills the process; for inductor, `python -m torch._inductor.compiler_bisector` names the pass.",
+               "Next: {backend_capture}for inductor, `python -m torch._inductor.compiler_bisector` names the pass.",
     "not_alone": "it passes when it runs again alone with your backend: it needs what ran before it in the same "
                  "process (state another test or call left behind), or it is flaky. Next: run it alone; if it "
                  "passes, find the test that must run before it.",
@@ -246,8 +243,36 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
     else:
         differently = (f" (with {last.setting} it fails differently: {last.signature})"
                        if last.outcome == "fails differently" else "")
-        text = f"minify: no graph captured holds this failure ({signature}); {_NEXT[layer]}{differently}"
+        text = f"minify: no graph captured holds this failure ({signature}); {_next_step(layer)}{differently}"
     return Diagnosis(test=test, signature=signature, layer=layer, message=text, reruns=reruns)
+
+
+def _next_step(layer: Layer) -> str:
+    """The layer's next step, naming only the capture options this run did not have on already (the
+    user's run and the diagnosis share the process: its environment is the run's)."""
+    accuracy = os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1"
+    aot_level = os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot"
+    crash = os.environ.get("MINIFY_CAPTURE_CRASH") == "1"
+    if accuracy and aot_level:
+        aot_capture = ("the accuracy check was on at the aot level and found no graph wrong by torch's rule, so "
+                       "the wrong values are made outside the graphs (its runtime wrappers): ")
+    else:
+        aot_capture = ("if the wrong values are in one, MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 "
+                       "captures it; else ")
+    options = []
+    if not accuracy:
+        options.append("MINIFY_CAPTURE_ACCURACY=1 captures a graph whose outputs are wrong (with "
+                       "MINIFY_CAPTURE_LEVEL=aot, the graph after AOT autograd)")
+    elif not aot_level:
+        options.append("the accuracy check was on and found no graph wrong by torch's rule: MINIFY_CAPTURE_LEVEL=aot "
+                       "checks each graph after AOT autograd, as the backend received it")
+    else:
+        options.append("the accuracy check was on at the aot level and found no graph wrong by torch's rule: "
+                       "the failure is within the tolerance and amplified by the program, or not in values (an "
+                       "error or warning the compiled code did not raise)")
+    if not crash:
+        options.append("MINIFY_CAPTURE_CRASH=1 captures one whose run kills the process")
+    return _NEXT[layer].format(aot_capture=aot_capture, backend_capture="; ".join(options) + "; ")
 
 
 def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *, cwd: str | os.PathLike[str],

@@ -149,6 +149,34 @@ def test_the_first_rerun_that_fails_names_the_layer(outcomes: list[str], layer: 
     assert ("did not finish" in found.message) == (layer is None)
 
 
+_OPTIONS = ("MINIFY_CAPTURE_ACCURACY", "MINIFY_CAPTURE_LEVEL", "MINIFY_CAPTURE_CRASH")
+
+
+@pytest.mark.parametrize("accuracy", [False, True])
+@pytest.mark.parametrize("aot_level", [False, True])
+@pytest.mark.parametrize("crash", [False, True])
+def test_the_next_step_names_only_the_capture_options_the_run_did_not_have_on(
+        monkeypatch: pytest.MonkeyPatch, accuracy: bool, aot_level: bool, crash: bool) -> None:
+    for name in _OPTIONS:
+        monkeypatch.delenv(name, raising=False)
+    if accuracy:
+        monkeypatch.setenv("MINIFY_CAPTURE_ACCURACY", "1")
+    if aot_level:
+        monkeypatch.setenv("MINIFY_CAPTURE_LEVEL", "aot")
+    if crash:
+        monkeypatch.setenv("MINIFY_CAPTURE_CRASH", "1")
+    backend = _verdict("t", "AssertionError", _reruns("passes", "passes", "passes", "fails the same way")).message
+    aot = _verdict("t", "AssertionError", _reruns("passes", "passes", "fails the same way")).message
+    assert ("MINIFY_CAPTURE_ACCURACY=1 captures" in backend) == (not accuracy)
+    assert ("MINIFY_CAPTURE_CRASH=1" in backend) == (not crash)
+    assert ("MINIFY_CAPTURE_LEVEL=aot checks each graph" in backend) == (accuracy and not aot_level)
+    assert ("accuracy check was on at the aot level" in backend) == (accuracy and aot_level)
+    assert "compiler_bisector" in backend and "{" not in backend
+    assert ("MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 captures it" in aot) == (not (accuracy and aot_level))
+    assert ("made outside the graphs" in aot) == (accuracy and aot_level)
+    assert "module: aotdispatch" in aot and "{" not in aot
+
+
 def test_a_failure_without_torch_compile_inside_torch_export_blames_export_not_the_program() -> None:
     export_failed = Rerun("no torch.compile", "fails the same way", "KeyError", 1.0, "log", "torch.export")
     assert _verdict("t", "KeyError", [export_failed]).layer == "export"
