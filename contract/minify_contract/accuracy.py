@@ -8,6 +8,14 @@ Floating-point outputs are judged as torch's accuracy minifier judges them (`sam
 fp64 reference when `torch._dynamo.config.same_two_models_use_fp64`, `same(ref, res, fp64_ref,
 tol, equal_nan=True, ignore_non_fp=not strict)`.
 
+A floating-point output whose size the values decide (`unique`, `unique_consecutive`,
+`masked_select`, `nonzero`-indexed selections, compiled under dynamo's
+`capture_dynamic_output_shape_ops`) can come back with another shape than eager's, which torch's
+rule cannot judge (its `allclose` raises, or broadcasts a size of one). Here the fp64 reference
+decides (`size_divergence`): where its shape is eager's, the compiled shape is wrong; where it is
+not, eager's own rounding decided the size as much as the compiled code's (pytorch#148859), and the
+output passes, as it does without a reference unless strict.
+
 Integer and boolean outputs have no rounding, and torch's `ignore_non_fp` skips them (its strict
 mode compares them with the float tolerance): here they are compared exactly, strict or not
 (`integer_divergence`). A value passes where it equals eager's, or the fp64 reference's (eager's
@@ -120,6 +128,9 @@ def float_divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float
     outputs, with the float tolerance), else what torch's rule logged ("" when it logged nothing)."""
     from torch._dynamo.utils import same
 
+    sizes, reference, result, fp64 = size_divergence(reference, result, fp64, strict=strict)
+    if sizes is not None:
+        return sizes
     found: list[str] = []
 
     def log_error(message: str, *args: Any) -> None:
@@ -128,6 +139,41 @@ def float_divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float
     if same(reference, result, fp64, tol=tolerance, equal_nan=True, ignore_non_fp=not strict, log_error=log_error):
         return None
     return "; ".join(found)
+
+
+def size_divergence(reference: Any, result: Any, fp64: Any, *,
+                    strict: bool = False) -> tuple[str | None, Any, Any, Any]:
+    """Floating-point outputs of another shape than eager's, judged by the fp64 reference's shape
+    (see the module's docstring): what is wrong (None when nothing), and the three results left for
+    torch's rule, as leaf lists without the outputs judged here (unchanged when none was)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    references, results = tree_leaves(reference), tree_leaves(result)
+    if len(references) != len(results):
+        return None, reference, result, fp64  # a different number of outputs: torch's rule names it
+    fp64s = tree_leaves(fp64) if fp64 is not None else []
+    fp64s = fp64s if len(fp64s) == len(references) else [None] * len(references)
+    judged, wrong = [], []
+    for position, (expected, got, precise) in enumerate(zip(references, results, fp64s, strict=True)):
+        if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) \
+                or not expected.is_floating_point() or got.shape == expected.shape:
+            continue
+        judged.append(position)
+        # "float output N": "output N: " is how an integer output's part begins (its own signature key)
+        said = f"float output {position}: shape {tuple(got.shape)}, eager {tuple(expected.shape)}"
+        if isinstance(precise, torch.Tensor):
+            if precise.shape == expected.shape:
+                wrong.append(f"{said} (the fp64 reference's too)")
+        elif strict:
+            wrong.append(f"{said} (no fp64 reference)")
+    if wrong:
+        return "; ".join(wrong), reference, result, fp64
+    if not judged:
+        return None, reference, result, fp64
+    kept = [position for position in range(len(references)) if position not in judged]
+    fp64 = [fp64s[position] for position in kept] if all(value is not None for value in fp64s) else None
+    return None, [references[position] for position in kept], [results[position] for position in kept], fp64
 
 
 def integer_divergence(reference: Any, result: Any, fp64: Any = None, *, tolerance: float = DEFAULT_TOLERANCE,

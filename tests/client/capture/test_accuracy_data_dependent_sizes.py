@@ -1,13 +1,15 @@
 """Floating-point outputs whose size the values decide (issue 38, pytorch#148859's class): `unique`,
 `unique_consecutive`, `masked_select`, compiled under dynamo's `capture_dynamic_output_shape_ops`.
 A compiled graph that returns another size than eager's cannot be compared by torch's accuracy rule
-(the worker's too: `allclose` of two shapes raises), so the accuracy capture captures nothing; it
-says why, and the fp64 reference tells the two cases apart:
+(`allclose` of two shapes raises, or broadcasts a size of one); the rule minify shares with the worker
+and repro.py (`minify_contract.accuracy.size_divergence`) lets the fp64 reference tell the two cases
+apart:
 
 - rounding: the size hinges on last-bit differences (`0.1 + 0.2` against `0.3` is equal in float32,
   not in float64); a backend that computes in float64 gets the fp64 reference's size, not eager's,
-  and eager's rounding decided the size as much as the compiled code's;
-- a wrong size: a backend that drops the last value, where the fp64 reference has eager's size.
+  and eager's rounding decided the size as much as the compiled code's: said, not captured;
+- a wrong size: a backend that drops the last value, where the fp64 reference has eager's size:
+  captured as an accuracy failure that names both shapes.
 
 In both the program's own outcome is unchanged. Cheap backends, no compiler.
 """
@@ -84,16 +86,17 @@ def test_a_size_rounding_decides_is_said_as_rounding_and_not_captured(
 
 
 @pytest.mark.parametrize(("name", "program"), PROGRAMS, ids=[case[0] for case in PROGRAMS])
-def test_a_wrong_size_is_said_with_eagers_size_and_not_captured(
+def test_a_wrong_size_is_captured_as_an_accuracy_failure_naming_both_shapes(
         name: str, program: Callable[..., torch.Tensor], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     expected = program(*EXACT)
     result, captured, said = compile_and_capture(program, EXACT, drop_last, tmp_path, caplog)
 
-    assert tuple(result.shape) == (expected.numel() - 1,)
-    assert captured.captured is None
-    assert len(said) == 1, said
-    assert "the fp64 reference's is eager's: the compiled size is wrong" in said[0]
-    assert "Next: report it to PyTorch" in said[0]
+    assert tuple(result.shape) == (expected.numel() - 1,)  # the program's own outcome, unchanged by the check
+    assert captured.captured is not None and not said
+    spec = captured.captured.spec
+    assert spec.failure.kind == "accuracy" and spec.failure.signature == "AccuracyError", spec.failure
+    assert any(f"shape {tuple(result.shape)}, eager {tuple(expected.shape)} (the fp64 reference's too)" in link
+               for link in captured.captured.chain), captured.captured.chain
 
 
 def test_outputs_of_eagers_size_are_judged_as_before(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
