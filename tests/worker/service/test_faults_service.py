@@ -33,10 +33,11 @@ PREFIX = "tests.support.backends"
 # Runs until cancelled (its original hangs).
 HANGS = {"backend": f"{PREFIX}:hang_on_relu", "failure": {"kind": "timeout"},
          "limits": {"candidate_timeout_s": 120, "parallelism": 1}}
-# Fails on relu after 2 s a graph: a job of several seconds that succeeds.
-SLOW_FAILURE = {"backend": f"{PREFIX}:fail_on_relu_slowly_or_at_once_on_cos", "culprit": False,
+# Fails on relu after 2 s a graph: a job of several seconds that succeeds. The jobs here are about
+# faults, not the phases after minimality (the shrink's halvings would take 2 s each).
+SLOW_FAILURE = {"backend": f"{PREFIX}:fail_on_relu_slowly_or_at_once_on_cos", "culprit": False, "shrink": False,
                 "limits": {"parallelism": 1}}
-QUICK_FAILURE = {"backend": f"{PREFIX}:fail_on_relu", "culprit": False}
+QUICK_FAILURE = {"backend": f"{PREFIX}:fail_on_relu", "culprit": False, "shrink": False}
 FINISHED = {"succeeded", "not_reproducible", "failed", "cancelled"}
 # A worker silent 1 + 2 s is dead; every worker cleans up (re-queues dead workers' jobs) every second.
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
