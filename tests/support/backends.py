@@ -143,6 +143,23 @@ def wrong_on(op: str, delta: float = 1.0) -> Backend:
     return backend
 
 
+# The ops whose output size the values decide (`torch.unique` is `_unique2` in an aten graph).
+_VALUE_SIZED_OPS = ("unique_consecutive", "unique", "_unique2", "unique_dim", "masked_select")
+
+
+def drop_last_float_output(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Run eagerly; where the graph has an op whose output size the values decide, the last value of
+    each one-dimensional floating-point output dropped (a wrong size)."""
+    if not any(has_op(gm, op) for op in _VALUE_SIZED_OPS):
+        return _eager(gm)
+
+    def run(*args: Any) -> Any:
+        return tuple(value[:-1] if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 1
+                     else value for value in gm(*args))
+
+    return run
+
+
 def oom_on(op: str) -> Backend:
     """Raise the error an allocator raises when it runs out of memory, when the graph has `op`."""
     return raise_on(op, torch.OutOfMemoryError, "CUDA out of memory. Tried to allocate 2.00 GiB", at="run")

@@ -25,6 +25,10 @@ import torch
 from torch import fx
 
 from minify_client.capture import capture_failures
+from minify_contract.models import JobSpec
+from minify_worker.outcomes import Fails
+from tests.client.capture.test_accuracy_integers import run_captured
+from tests.support.backends import drop_last_float_output
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -36,15 +40,6 @@ def in_fp64(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]
                        for value in args])
         return tuple(value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
                      for value in outputs)
-
-    return run
-
-
-def drop_last(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """The graph run eagerly, the last value of each one-dimensional floating-point output dropped."""
-    def run(*args: Any) -> Any:
-        return tuple(value[:-1] if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 1
-                     else value for value in gm(*args))
 
     return run
 
@@ -87,9 +82,10 @@ def test_a_size_rounding_decides_is_said_as_rounding_and_not_captured(
 
 @pytest.mark.parametrize(("name", "program"), PROGRAMS, ids=[case[0] for case in PROGRAMS])
 def test_a_wrong_size_is_captured_as_an_accuracy_failure_naming_both_shapes(
-        name: str, program: Callable[..., torch.Tensor], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        name: str, program: Callable[..., torch.Tensor], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        test_backends_allowed: None) -> None:
     expected = program(*EXACT)
-    result, captured, said = compile_and_capture(program, EXACT, drop_last, tmp_path, caplog)
+    result, captured, said = compile_and_capture(program, EXACT, drop_last_float_output, tmp_path, caplog)
 
     assert tuple(result.shape) == (expected.numel() - 1,)  # the program's own outcome, unchanged by the check
     assert captured.captured is not None and not said
@@ -97,6 +93,33 @@ def test_a_wrong_size_is_captured_as_an_accuracy_failure_naming_both_shapes(
     assert spec.failure.kind == "accuracy" and spec.failure.signature == "AccuracyError", spec.failure
     assert any(f"shape {tuple(result.shape)}, eager {tuple(expected.shape)} (the fp64 reference's too)" in link
                for link in captured.captured.chain), captured.captured.chain
+    # The worker's run of the captured program judges it the same way, with the same signature.
+    outcome = run_captured(tmp_path, JobSpec.model_validate_json((tmp_path / "spec.json").read_text()))
+    assert isinstance(outcome, Fails), outcome
+    assert outcome.signature.key == "" and "float output 0: shape" in outcome.signature.text, outcome.signature
+
+
+def test_a_wrong_size_is_minimized_and_its_repro_fails_with_both_shapes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, test_backends_allowed: None) -> None:
+    from minify_worker.engine import minify
+    from tests.support.graphs import ops_of
+    from tests.support.repro import run_repro
+
+    def program(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.unique_consecutive(torch.cat([torch.relu(x) + y.cos(), z])) * 2
+
+    _, captured, _ = compile_and_capture(program, EXACT, drop_last_float_output, tmp_path / "capture", caplog)
+    assert captured.captured is not None and captured.captured.program is not None
+    spec = captured.captured.spec.model_copy(update={"culprit": False, "versions": False, "shrink": False})
+
+    result = minify(captured.captured.program, spec, tmp_path / "out")
+
+    assert result.status.value == "succeeded", result.reason
+    captured_ops = ops_of(torch.export.load(captured.captured.program).graph)
+    assert {"relu", "cos", "add", "cat", "unique_consecutive", "mul"} <= set(captured_ops), captured_ops
+    assert ops_of(result.report.graph_code) == ["unique_consecutive"], result.report.graph_code
+    ran = run_repro(tmp_path / "out" / "repro.py")
+    assert ran.returncode != 0 and "float output 0: shape" in ran.stderr, ran.stderr[-2000:]
 
 
 def test_outputs_of_eagers_size_are_judged_as_before(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
