@@ -143,6 +143,18 @@ def wrong_on(op: str, delta: float = 1.0) -> Backend:
     return backend
 
 
+def in_fp64(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The graph computed in float64, its floating-point outputs cast back to float32 (bit-exact
+    where eager's rounding does not matter, otherwise fp64's rounding: the accuracy rule passes it)."""
+    def run(*args: Any) -> Any:
+        outputs = gm(*[value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+                       for value in args])
+        return tuple(value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+                     for value in outputs)
+
+    return run
+
+
 # The ops whose output size the values decide (`torch.unique` is `_unique2` in an aten graph).
 _VALUE_SIZED_OPS = ("unique_consecutive", "unique", "_unique2", "unique_dim", "masked_select")
 

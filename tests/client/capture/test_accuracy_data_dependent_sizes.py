@@ -28,20 +28,9 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails
 from tests.client.capture.test_accuracy_integers import run_captured
-from tests.support.backends import drop_last_float_output
+from tests.support.backends import drop_last_float_output, in_fp64
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
-
-
-def in_fp64(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """The graph computed in float64, its floating-point outputs cast back to their dtype."""
-    def run(*args: Any) -> Any:
-        outputs = gm(*[value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-                       for value in args])
-        return tuple(value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-                     for value in outputs)
-
-    return run
 
 
 PROGRAMS: list[tuple[str, Callable[..., torch.Tensor]]] = [

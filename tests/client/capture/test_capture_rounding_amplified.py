@@ -22,19 +22,10 @@ import torch
 from torch import fx
 
 from minify_client.capture import capture_failures, diagnose, torch_hooks
+from tests.support.backends import in_fp64
 
 REPO = Path(__file__).resolve().parents[3]
 MODULE = "tests.client.capture.test_capture_rounding_amplified"
-
-
-def in_fp64(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    def run(*args: Any) -> Any:
-        outputs = gm(*[value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-                       for value in args])
-        return tuple(value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-                     for value in outputs)
-
-    return run
 
 
 def as_is(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -96,7 +87,8 @@ def test_the_script_runner_says_it_where_the_script_fails_with_nothing_captured(
     script = tmp_path / "counts.py"
     script.write_text(textwrap.dedent(f"""
         import torch
-        from {MODULE} import counted_after_break, in_fp64
+        from {MODULE} import counted_after_break
+        from tests.support.backends import in_fp64
 
         x = torch.linspace(-1, 1, 4096)
         program = counted_after_break("unique")
