@@ -44,7 +44,7 @@ class FakePool:
         self.closed = False
 
     def submit(self, wire: Any, timeout_s: float | None = None, runs: int = 1, output: bool = False,
-               fresh: bool = False, background: bool = False) -> Future[Outcome]:
+               fresh: bool = False) -> Future[Outcome]:
         future: Future[Outcome] = Future()
         self.requests.append((wire, timeout_s, future))
         return future

@@ -152,22 +152,10 @@ def test_the_original_runs_several_times_in_one_child_beside_the_empty_program()
     job = Job(limits={"original_timeout_s": 30}).start()
 
     (graph, options, original), (empty, empty_options, _) = job.evaluator.runs
-    assert graph == ORIGINAL and options == {"timeout_s": 30, "runs": ORIGINAL_RUNS, "output": True,
-                                             "background": False}
+    assert graph == ORIGINAL and options == {"timeout_s": 30, "runs": ORIGINAL_RUNS, "output": True}
     assert empty == [] and empty_options == {"timeout_s": 30}
     assert original in job.evaluator.spared  # a short hang timeout never cuts the original short
     assert job.milestones() == [Milestone.original_started]
-
-
-def test_the_original_runs_in_the_background_only_where_the_result_need_not_wait_for_it_on_the_cpu() -> None:
-    def background(**spec: Any) -> bool:
-        return Job(**spec).start().evaluator.runs[0][1]["background"]
-
-    assert background(failure={"signature": str(RELU)})  # deliver first: the candidates get the cores first
-    assert background(failure={"kind": "accuracy"})
-    assert not background()  # the result waits for the verdict: the original is on its path
-    assert not background(failure={"kind": "timeout"})
-    assert not background(failure={"signature": str(RELU)}, device="cuda")  # a GPU's children share its memory
 
 
 def test_while_the_original_runs_candidates_are_judged_against_the_first_failure_without_waiting() -> None:

@@ -24,7 +24,6 @@ from minify_contract.models import JobSpec
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
-from minify_worker.sandbox.child import BACKGROUND_NICENESS
 from minify_worker.sandbox.processes import process_stats
 from tests.support import backends, calls
 from tests.support.graphs import chain_graph
@@ -141,29 +140,6 @@ def test_children_run_in_parallel(pool: SandboxPool) -> None:
     futures = [pool.submit(chain("tanh"), timeout_s=3) for _ in range(2)]
     assert all(isinstance(future.result(timeout=60), TimedOut) for future in futures)
     assert time.monotonic() - started < 5.5, "two 3 s hangs with parallelism 2 ran one after the other"
-
-
-def niceness(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[16])
-
-
-def test_a_background_request_starts_beside_full_slots_at_a_lower_cpu_priority(pool: SandboxPool) -> None:
-    busy = [pool.submit(chain("tanh"), timeout_s=120) for _ in range(2)]  # both slots
-    try:
-        assert wait_until(lambda: all(pool.child_pid(future) for future in busy), 60)
-        background = pool.submit(chain("tanh"), timeout_s=1.5, background=True)
-        queued = pool.submit(chain("abs"), timeout_s=60)
-        assert isinstance(background.result(timeout=60), TimedOut)  # it ran, while the slots stayed busy
-        assert pool.child_pid(queued) is None, "an ordinary request waits for a slot"
-        busy_niceness = niceness(pool.child_pid(busy[0]))
-        late = pool.submit(chain("tanh"), timeout_s=120, background=True)
-        assert wait_until(lambda: pool.child_pid(late) is not None, 60)
-        assert wait_until(lambda: niceness(pool.child_pid(late)) == min(19, busy_niceness + BACKGROUND_NICENESS))
-        pool.cancel(late)
-    finally:
-        for future in busy:
-            pool.cancel(future)
-    assert isinstance(queued.result(timeout=60), Passes)
 
 
 def test_more_requests_than_parallelism_queue_and_all_finish(pool: SandboxPool) -> None:

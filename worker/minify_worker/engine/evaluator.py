@@ -87,13 +87,12 @@ class SandboxEvaluator:
             return self.pool
 
     def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1,
-               output: bool = False, background: bool = False) -> Future[Outcome]:
-        """`graph` run in a child (`SandboxPool.submit`: `runs`, `output`, `background`)."""
+               output: bool = False) -> Future[Outcome]:
         outer: Future[Outcome] = Future()
 
         def request(pool: SandboxPool) -> Future[Outcome]:
             return pool.submit(self.program.to_wire(graph), timeout_s=timeout_s or self.timeout_s, runs=runs,
-                               output=output, background=background)
+                               output=output)
 
         self._submit(outer, request, graph)
         return outer

@@ -106,22 +106,13 @@ class OriginalRun:
         """A candidate may take this long before the original has calibrated the timeout."""
         return self.spec.limits.candidate_timeout_s or self.original_timeout()
 
-    def in_background(self) -> bool:
-        """Whether the original runs in the background, beside the reduction's slots at a lower CPU
-        priority (`SandboxPool.submit(background=True)`): where the failure is known in advance, the
-        result need not wait for its verdict (deliver first, confirm after), so the candidates, which
-        the result does wait for, get the cores first. On the CPU only: a GPU's children share its
-        memory, and their number is the parallelism's."""
-        return self.verdict.known_in_advance and self.spec.device_class == "cpu"
-
     def start(self, evaluator: SandboxEvaluator, scheduler: Scheduler, graph: Any) -> None:
         """Submit the original and the program with no ops; candidates may run from now on."""
         self.evaluator, self.scheduler, self.graph = evaluator, scheduler, graph
         evaluator.on_outcome = self.hang_watch.observe  # passing runs calibrate hangs
         submitted = time.monotonic()
         self._original_run = evaluator.submit(graph, timeout_s=self.original_timeout(), runs=ORIGINAL_RUNS,
-                                              output=True,  # what it printed, should it not reproduce
-                                              background=self.in_background())
+                                              output=True)  # what it printed, should it not reproduce
         self.hang_watch.watch(evaluator, self._original_run, submitted, self.facts.nodes_original)
         # A hang guessed from candidates must not cut the original short: the guess is checked later.
         evaluator.spared.add(self._original_run)

@@ -25,7 +25,6 @@ API (parent side)::
 
     pool = SandboxPool(workdir, values_path, spec, parallelism)   # values_path may be None
     future = pool.submit(wire_graph, timeout_s, purpose="candidate")   # Future[Outcome]
-    pool.submit(wire_graph, timeout_s, background=True)   # beside the slots, niced: a run nothing waits for soon
     pool.cancel(future)               # or future.cancel(): kills that child
     pool.set_timeout(future, 30.0)    # a new timeout for a queued or running request
     value = pool.call("minify_worker.environment:collect_in_child", kwargs, timeout_s)   # -> dict

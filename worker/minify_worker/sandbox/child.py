@@ -32,10 +32,6 @@ CALL_PREFIX = "minify_worker."
 ALLOWED_CALLS_ENV = "MINIFY_ALLOWED_CALLS"
 # How much a long-lived child's resident memory may grow over its start before it is replaced.
 REUSE_MEMORY_GROWTH_MB = 2048
-# The niceness of a background request's child (`SandboxPool.submit(background=True)`): the
-# children in the slots take most of the cores (at 5, a third of a nice-0 process's share), and it
-# still gets a share, so a long reduction does not starve it past its timeout.
-BACKGROUND_NICENESS = 5
 
 
 def call_allowed(target: str, environment: Mapping[str, str]) -> bool:
@@ -92,8 +88,6 @@ def run_child(setup: ChildSetup, request: dict[str, Any], result_path: Path, log
     """A child forked for one request: enter, confine, run it, write its result to `result_path`."""
     enter(setup, log_path)
     try:
-        if request.get("background"):
-            os.nice(BACKGROUND_NICENESS)  # what it starts (a C++ compiler) inherits it
         confine_child(setup.root / "tmp" / str(request["id"]), setup.spec)
         import torch
 

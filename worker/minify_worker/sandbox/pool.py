@@ -155,15 +155,12 @@ class SandboxPool:
 
     def submit(self, wire_graph: dict[str, Any], timeout_s: float | None,
                purpose: str = "candidate", fresh: bool = False, runs: int = 1,
-               output: bool = False, background: bool = False) -> Future[Outcome]:
+               output: bool = False) -> Future[Outcome]:
         """Run one candidate in a child; the future resolves with its `Outcome`. With `fresh`, in a
         child that ran no other candidate before (every child is fresh unless the pool reuses them);
         with `runs`, compiled once and run that many times (`Representation.run_wire_candidate`); with `output`,
-        the outcome's `output` is the tail of what the child printed (the original's, for its report).
-        With `background`, in a child beside the `parallelism` slots, started at once and niced
-        (`child.BACKGROUND_NICENESS`): a run nothing waits for soon takes no slot from those that
-        are waited for (a pool that reuses children runs it in a slot, as any other)."""
-        payload = {"graph": wire_graph, "fresh": fresh, "runs": runs, "output": output, "background": background}
+        the outcome's `output` is the tail of what the child printed (the original's, for its report)."""
+        payload = {"graph": wire_graph, "fresh": fresh, "runs": runs, "output": output}
         return self._request("candidate", payload, timeout_s, purpose)
 
     def submit_call(self, target: str, kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0,

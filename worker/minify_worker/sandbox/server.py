@@ -270,12 +270,8 @@ class _Server:
         if self.reuse and self.values_loaded:
             self.keep_workers()
         for request in list(self.queue):
-            if self.in_background(request):  # beside the slots, at a low CPU priority (child.run_child)
-                self.queue.remove(request)
-                self.fork(request)
-                continue
-            if sum(not self.in_background(child.request) for child in self.running.values()) >= self.parallelism:
-                continue
+            if len(self.running) >= self.parallelism:
+                return
             if request["kind"] == "candidate" and self.reuse and self.values_loaded:
                 worker = self.idle_worker(fresh=bool(request.get("fresh")))
                 if worker is None:
@@ -289,12 +285,6 @@ class _Server:
             else:
                 self.queue.remove(request)
                 self.fork(request)
-
-    def in_background(self, request: dict[str, Any]) -> bool:
-        """Whether `request` runs in the background (`SandboxPool.submit(background=True)`): in a
-        forked child of its own beside the `parallelism` slots. Long-lived children (reuse) run
-        every candidate in their slots: a background request is an ordinary one there."""
-        return bool(request.get("background")) and not self.reuse
 
     def fork(self, request: dict[str, Any]) -> None:
         request_id = request["id"]
