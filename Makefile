@@ -90,8 +90,8 @@ gpu-wheels: $(STAMP)
 TORCH_PIN_2.11 := 2.11.0
 TORCH_PIN_2.14 := 2.14.1
 TORCH_PIN_2.15 := 2.15.0
-TORCH_OTHER_TESTS := tests/worker/engine/test_engine_inductor.py tests/worker/programs/fx/test_runner.py tests/worker/engine/test_engine.py \
-	tests/worker/programs/fx/test_loader.py tests/worker/programs/fx/test_graph.py tests/worker/engine/test_artifacts.py tests/contract/test_archive_code.py \
+TORCH_OTHER_TESTS := tests/worker/engine/test_engine_inductor.py tests/worker/programs/fx/test_run.py tests/worker/engine/test_engine.py \
+	tests/worker/programs/fx/test_prepare.py tests/worker/programs/fx/test_graph.py tests/worker/engine/test_artifacts.py tests/contract/test_archive_code.py \
 	tests/worker/programs/fx/test_control_flow.py tests/worker/programs/fx/test_dynamic_shapes.py tests/worker/test_oracle.py tests/worker/sandbox/test_sandbox.py \
 	tests/client/capture/test_client_capture.py tests/client/capture/test_capture_plugin.py tests/worker/programs/fx/test_culprit.py tests/worker/programs/fx/test_bisector.py \
 	tests/worker/engine/test_given_signature.py tests/contract/test_bug_key.py tests/worker/sandbox/test_gpu_safety.py

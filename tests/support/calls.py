@@ -38,7 +38,7 @@ def run_with_spec(context: ChildContext, *, wire_graph: dict[str, Any], spec_jso
     """Run a candidate under another spec (tests reuse one warm pool)."""
     from minify_contract.models import JobSpec
     from minify_worker.outcomes import outcome_to_dict
-    from minify_worker.programs.fx.runner import run_wire_candidate
+    from minify_worker.programs.fx.run import run_wire_candidate
 
     spec = JobSpec.model_validate_json(spec_json)
     return outcome_to_dict(run_wire_candidate(wire_graph, context.values, spec, context.workdir))

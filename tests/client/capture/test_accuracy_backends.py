@@ -140,8 +140,8 @@ def run_captured(directory: Any) -> Any:
 
     from minify_contract.models import JobSpec
     from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-    from minify_worker.programs.fx.loader import concrete_values, placeholder_values
-    from minify_worker.programs.fx.runner import run_wire_candidate
+    from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
+    from minify_worker.programs.fx.run import run_wire_candidate
 
     directory = Path(directory)
     spec = JobSpec.model_validate_json((directory / "spec.json").read_text())

@@ -110,8 +110,8 @@ def test_wrong_forward_outputs_stay_accuracy_errors_in_a_gradient_job(
     """A candidate whose outputs are wrong is an AccuracyError, not the job's GradientError: a
     minimization of a gradient bug never drifts into a forward one."""
     from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-    from minify_worker.programs.fx.loader import concrete_values, placeholder_values
-    from minify_worker.programs.fx.runner import run_wire_candidate
+    from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
+    from minify_worker.programs.fx.run import run_wire_candidate
 
     def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (torch.sin(torch.relu(x)) * w).sum()

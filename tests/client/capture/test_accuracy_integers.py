@@ -23,8 +23,8 @@ from minify_contract.accuracy import divergence, integer_divergence
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails, Passes
 from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-from minify_worker.programs.fx.loader import concrete_values, placeholder_values
-from minify_worker.programs.fx.runner import run_wire_candidate
+from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
+from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support.backends import PREFIX, other_ties, wrong_integers_on_bitwise_xor, wrong_integers_on_xor_after_aot
 
 INTEGER_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]

@@ -26,7 +26,7 @@ from minify_client.capture import capture_failures
 from minify_client.capture.transforms import preserved_state, transform_calls
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
-from minify_worker.programs.fx.loader import prepare
+from minify_worker.programs.fx.prepare import prepare
 from tests.support.backends import ALLOWED, PREFIX, fail_on_relu_anywhere, wrong_on_relu
 from tests.support.graphs import ops_of
 

@@ -28,7 +28,7 @@ from minify_client.capture.higher_order import CaptureRefused
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx import graph as G
-from minify_worker.programs.fx.loader import prepare
+from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import fail_on_relu_anywhere, fail_on_relu_in_subgraph
 from tests.support.graphs import ops_of, targets_of

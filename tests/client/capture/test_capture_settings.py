@@ -34,8 +34,8 @@ from minify_worker.engine import minify
 from minify_worker.outcomes import Fails, Outcome
 from minify_worker.programs.fx.backends import DynamicShapes, data_dependent, dynamic_shapes_of, shared_dims
 from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-from minify_worker.programs.fx.loader import concrete_values, placeholder_values
-from minify_worker.programs.fx.runner import run_wire_candidate
+from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
+from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support.backends import PREFIX, fail_naming_symbol_sharing, fail_on_relu_after_aot
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro

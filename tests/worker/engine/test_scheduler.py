@@ -18,7 +18,7 @@ from minify_worker.engine.scheduler import Scheduler, reduce
 from minify_worker.outcomes import Stopped
 from minify_worker.programs.candidates import Candidate, StrategyContext, Tier
 from minify_worker.programs.fx import graph as g
-from minify_worker.programs.fx.strategies import PASSES
+from minify_worker.programs.fx.moves import PASSES
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import flat_chain, ops_of
 

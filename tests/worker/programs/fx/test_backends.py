@@ -1,7 +1,7 @@
 """backends: which compile function a spec's backend names (custom ones only where
 MINIFY_ALLOWED_BACKENDS allows their module), which backends get dynamo's form of a candidate, the
 program's constants, and the dynamic dims a candidate compiles symbolically, as values. Nothing is
-compiled here: candidates compiled with each backend are in test_runner.py, test_dynamic_shapes.py,
+compiled here: candidates compiled with each backend are in test_run.py, test_dynamic_shapes.py,
 test_registered_backends.py (dynamo's form) and test_capture_settings.py (shared and data-dependent dims)."""
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from torch._higher_order_ops.while_loop import while_loop
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx import graph as G
-from minify_worker.programs.fx import strategies
-from minify_worker.programs.fx.loader import prepare
+from minify_worker.programs.fx import moves
+from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, targets_of
@@ -211,7 +211,7 @@ def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> N
 
     torch.testing.assert_close(result, program.module()(*inputs))
     descriptions = [candidate.description
-                    for candidate in strategies.simplify_subgraphs(graph, strategies.StrategyContext())]
+                    for candidate in moves.simplify_subgraphs(graph, moves.StrategyContext())]
     assert "drop add in sdpa_score0" in descriptions
 
 

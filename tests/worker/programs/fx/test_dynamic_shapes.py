@@ -31,8 +31,8 @@ from minify_worker.programs.fx.graph import (
     placeholders,
     to_graph_module,
 )
-from minify_worker.programs.fx.loader import concrete_values, placeholder_values
-from minify_worker.programs.fx.runner import run_wire_candidate
+from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
+from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro

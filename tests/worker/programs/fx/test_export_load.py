@@ -1,7 +1,7 @@
 """export_load: the one reader of a .pt2's serialized programs (models/*.json, for the loader's
 pytree stand-ins and op_modules.custom_ops_of_program), the stand-ins for pytree types this process
 does not know, and the real cause of a failed `torch.export.load`. Archives written by hand: no
-export, no compile. Loading real programs (in a sandbox child) is in test_loader.py."""
+export, no compile. Loading real programs (in a sandbox child) is in test_prepare.py."""
 
 from __future__ import annotations
 

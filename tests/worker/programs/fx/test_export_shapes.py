@@ -33,7 +33,7 @@ from minify_contract.models import JobSpec, JobState
 from minify_contract.signatures import signature_line
 from minify_worker.engine import minify
 from minify_worker.programs.fx.graph import META_ROLE, META_VALUE, graph_from_wire, output_node, placeholders
-from minify_worker.programs.fx.loader import prepare
+from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError
 from tests.support.archives import rewrite_archive
 from tests.support.backends import PREFIX

@@ -23,7 +23,7 @@ from minify_worker.engine.scheduler import Scheduler
 from minify_worker.programs.fx import graph as g
 from minify_worker.programs.fx import shrink
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from minify_worker.programs.fx.runner import build_candidate
+from minify_worker.programs.fx.run import build_candidate
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.evaluators import ThreadEvaluator, still_fails
 from tests.support.graphs import ops_of

@@ -22,7 +22,7 @@ from minify_worker.engine import minify
 from minify_worker.programs.fx import graph as g
 from minify_worker.programs.fx import shrink
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from minify_worker.programs.fx.runner import build_candidate
+from minify_worker.programs.fx.run import build_candidate
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro

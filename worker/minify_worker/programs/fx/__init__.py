@@ -2,11 +2,11 @@
 to a small graph and a repro that needs only torch.
 
 - `graph/`: the flat graph as the engine holds it, its surgery, hashes and wire form (pure);
-  `strategies.py`: the strategies (candidates as smaller graphs);
-- `loader.py` (`prepare_target`), `export_load.py`, `op_modules.py`: reading a `.pt2` (or a
+  `moves.py`: the strategies (candidates as smaller graphs);
+- `prepare.py` (`prepare_target`), `export_load.py`, `op_modules.py`: reading a `.pt2` (or a
   pickled GraphModule) and its inputs into program.json and the value store (sandbox children only);
 - `shrink.py`: the shrink phase (input sizes halved once the graph is minimal);
-- `runner.py`, `backends.py`: one candidate compiled with the job's backend and run, classified;
+- `run.py`, `backends.py`: one candidate compiled with the job's backend and run, classified;
 - `culprit/`, `bisector.py`: the culprit phase (torch's compiler bisector, settings that avoid the bug);
 - `artifacts.py` (`artifacts_target`), `repro.py`: minimized.pt2, inputs.pt, repro.py;
 - `representation.py`: all of it as a `programs.Representation`.

@@ -11,7 +11,7 @@ import torch.fx as fx
 from minify_contract.models import JobSpec, Milestone
 from minify_worker.outcomes import Outcome
 from minify_worker.programs import WIRE_KEY, CulpritPhase
-from minify_worker.programs.fx import graph, shrink, strategies
+from minify_worker.programs.fx import graph, moves, shrink
 from minify_worker.programs.prepared import ProgramError
 
 _PACKAGE = "minify_worker.programs.fx"
@@ -19,11 +19,11 @@ _PACKAGE = "minify_worker.programs.fx"
 
 class FxRepresentation:
     name = "fx"
-    prepare_target = f"{_PACKAGE}.loader:prepare_in_child"
+    prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
     artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
     versions_phase = True
     # The runner and its backends (torch's compiler stack is every child's: sandbox/warmup.py).
-    child_modules = (f"{_PACKAGE}.backends", f"{_PACKAGE}.runner")
+    child_modules = (f"{_PACKAGE}.backends", f"{_PACKAGE}.run")
     preloaded = True
 
     @property
@@ -68,8 +68,8 @@ class FxRepresentation:
     def code(self, program: fx.Graph) -> str:
         return graph.graph_code(program)
 
-    def passes(self) -> Sequence[strategies.Tier]:
-        return strategies.PASSES
+    def passes(self) -> Sequence[moves.Tier]:
+        return moves.PASSES
 
     def empty(self, program: fx.Graph) -> fx.Graph:
         empty = fx.Graph()
@@ -110,7 +110,7 @@ class FxRepresentation:
 
     def run_wire_candidate(self, wire: dict[str, Any], values: dict[str, Any], spec: Any, workdir: Any,
                            runs: int = 1) -> Outcome:
-        from minify_worker.programs.fx.runner import run_wire_candidate
+        from minify_worker.programs.fx.run import run_wire_candidate
 
         return run_wire_candidate(wire, values, spec, workdir, runs)
 

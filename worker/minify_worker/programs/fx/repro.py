@@ -751,7 +751,7 @@ def for_training(inputs):
 
 def _gradients(spec: JobSpec) -> str | None:
     """The backend a gradient job's repro compiles for training with (`runner.judges_gradients`)."""
-    from minify_worker.programs.fx.runner import judges_gradients
+    from minify_worker.programs.fx.run import judges_gradients
 
     return spec.backend if judges_gradients(spec) else None
 

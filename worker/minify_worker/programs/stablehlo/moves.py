@@ -1,7 +1,7 @@
 """StableHLO's strategies: pure generators of smaller candidate modules (`candidates.Strategy`
 over `module.Module`), driven by `scheduler.reduce` in the tiers of `PASSES`.
 
-The same plan as the FX strategies (programs/fx/strategies.py): an opening tier that aims at a bug one op
+The same plan as the FX strategies (programs/fx/moves.py): an opening tier that aims at a bug one op
 triggers (bisection over op kinds, one op of a few kinds alone, bisection over op ranges), torch's minifier
 (truncation and delta debugging interleaved per granularity, coarse to fine; dead code and
 unused arguments; one output less), then 1-minimality (each op promoted to an argument alone,

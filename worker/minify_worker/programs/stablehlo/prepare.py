@@ -1,7 +1,7 @@
 """Prepare a StableHLO or HLO program for minimization: the loader of `program_format` stablehlo
 and hlo (`prepare_target`, a `SandboxPool.call` target, sandbox children only).
 
-It writes what the FX loader writes (programs/fx/loader.py), so the engine, the fork server and the children
+It writes what the FX loader writes (programs/fx/prepare.py), so the engine, the fork server and the children
 need nothing else: `program.json` (`{"format": prepared.FORMAT, "graph": wire form, "metadata"}`)
 and `values.pt` (a `torch.save` of `{key: tensor}`: every argument of main by `a<N>`, and every
 intermediate with an array value by its key, `v<N>`), recorded from one run of the whole program

@@ -15,7 +15,7 @@ def probe_in_child(context: Any, *, wire_graph: dict[str, Any], backend: str, co
                    bisect_env: dict[str, str] | None = None, state_dir: str | None = None) -> dict[str, Any]:
     """A `SandboxPool.call` target: compile and run `wire_graph` with `backend` and the job's
     config plus `config`, under the bisector's environment when given; the outcome as a dict."""
-    from minify_worker.programs.fx.runner import build_candidate, run_candidate
+    from minify_worker.programs.fx.run import build_candidate, run_candidate
 
     if bisect_env is not None:
         assert state_dir is not None

@@ -19,7 +19,7 @@ from torch import fx
 from minify_contract.models import FailureSpec, JobSpec
 from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, outcome_from_dict
 from minify_worker.programs.fx.graph import graph_to_wire
-from minify_worker.programs.fx.runner import run_candidate
+from minify_worker.programs.fx.run import run_candidate
 from minify_worker.sandbox import SandboxPool, compile_cache_dir
 from tests.support import calls
 from tests.support.backends import PREFIX

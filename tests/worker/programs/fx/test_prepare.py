@@ -16,7 +16,7 @@ import torch
 from examples import programs
 from minify_contract.models import JobSpec
 from minify_worker.programs.fx.graph import graph_from_wire
-from minify_worker.programs.fx.loader import prepare
+from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError
 from minify_worker.sandbox import prepare_program
 

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from examples import programs
 from minify_worker.programs.fx import graph as G
-from minify_worker.programs.fx import strategies as S
+from minify_worker.programs.fx import moves as S
 from tests.support.graphs import flat_chain, targets_of
 
 Oracle = Callable[[fx.Graph], bool]
