@@ -69,6 +69,30 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _preloaded = True
 
 
+@pytest.fixture(autouse=True)
+def _torch_configs_restored() -> Iterator[None]:
+    """Put back what a test changed in the torch configs a spec can set (`CONFIG_MODULES`), so that
+    no later test in the same xdist worker compiles or captures under it: a candidate run in the
+    test's own process sets its spec's config globally, as the worker does for a child that ends
+    with the candidate (`apply_inductor_config`), and a capture in a later test recorded a dynamo
+    setting left that way. Only where torch is imported already: other tests do not pay for it."""
+    import importlib
+    import sys
+
+    if "torch" not in sys.modules:
+        yield
+        return
+    from minify_contract.config_keys import CONFIG_MODULES
+
+    configs: list[Any] = [importlib.import_module(name) for name in CONFIG_MODULES]
+    saved = [config.get_config_copy() for config in configs]
+    yield
+    for config, before in zip(configs, saved, strict=True):
+        for key, value in config.get_config_copy().items():
+            if key in before and before[key] != value:
+                setattr(config, key, before[key])
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The example programs relu_cos and chain, saved as .pt2 once per test module."""
