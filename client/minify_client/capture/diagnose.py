@@ -35,7 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from . import crash
 from .rerun import OUT_ENV
+from .torch_hooks import ACCURACY_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +252,9 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
 def _next_step(layer: Layer) -> str:
     """The layer's next step, naming only the capture options this run did not have on already (the
     user's run and the diagnosis share the process: its environment is the run's)."""
-    accuracy = os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1"
+    accuracy = os.environ.get(ACCURACY_ENV) == "1"
     aot_level = os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot"
-    crash = os.environ.get("MINIFY_CAPTURE_CRASH") == "1"
+    crash_capture = crash.requested()
     if accuracy and aot_level:
         aot_capture = ("the accuracy check was on at the aot level and found no graph wrong by torch's rule, so "
                        "the wrong values are made outside the graphs (its runtime wrappers): ")
@@ -270,7 +272,7 @@ def _next_step(layer: Layer) -> str:
         options.append("the accuracy check was on at the aot level and found no graph wrong by torch's rule: "
                        "the failure is within the tolerance and amplified by the program, or not in values (an "
                        "error or warning the compiled code did not raise)")
-    if not crash:
+    if not crash_capture:
         options.append("MINIFY_CAPTURE_CRASH=1 captures one whose run kills the process")
     return _NEXT[layer].format(aot_capture=aot_capture, backend_capture="; ".join(options) + "; ")
 

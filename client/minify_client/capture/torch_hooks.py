@@ -715,14 +715,17 @@ def _sizes_differ(graph: Any, inputs: list[Any], reference: Any, result: Any) ->
 
     from minify_contract.accuracy import fp64_reference
 
+    precise_leaves: list[Any] | None = None  # the fp64 reference's outputs, computed once, at the first size
     for position, (expected, got) in enumerate(zip(tree_leaves(reference), tree_leaves(result), strict=False)):
         if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) \
                 or not expected.is_floating_point() or expected.shape == got.shape:
             continue
-        try:
-            precise = tree_leaves(fp64_reference(graph, inputs))[position]
-        except Exception:  # no reference: the size cannot be judged
-            precise = None
+        if precise_leaves is None:
+            try:
+                precise_leaves = tree_leaves(fp64_reference(graph, inputs))
+            except Exception:  # no reference: the size cannot be judged
+                precise_leaves = []
+        precise = precise_leaves[position] if position < len(precise_leaves) else None
         said = (f"minify: a compiled graph's output {position} ({str(expected.dtype).removeprefix('torch.')}) has "
                 f"shape {tuple(got.shape)} where eager's has {tuple(expected.shape)} (a size the values decide, as "
                 "unique or masked_select give)")
