@@ -25,7 +25,8 @@ from minify_contract.accuracy import WRITTEN_INPUTS_ONLY, aliased_inputs, clone_
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.client.capture.test_accuracy_backends import minimize_capture, run_captured
+from tests.client.capture.test_accuracy_backends import minimize_capture
+from tests.support.captures import run_as_the_worker
 
 # This file by its path from the repo root (`tests.client.capture.test_accuracy_aliasing`), as sandbox children and
 # the capture's backend name import it; pytest imports it by another name.
@@ -126,7 +127,7 @@ def test_a_lost_input_mutation_is_captured_keyed_by_the_written_inputs_and_the_w
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert spec.failure.kind == "accuracy"
     assert spec.failure.signature == f"AccuracyError: {WRITTEN_INPUTS_ONLY}"
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails), outcome
     assert outcome.signature.key == WRITTEN_INPUTS_ONLY
     assert str(outcome.signature) == spec.failure.signature
@@ -163,7 +164,7 @@ def test_a_synthetic_base_view_returned_wrong_by_aot_eager_is_captured_with_its_
     assert (spec.failure.kind, spec.failure.signature) == ("accuracy", "AccuracyError")
     args, _ = torch.load(tmp_path / "inputs.pt", weights_only=True)
     assert aliased_inputs(list(args)) == [[0, 1]]  # inputs.pt keeps the sharing the graph was compiled for
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails), outcome
     assert str(outcome.signature) == spec.failure.signature
 

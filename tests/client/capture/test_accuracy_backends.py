@@ -132,28 +132,6 @@ def test_the_backends_go_wrong_only_on_their_op() -> None:
     assert torch.allclose(torch.autograd.grad(wrong_grad_on("relu")(gm, [x])(x).sum(), x)[0], eager)
 
 
-def run_captured(directory: Any) -> Any:
-    """The worker's outcome for the capture saved in `directory` (its program, inputs and spec), as
-    a job's first check runs it: the values recorded eagerly (up to a failing op: an accuracy job's
-    program may raise eagerly), one candidate run in this process."""
-    from pathlib import Path
-
-    from minify_contract.models import JobSpec
-    from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-    from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
-    from minify_worker.programs.fx.run import run_wire_candidate
-
-    directory = Path(directory)
-    spec = JobSpec.model_validate_json((directory / "spec.json").read_text())
-    (path,) = directory.glob("*.pt2")
-    args, _ = torch.load(directory / "inputs.pt", weights_only=True)
-    program = torch.export.load(path)
-    graph = flat_graph_from_exported_program(program)
-    values = placeholder_values(program, graph, list(args))
-    values.update(concrete_values(graph, values, "cpu", partial=spec.failure.kind == "accuracy"))
-    return run_wire_candidate(graph_to_wire(graph), values, spec, directory)
-
-
 def minimize_capture(directory: Any, out: Any, expected_ops: list[str]) -> Any:
     """The capture in `directory` minimized by the engine in this process (culprit, versions and
     shrink off: minimality is the claim), checked to end at `expected_ops`; then its repro.py run in

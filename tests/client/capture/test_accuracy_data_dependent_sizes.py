@@ -25,10 +25,9 @@ import torch
 from torch import fx
 
 from minify_client.capture import capture_failures
-from minify_contract.models import JobSpec
 from minify_worker.outcomes import Fails
-from tests.client.capture.test_accuracy_integers import run_captured
 from tests.support.backends import drop_last_float_output, in_fp64
+from tests.support.captures import run_as_the_worker
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -83,7 +82,7 @@ def test_a_wrong_size_is_captured_as_an_accuracy_failure_naming_both_shapes(
     assert any(f"shape {tuple(result.shape)}, eager {tuple(expected.shape)} (the fp64 reference's too)" in link
                for link in captured.captured.chain), captured.captured.chain
     # The worker's run of the captured program judges it the same way, with the same signature.
-    outcome = run_captured(tmp_path, JobSpec.model_validate_json((tmp_path / "spec.json").read_text()))
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails), outcome
     assert outcome.signature.key == "" and "float output 0: shape" in outcome.signature.text, outcome.signature
 

@@ -26,6 +26,7 @@ from minify_worker.programs.fx.graph import flat_graph_from_exported_program, gr
 from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
 from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support.backends import PREFIX, other_ties, wrong_integers_on_bitwise_xor, wrong_integers_on_xor_after_aot
+from tests.support.captures import run_as_the_worker
 
 INTEGER_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 
@@ -206,7 +207,7 @@ def test_the_capture_catches_wrong_integers_and_the_worker_reproduces_them(
     assert captured.captured is not None, "the wrong integers went unnoticed"
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert spec.failure.kind == "accuracy"
-    assert isinstance(run_captured(tmp_path, spec), Fails)
+    assert isinstance(run_as_the_worker(tmp_path), Fails)
 
 
 def test_the_worker_passes_a_backend_that_breaks_ties_otherwise(tmp_path: Path, test_backends_allowed: None) -> None:
@@ -238,15 +239,8 @@ def test_inductor_wrong_integers_are_captured_and_reproduced(dtype: torch.dtype,
     assert captured.captured is not None
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert spec.backend == "inductor" and spec.failure.kind == "accuracy"
-    outcome = run_captured(tmp_path, spec)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails) and "values differ from eager" in outcome.signature.text, outcome
-
-
-def run_captured(directory: Path, spec: JobSpec) -> Any:
-    (path,) = directory.glob("*.pt2")
-    args, _ = torch.load(directory / "inputs.pt", weights_only=True)
-    with torch._inductor.config.patch({}), torch._dynamo.config.patch({}):  # the spec's config is set for the run
-        return run_program(torch.export.load(path), list(args), spec, directory)
 
 
 def run_program(program: torch.export.ExportedProgram, inputs: list[Any], spec: JobSpec, workdir: Path) -> Any:

@@ -31,12 +31,11 @@ from minify_client.capture import capture_failures
 from minify_contract.config_keys import CONFIG_MODULES
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
-from minify_worker.outcomes import Fails, Outcome
+from minify_worker.outcomes import Fails
 from minify_worker.programs.fx.backends import DynamicShapes, data_dependent, dynamic_shapes_of, shared_dims
-from minify_worker.programs.fx.graph import flat_graph_from_exported_program, graph_to_wire
-from minify_worker.programs.fx.prepare import concrete_values, placeholder_values
-from minify_worker.programs.fx.run import run_wire_candidate
+from minify_worker.programs.fx.graph import flat_graph_from_exported_program
 from tests.support.backends import PREFIX, fail_naming_symbol_sharing, fail_on_relu_after_aot
+from tests.support.captures import run_as_the_worker
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro
 
@@ -70,19 +69,6 @@ def captured_by_the_user(function: Callable[..., Any], inputs: tuple[torch.Tenso
                                                                                   save_to=directory):
         torch.compile(function, backend=backend, **compile_options)(*inputs)
     torch._dynamo.reset()
-
-
-def run_as_the_worker(directory: Path, tmp_path: Path, **spec_changes: Any) -> Outcome:
-    """The captured program run as the worker runs a candidate, with its captured spec (changed)."""
-    (program_path,) = directory.glob("*.pt2")
-    program = torch.export.load(program_path)
-    args, _ = torch.load(directory / "inputs.pt", weights_only=True)
-    spec = JobSpec.model_validate({**JobSpec.model_validate_json((directory / "spec.json").read_text())
-                                   .model_dump(), **spec_changes})
-    graph = flat_graph_from_exported_program(program)
-    values = placeholder_values(program, graph, list(args))
-    values.update(concrete_values(graph, values, "cpu"))
-    return run_wire_candidate(graph_to_wire(graph), values, spec, tmp_path)
 
 
 def spec_of(directory: Path) -> JobSpec:
