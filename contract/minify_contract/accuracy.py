@@ -410,7 +410,7 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
     become views of one copy of it, with their sizes, strides and offsets, so a graph that writes
     into one input and reads another sees, on the copies, what it saw on the originals (AOT
     autograd compiles such inputs through a synthetic base: pytorch#198095). Other tensors are
-    cloned one by one, as before."""
+    copied one by one (`clone_input`: a ZeroTensor, a conjugate or a negative view stays one)."""
     import torch
 
     shared = _shared_storages(inputs)
@@ -435,13 +435,33 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
     for value in inputs:
         key = _storage_key(value)
         if key is None or key not in shared:
-            cloned.append(value.clone() if isinstance(value, torch.Tensor) else value)
+            cloned.append(clone_input(value) if isinstance(value, torch.Tensor) else value)
             continue
         base = bases[(*key, value.dtype)]
         same = _whole(value) and base.shape == value.shape and base.stride() == value.stride()
         copy_ = base if same else base.as_strided(value.shape, value.stride(), value.storage_offset())
         cloned.append(copy_.requires_grad_(True) if value.requires_grad else copy_)
     return cloned
+
+
+def clone_input(value: Any) -> Any:
+    """A copy of the tensor `value` that is what the program received: `clone()`, which makes a
+    ZeroTensor dense (it has no storage: the zero gradient of `sgn`, pytorch#197067) and resolves a
+    conjugate or negative view's bit, so the compiled code would get another input. A ZeroTensor is
+    immutable and is its own copy; a view with the conjugate or negative bit is the same view of a
+    clone of what it views."""
+    import torch
+
+    if value._is_zerotensor():
+        return value
+    conj, neg = value.is_conj(), value.is_neg()
+    if not (conj or neg):
+        return value.clone()
+    base = value.conj() if conj else value  # the bits cleared: views of the same memory
+    base = torch._neg_view(base) if neg else base
+    copy = base.clone()
+    copy = torch._neg_view(copy) if neg else copy
+    return copy.conj() if conj else copy
 
 
 def _whole(value: Any) -> bool:
@@ -465,11 +485,11 @@ def _shared_storages(inputs: Sequence[Any]) -> set[tuple[Any, int]]:
 
 def _storage_key(value: Any) -> tuple[Any, int] | None:
     """What identifies `value`'s storage, for a plain strided tensor with one; None otherwise
-    (not a tensor, a subclass, sparse, or an empty storage)."""
+    (not a tensor, a subclass, sparse, a ZeroTensor, or an empty storage)."""
     import torch
 
     if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided \
-            or value.device.type == "meta":
+            or value.device.type == "meta" or value._is_zerotensor():  # a ZeroTensor has no storage
         return None
     pointer = value.untyped_storage().data_ptr()
     return (value.device, pointer) if pointer else None

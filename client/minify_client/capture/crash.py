@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minify_contract import zero_tensors
+
 logger = logging.getLogger(__name__)
 
 CRASH_ENV = "MINIFY_CAPTURE_CRASH"
@@ -112,9 +114,9 @@ def write_pending(directory: Path, program: Any, *, test: str, key: str, level: 
 
     folder = directory / PENDING / f"{os.getpid()}-{next(_counter)}"
     folder.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program.program, folder / "program.pt2")
+    zero_tensors.save_program(program.program, folder / "program.pt2")
     (folder / "spec.json").write_text(program.spec.model_dump_json(indent=2) + "\n")
-    torch.save((tuple(program.args), program.kwargs), folder / "inputs.pt")
+    torch.save(zero_tensors.encode((tuple(program.args), program.kwargs)), folder / "inputs.pt")
     meta = {"pid": os.getpid(), "test": test, "key": key, "level": level, "backend": backend,
             "static_reason": program.static_reason}
     temporary = folder / f"{_META}.tmp"
@@ -145,23 +147,16 @@ class UnsavableInputs(Exception):
 
 
 def check_savable(inputs: Sequence[Any]) -> None:
-    """Raise `UnsavableInputs` naming the first input a pending capture cannot keep: a ZeroTensor
-    (the storage-less zero gradient autograd gives for `sgn` and other ops whose derivative is
-    zero), which torch.save refuses, and which a dense zeros tensor would not stand for (a kernel
-    that reads its null data pointer is the bug: pytorch#197067); or a tensor subclass, which
-    torch.save writes but the worker's `torch.load(weights_only=True)` refuses. Conjugate and
-    negative views, sparse and nested tensors are saved and read back as they are."""
+    """Raise `UnsavableInputs` naming the first input a pending capture cannot keep: a tensor
+    subclass, which torch.save writes but the worker's `torch.load(weights_only=True)` refuses. A
+    ZeroTensor (the storage-less zero gradient of `sgn`, pytorch#197067) is kept as a marker
+    (`minify_contract.zero_tensors`); conjugate and negative views, sparse and nested tensors are
+    saved and read back as they are."""
     import torch
 
     for position, value in enumerate(inputs):
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or zero_tensors.is_zero_tensor(value):
             continue
-        if value._is_zerotensor():
-            raise UnsavableInputs(
-                f"input {position} is a ZeroTensor (a tensor without storage, the zero gradient autograd gives "
-                "for ops such as sgn): torch.save cannot write it, and a dense zeros tensor in its place would "
-                "be another program, without the null data pointer the compiled code receives; to minimize "
-                "it, pass the compiled function torch._efficientzerotensor(shape) in a script of its own")
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             raise UnsavableInputs(
                 f"input {position} is a tensor subclass ({type(value).__qualname__}): the worker reads inputs "

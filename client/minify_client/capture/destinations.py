@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.client import Client
+from minify_contract import zero_tensors
 from minify_contract.models import JobCreated, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -86,9 +87,10 @@ def save_and_submit(
     try:
         directory.mkdir(parents=True, exist_ok=True)
         program_path = directory / f"{name}.pt2"
-        torch.export.save(program, program_path)
+        zero_tensors.save_program(program, program_path)
         (directory / "spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
-        torch.save((tuple(args), kwargs), directory / "inputs.pt")
+        # A ZeroTensor input goes in as a marker the worker rebuilds it from (zero_tensors).
+        torch.save(zero_tensors.encode((tuple(args), kwargs)), directory / "inputs.pt")
         job = dashboard = None
         if submit_to is not None:
             client = submit_to if isinstance(submit_to, Client) else Client(submit_to, token)

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from minify_contract.accuracy import clone_input
+
 from . import crash
 from .dynamic import symbolic_values
 
@@ -339,7 +341,8 @@ def _snapshot_one(value: Any, torch: Any, fake_type: type) -> Any:
         return value
     if isinstance(value, fake_type) or value.device.type == "meta":
         return from_metadata(value)
-    return value.detach().clone(memory_format=torch.preserve_format)
+    # A ZeroTensor stays one, a conjugate or negative view keeps its bit (clone() would lose them).
+    return clone_input(value.detach())
 
 
 def from_metadata(value: Any) -> Any:
@@ -415,7 +418,7 @@ def _runtime_failure(error: BaseException, args: tuple[Any, ...], compiler_fn: A
     try:
         with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)), torch.no_grad():
             eager = lower(graph, inputs, grad_enabled=grad_enabled) if transform_calls(graph.graph) else graph
-            eager(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+            eager(*[clone_input(value) if isinstance(value, torch.Tensor) else value for value in inputs])
     except Exception as eager_error:
         logger.debug("minify: a compiled graph raised and so does eager (%s): not captured", eager_error)
         return

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minify_contract import zero_tensors
 from minify_contract.models import JobSpec
 
 from .. import programs
@@ -234,7 +235,8 @@ class _Server:
         import torch
 
         try:
-            self.values = torch.load(path, mmap=True, weights_only=True)
+            # A ZeroTensor (no storage: torch.save cannot write it) is stored as a marker.
+            self.values = zero_tensors.decode(torch.load(path, mmap=True, weights_only=True))
         except Exception as error:
             return {"ok": False, "error": f"cannot load the value store {path}: {type(error).__name__}: {error}"}
         self.values_loaded = True

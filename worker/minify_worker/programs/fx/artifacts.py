@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from minify_contract import zero_tensors
+from minify_contract.accuracy import clone_input
 from minify_contract.models import JobSpec
 from minify_worker.engine.artifacts import (
     ACCURACY_RULES,
@@ -112,7 +114,8 @@ def write_program_files(
     files: list[str] = []
     errors: dict[str, str] = {}
 
-    write_artifact(out_dir / INPUTS, _saved(torch.save, inputs))
+    # A ZeroTensor input as its marker (zero_tensors), which repro.py rebuilds it from.
+    write_artifact(out_dir / INPUTS, _saved(torch.save, zero_tensors.encode(inputs)))
     files.append(INPUTS)
     # A registered backend receives candidates as dynamo's form (torch functions): so does the repro's.
     shown = as_torch_functions(to_graph_module(graph), inputs).graph if uses_torch_functions(spec.backend) else graph
@@ -133,7 +136,7 @@ def write_program_files(
         files.append(ACCURACY_RULES)
     try:
         program = export_minimized(graph, inputs, spec.device, dynamic=spec.dynamic)
-        write_minimized = _saved(torch.export.save, program)
+        write_minimized = _saved(zero_tensors.save_program, program)
     except Exception as error:  # a user program can fail to export in any way; report, don't die
         errors[MINIMIZED] = f"{type(error).__name__}: {error}"
     else:
@@ -147,7 +150,8 @@ def eager_raises(graph: fx.Graph, inputs: Sequence[InputValue]) -> str | None:
     crash whose program raises eagerly is a clean error the compiled program turned into a death."""
     try:
         with torch.no_grad():
-            to_graph_module(graph)(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+            to_graph_module(graph)(*[clone_input(value) if isinstance(value, torch.Tensor) else value
+                                     for value in inputs])
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     return None

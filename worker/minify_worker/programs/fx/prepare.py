@@ -29,7 +29,8 @@ worker imports those its operator allows (`MINIFY_ALLOWED_OP_MODULES`, comma-sep
 prefixes); otherwise the load fails naming the missing ops and these two names.
 
 Outputs, in the work dir: `values.pt` (`dict[str, Tensor | int | float | bool]`: every input by
-placeholder name, every promotable intermediate by node name, from one eager run, on the CPU)
+placeholder name, every promotable intermediate by node name, from one eager run, on the CPU; a
+ZeroTensor, in the inputs file and here, as the marker `minify_contract.zero_tensors` reads back)
 and `program.json` (`{"format", "graph": wire form, "metadata": {...}}`).
 """
 
@@ -41,6 +42,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from minify_contract import zero_tensors
+from minify_contract.accuracy import clone_input
 from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
 from minify_worker.programs.fx import export_load
 from minify_worker.programs.fx.op_modules import ALLOWED_OP_MODULES_ENV
@@ -85,7 +88,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     _drop_missing_value_keys(graph, values)
     mark_taken_branches(graph, values)
     workdir.mkdir(parents=True, exist_ok=True)
-    torch.save(values, workdir / VALUES)
+    torch.save(zero_tensors.encode(values), workdir / VALUES)
     signature = ep.graph_signature
     metadata = {
         "source": source,
@@ -116,13 +119,14 @@ def read_inputs(path: Path) -> Any:
     if not path.is_file():
         raise ProgramError(f"inputs file {path.name} does not exist")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        loaded = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as error:
         raise ProgramError(
             f"cannot read inputs file {path.name} with torch.load(weights_only=True): {_short(error)}; "
             "save the inputs with torch.save((args, kwargs), 'inputs.pt') using tensors, numbers, "
             "tuples, lists and dicts only"
         ) from error
+    return zero_tensors.decode(loaded, device="cpu")  # a ZeroTensor input is kept as a marker
 
 
 def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
@@ -419,7 +423,7 @@ def concrete_values(graph: Any, inputs: dict[str, Any], device: str, partial: bo
     if any(is_mutating(node) for node in gm.graph.nodes):
         # torch.export keeps in-place ops (an input's `mul_`, a buffer's `add_`, an optimizer's
         # step on the weights): the run gets copies, so that `inputs` stay what the program received.
-        args = [arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args]
+        args = [clone_input(arg) if isinstance(arg, torch.Tensor) else arg for arg in args]
     recorded: dict[str, Any] = {}
     try:
         with torch.no_grad():
@@ -445,7 +449,9 @@ def _recorder(module: Any, prefix: str, recorded: dict[str, Any]) -> Any:
                 result = super().run_node(node)
             if node.op == "call_function":
                 if isinstance(result, torch.Tensor) and result.device.type != "meta":  # no data to keep
-                    recorded[prefix + node.name] = result.detach().to("cpu").clone()
+                    # A ZeroTensor, a conjugate or negative view stays one: promoted to an input, it is
+                    # what the op gave its users.
+                    recorded[prefix + node.name] = clone_input(result.detach().to("cpu"))
                 elif isinstance(result, bool | int | float):
                     recorded[prefix + node.name] = result
             return result

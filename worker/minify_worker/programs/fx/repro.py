@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_contract import accuracy, signatures
+from minify_contract import accuracy, signatures, zero_tensors
 from minify_contract.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_contract.models import BUILTIN_BACKENDS, JobSpec
 from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, header_tail
@@ -52,7 +52,10 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     eager_error = eager_error if kind == "crash" else None
     shapes = dynamic_shapes_of(graph, spec.dynamic)
     plain = shapes is None and not subgraphs(graph) and spec.backend != "aot_inductor"
-    inline = inline_inputs(inputs) if inputs is not None and plain else None
+    # An accuracy repro written inline copies its inputs with torch's clone_inputs, which would make a
+    # ZeroTensor dense: such inputs are read from inputs.pt, whose repro keeps them (_KEEP_INPUTS).
+    inline = inline_inputs(inputs) if inputs is not None and plain and not (
+        kind == "accuracy" and _kept_by_copies(inputs)) else None
     if inline is not None:
         return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline, eager_error)
     constants = constant_positions(graph)
@@ -76,7 +79,8 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         _trace_function(graph),
         *([_CONSTANTS_AS_ATTRIBUTES] if constants else []),
         *_compile_functions(spec.backend, shapes, _training(spec, kind)),
-        _LOAD_INPUTS,
+        *([_LOAD_ZERO_TENSORS] if inputs is not None and zero_tensors.contains(list(inputs)) else [_LOAD_INPUTS]),
+        *([_KEEP_INPUTS] if _kept_by_copies(inputs) else []),
         *([_SYNCHRONIZE] if cuda else []),
         *([_CHECK_ACCURACY] if kind == "accuracy" else []),
         *([_FOR_TRAINING] if _training(spec, kind) else []),
@@ -172,16 +176,22 @@ _INLINE_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, t
 
 
 def inline_inputs(inputs: Sequence[Any]) -> str | None:
-    """The inputs as Python expressions (`torch.tensor([...], dtype=...)`, scalars as literals), one
-    per line, or None where they are better read from inputs.pt: too many elements, or a dtype or
-    a layout the literal would not keep (a view's strides or offset, a non-CPU tensor)."""
-    if sum(value.numel() for value in inputs if isinstance(value, torch.Tensor)) > INLINE_ELEMENTS_MAX:
+    """The inputs as Python expressions (`torch.tensor([...], dtype=...)`, scalars as literals; a
+    ZeroTensor, which holds no elements, as `torch._efficientzerotensor(shape)`), one per line, or
+    None where they are better read from inputs.pt: too many elements, or a dtype or a layout the
+    literal would not keep (a view's strides or offset, a negative view's bit, a non-CPU tensor)."""
+    if sum(zero_tensors.elements(value) for value in inputs if isinstance(value, torch.Tensor)) > INLINE_ELEMENTS_MAX:
         return None
     lines = []
     for value in inputs:
-        if isinstance(value, torch.Tensor):
+        if zero_tensors.is_zero_tensor(value):
+            if value.device.type != "cpu" or not value.is_contiguous():
+                return None
+            lines.append(f"torch._efficientzerotensor({list(value.shape)}, dtype={value.dtype})")
+        elif isinstance(value, torch.Tensor):
             if value.dtype not in _INLINE_DTYPES or value.device.type != "cpu" or value.requires_grad or \
-                    not value.is_contiguous() or value.storage_offset() != 0 or value.layout != torch.strided:
+                    not value.is_contiguous() or value.storage_offset() != 0 or value.layout != torch.strided \
+                    or value.is_neg() or value.is_conj():
                 return None
             lines.append(_tensor_literal(value))
         elif isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
@@ -457,6 +467,52 @@ def load_inputs(path):
     inputs = torch.load(path, weights_only=True)
     return [value.to(DEVICE) if isinstance(value, torch.Tensor) else value for value in inputs]
 """
+
+# inputs.pt holds a ZeroTensor as a marker (minify_contract.zero_tensors: torch.save cannot write
+# one): this loader rebuilds it.
+_LOAD_ZERO_TENSORS = '''
+def load_inputs(path):
+    inputs = torch.load(path, weights_only=True)
+    return [zero_tensor(value) if isinstance(value, dict)  # the only dicts are ZeroTensors' markers
+            else value.to(DEVICE) if isinstance(value, torch.Tensor) else value for value in inputs]
+
+
+def zero_tensor(marker):
+    """A ZeroTensor input (a tensor without storage, as autograd gives the zero gradient of sgn):
+    inputs.pt holds its shape, strides and dtype, since torch.save cannot write it."""
+    zeros = torch._efficientzerotensor(marker["shape"], dtype=getattr(torch, marker["dtype"]), device=DEVICE)
+    return zeros if list(zeros.stride()) == marker["stride"] else zeros.as_strided(marker["shape"], marker["stride"])
+'''
+
+# Inputs a clone would change (minify_contract.accuracy.clone_input): the copies the compiled program
+# runs on keep what each input is.
+_KEEP_INPUTS = '''
+_clone_inputs = clone_inputs
+
+
+def clone_inputs(inputs):
+    """Copies of `inputs`, each what the program received: clone() makes a ZeroTensor dense and
+    resolves a conjugate or negative view's bit, another input for the compiled code."""
+    copies = list(_clone_inputs(inputs))
+    for position, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value._is_zerotensor():  # immutable: its own copy
+            copies[position] = value
+            continue
+        if value.is_neg():
+            copies[position] = torch._neg_view(copies[position].neg())
+        if value.is_conj():
+            copies[position] = copies[position].conj_physical().conj()
+    return copies
+'''
+
+
+def _kept_by_copies(inputs: Sequence[Any] | None) -> bool:
+    """Whether `inputs` hold a tensor a clone would change (a ZeroTensor, a conjugate or negative view)."""
+    return inputs is not None and any(isinstance(value, torch.Tensor) and (
+        value._is_zerotensor() or value.is_conj() or value.is_neg()) for value in inputs)
+
 
 _SYNCHRONIZE = """
 def synchronize():

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
+from minify_contract.accuracy import clone_input
 from minify_worker.programs.candidates import Candidate
 from minify_worker.programs.fx import graph as g
 
@@ -227,13 +228,23 @@ def _recorded(offers: Iterator[tuple[frozenset[Dim], Candidate]],
 def narrowed(value: Any, sizes: list[int] | None) -> Any:
     """The stored `value` as a shrunk input reads it: the leading `sizes` block of each dim, copied
     dense in the value's dim order (`_dense_stride`: the big storage is not kept alive, nor saved
-    in inputs.pt). `sizes` None: the value as stored."""
+    in inputs.pt); a ZeroTensor as a ZeroTensor of `sizes` (it has no data: a copy would make it a
+    dense tensor, another program), a conjugate or negative view with its bit. `sizes` None: the
+    value as stored."""
     if sizes is None:
         return value
     if not isinstance(value, torch.Tensor) or value.dim() != len(sizes) or any(
             size > stored for size, stored in zip(sizes, value.shape, strict=True)):
         shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"cannot narrow a stored value of shape {shape} to {sizes}")
+    if value.is_conj():  # the block of what it views, viewed with the bit again (a copy resolves it)
+        return narrowed(value.conj(), sizes).conj()
+    if value.is_neg():
+        return torch._neg_view(narrowed(torch._neg_view(value), sizes))
+    if value._is_zerotensor():  # no values to slice: a smaller ZeroTensor, never a dense copy
+        zeros = torch._efficientzerotensor(sizes, dtype=value.dtype, device=value.device)
+        stride = _dense_stride(sizes, list(value.stride()))
+        return zeros if list(zeros.stride()) == stride else zeros.as_strided(sizes, stride)
     dense = torch.empty_strided(sizes, _dense_stride(sizes, list(value.stride())), dtype=value.dtype,
                                 device=value.device)
     return dense.copy_(value[tuple(slice(0, size) for size in sizes)])
@@ -281,7 +292,8 @@ def check_runs(gm: fx.GraphModule, inputs: list[Any], whole: list[Any]) -> None:
 def _eager_error(gm: fx.GraphModule, inputs: list[Any]) -> str | None:
     try:
         with torch.no_grad():  # on a copy: an in-place op on a constant attribute changes only the copy
-            copy.deepcopy(gm)(*[value.clone() if isinstance(value, torch.Tensor) else value for value in inputs])
+            copy.deepcopy(gm)(*[clone_input(value) if isinstance(value, torch.Tensor) else value
+                                for value in inputs])
     except Exception as error:
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     return None
