@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from minify_contract import zero_tensors
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Outcome
 from minify_worker.programs.fx.prepare import PROGRAM_JSON, VALUES, prepare
@@ -32,5 +33,5 @@ def run_as_the_worker(directory: Path, workdir: Path | None = None) -> Outcome:
     prepare(program, directory / "inputs.pt", workdir, device=spec.device,
             eager_may_fail=spec.failure.kind in ("accuracy", "crash"))
     wire_graph = json.loads((workdir / PROGRAM_JSON).read_text())["graph"]
-    values = torch.load(workdir / VALUES, weights_only=True)
+    values = zero_tensors.decode(torch.load(workdir / VALUES, weights_only=True))  # as the sandbox's store
     return run_wire_candidate(wire_graph, values, spec, workdir)
