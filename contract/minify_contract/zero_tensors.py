@@ -60,6 +60,19 @@ def from_marker(marker: dict[str, Any], device: Any = None) -> Any:
     return zeros if list(zeros.stride()) == stride else zeros.as_strided(shape, stride)
 
 
+def to_device(value: Any, device: Any) -> Any:
+    """`value.to(device)`, but a ZeroTensor stays one: `to` another device (or dtype) makes it dense."""
+    if is_zero_tensor(value):
+        return value if value.device == _device(device) else from_marker(to_marker(value), device)
+    return value.to(device)
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    return torch.device(device)
+
+
 def contains(value: Any) -> bool:
     """Whether `value` (a tensor, or tuples, lists and dicts of them) holds a ZeroTensor."""
     if isinstance(value, tuple | list):

@@ -28,7 +28,7 @@ from minify_worker.programs.fx.artifacts import write_program_files
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.programs.fx.graph import graph_from_wire
 from minify_worker.programs.fx.prepare import PROGRAM_JSON, VALUES, prepare
-from minify_worker.programs.fx.repro import inline_inputs
+from minify_worker.programs.fx.repro import inline_inputs, render_repro
 from minify_worker.programs.fx.shrink import narrowed
 from tests.support.graphs import ops_of
 from tests.support.special_input_backends import MODULE
@@ -147,6 +147,23 @@ def test_a_zero_tensor_is_written_into_the_repro_beside_dense_inputs() -> None:
     zero, dense, number = eval(f"[\n{text}]", {"torch": torch})
     assert zero._is_zerotensor() and zero.dtype == torch.float64 and list(zero.shape) == [2, 3]
     assert torch.equal(dense, torch.tensor([1.5, 2.0])) and number == 3
+
+
+def test_a_zero_tensor_moved_to_another_device_stays_one() -> None:
+    """`to` another device makes a ZeroTensor dense (the meta device stands for CUDA here)."""
+    moved = zero_tensors.to_device(_zero((2, 3)).t(), "meta")
+    assert moved._is_zerotensor() and moved.device.type == "meta" and moved.stride() == (1, 3)
+
+
+def test_a_cuda_repro_builds_its_zero_tensor_on_the_device_from_inputs_pt(tmp_path: Path) -> None:
+    """Written in, it would be moved with `to`, which makes it dense."""
+    program, inputs = _save(tmp_path, ReluPlus(), (_zero((3,)), torch.randn(2)))
+    prepare(program, inputs, tmp_path / "work")
+    graph = graph_from_wire(json.loads((tmp_path / "work" / PROGRAM_JSON).read_text())["graph"])
+    values = zero_tensors.decode(torch.load(tmp_path / "work" / VALUES, weights_only=True))
+    spec = _spec("segfault_on_zero_tensor", "crash", device="cuda")
+    text = render_repro(graph, spec, None, torch.__version__, inputs=[values["t"], values["u"]])
+    assert "def zero_tensor(marker)" in text and "device=DEVICE" in text and "inputs = [" not in text
 
 
 def _views() -> tuple[torch.Tensor, torch.Tensor]:

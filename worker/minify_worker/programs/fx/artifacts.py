@@ -189,4 +189,4 @@ def export_minimized(
 
 
 def _to_device(value: InputValue, device: str) -> InputValue:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+    return zero_tensors.to_device(value, device) if isinstance(value, torch.Tensor) else value

@@ -496,7 +496,7 @@ def _drop_missing_value_keys(graph: Any, values: dict[str, Any]) -> None:
 def _to_device(value: Any, device: str) -> Any:
     import torch
 
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+    return zero_tensors.to_device(value, device) if isinstance(value, torch.Tensor) else value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,10 +52,11 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     eager_error = eager_error if kind == "crash" else None
     shapes = dynamic_shapes_of(graph, spec.dynamic)
     plain = shapes is None and not subgraphs(graph) and spec.backend != "aot_inductor"
-    # An accuracy repro written inline copies its inputs with torch's clone_inputs, which would make a
-    # ZeroTensor dense: such inputs are read from inputs.pt, whose repro keeps them (_KEEP_INPUTS).
-    inline = inline_inputs(inputs) if inputs is not None and plain and not (
-        kind == "accuracy" and _kept_by_copies(inputs)) else None
+    # An inline repro copies its inputs with torch's clone_inputs (accuracy) and moves them with `to`
+    # (CUDA), which would make a ZeroTensor dense: such inputs are read from inputs.pt, whose repro
+    # builds them on the device and keeps them (_LOAD_ZERO_TENSORS, _KEEP_INPUTS).
+    special = _kept_by_copies(inputs) and (kind == "accuracy" or torch.device(spec.device).type != "cpu")
+    inline = inline_inputs(inputs) if inputs is not None and plain and not special else None
     if inline is not None:
         return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline, eager_error)
     constants = constant_positions(graph)

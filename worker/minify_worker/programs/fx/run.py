@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from minify_contract import signatures
+from minify_contract import signatures, zero_tensors
 from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
@@ -90,7 +90,7 @@ def _clone_inputs(inputs: list[Any]) -> list[Any]:
 
 
 def _to_device(inputs: list[Any], device: str) -> list[Any]:
-    return [value.to(device) if isinstance(value, torch.Tensor) else value for value in inputs]
+    return [zero_tensors.to_device(value, device) if isinstance(value, torch.Tensor) else value for value in inputs]
 
 
 def _synchronize(device: str) -> None:
