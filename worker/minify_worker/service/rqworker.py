@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from types import FrameType
@@ -45,7 +46,7 @@ from minify_worker.service.channel import REDIS_PATIENCE_ENV, redis_patience_s
 from minify_worker.service.job import record_worker_lost
 from minify_worker.service.versions import phase as versions_phase
 from minify_worker.service.versions.bisect import BISECT_QUEUE
-from minify_worker.service.versions.envs import IndexInstaller
+from minify_worker.service.versions.envs import IndexInstaller, own_env
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,17 @@ def _horse_killed(job: Job, retpid: int, ret_val: int, rusage: object) -> None:
 
 
 def publish_config_schema(redis: Redis) -> None:
-    """Say which JobSpec.config settings this worker's torch takes: the server checks specs against it."""
+    """Say which JobSpec.config settings this worker's torch takes: the server checks specs against it.
+
+    A worker that did not preload leaves a description of its torch version that is there already as
+    it is: describing imports torch and its compiler's config modules (some 5 s of CPU, tens of
+    seconds on a loaded machine) in a process that otherwise never imports torch, to write what
+    another worker of that torch wrote. A preloaded worker has torch imported and describes it anew."""
+    if "torch" not in sys.modules:
+        version = own_env().torch  # read without importing torch
+        if redis.hexists(CONFIG_SCHEMAS_KEY, version):
+            log.info("torch %s's config settings are described already: not imported to describe them", version)
+            return
     try:
         schema = describe_torch_config()
     except Exception as error:  # a torch whose config modules differ: the server checks nothing for it

@@ -108,10 +108,13 @@ def read_version(python: Path, timeout_s: float = READ_TIMEOUT_S) -> tuple[str, 
 def own_env() -> TorchEnv:
     """The worker's own torch, read without importing it (the RQ parent never imports torch)."""
     version = importlib.metadata.version("torch")
-    spec = importlib.util.find_spec("torch.version")
+    # The package's spec, not torch.version's: finding a submodule imports its package (torch, and
+    # with it some 5 s of CPU at a worker's start).
+    spec = importlib.util.find_spec("torch")
     git_version = None
-    if spec is not None and spec.origin:
-        found = re.search(r"^git_version\s*=\s*['\"]([^'\"]*)['\"]", Path(spec.origin).read_text(), re.MULTILINE)
+    version_file = Path(spec.origin).parent / "version.py" if spec is not None and spec.origin else None
+    if version_file is not None and version_file.is_file():
+        found = re.search(r"^git_version\s*=\s*['\"]([^'\"]*)['\"]", version_file.read_text(), re.MULTILINE)
         git_version = found.group(1) if found else None
     return TorchEnv(python=Path(sys.executable), torch=version, git_version=git_version, origin="own")
 
