@@ -16,7 +16,9 @@ convention, one of:
 - a tuple or list: the positional arguments;
 - a dict: the keyword arguments (or, if that does not fit the program, its one positional dict);
 - a single tensor: the only positional argument.
-The first reading whose structure fits the program's input spec is used. Without an inputs file:
+A ZeroTensor, which torch.save refuses, is in the file as the marker `minify_contract.zero_tensors`
+writes (a plain dict) and is rebuilt as one. The first reading whose structure fits the program's
+input spec is used. Without an inputs file:
 the program's own `example_inputs` (torch.export.save keeps them), else inputs made from the
 placeholders' metadata (randn for floating point, randint(0, 2) for integers, zeros for bool).
 An input the program was exported with as a constant (a number, bool, string or None given to
