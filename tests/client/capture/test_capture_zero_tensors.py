@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from minify_client.capture import capture_failures, crash
+from minify_client.capture.torch_hooks import snapshot
 from minify_contract import zero_tensors
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
@@ -59,6 +60,17 @@ def _as_the_worker(directory: Path, workdir: Path) -> Outcome:
 
 def _relu_plus(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.relu(t) * 2 + u.sum()
+
+
+def test_the_capture_s_snapshot_keeps_a_zero_tensor_and_the_conjugate_and_negative_bits() -> None:
+    """What the capture copies is what the compiled graph received (a clone() would make the
+    ZeroTensor dense and resolve the bits)."""
+    zero = _zero_grad((2,))
+    conj, neg = torch.randn(3, dtype=torch.complex64).conj(), torch._neg_view(torch.randn(3))
+    taken = snapshot([zero, conj, neg])
+    assert taken[0]._is_zerotensor() and taken[1].is_conj() and taken[2].is_neg()
+    assert torch.equal(taken[1], conj) and torch.equal(taken[2], neg)
+    assert taken[1].data_ptr() != conj.data_ptr() and taken[2].data_ptr() != neg.data_ptr()
 
 
 def test_a_zero_tensor_is_kept_by_the_crash_guard() -> None:
