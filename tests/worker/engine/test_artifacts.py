@@ -340,7 +340,12 @@ def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path):
     assert run.returncode == -signal.SIGSEGV
 
 
-def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path):
+@pytest.fixture(scope="module")
+def small_passing_repro(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    """A small repro (its inputs inline) of a program that passes and calls Python functions and
+    indexes tuples, run once for the tests that ask what it says and that it exits zero (each run
+    is a fresh interpreter importing torch: seconds of CPU). Its text and its run."""
+    directory = tmp_path_factory.mktemp("small-passing")
     graph = fx.Graph()
     x = graph.placeholder("x")
     halves = graph.call_function(torch.ops.aten.split.Tensor, (x, 2))
@@ -349,10 +354,13 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(tmp_path)
     full = graph.call_function(torch.ops.aten.full.default, ([2], math.inf),
                                {"dtype": torch.float16, "device": torch.device("cpu")})
     graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (first, scale)), full))
-    _write(graph, {"x": torch.arange(4.0)}, tmp_path, backend="eager")
+    _write(graph, {"x": torch.arange(4.0)}, directory, backend="eager")
 
-    text = (tmp_path / artifacts.REPRO).read_text()
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    return (directory / artifacts.REPRO).read_text(), run_repro(directory / "repro.py", PYTHONPATH=str(directory))
+
+
+def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(small_passing_repro):
+    text, run = small_passing_repro
 
     assert "from math import sqrt as math_sqrt" in text
     assert run.returncode == 0, run.stderr
@@ -495,13 +503,10 @@ def test_a_small_repro_runs_alone_and_with_its_signature_rules(relu_cos, tmp_pat
     assert "repro failed with:" not in alone.stderr  # pasted alone: the traceback says it all
 
 
-def test_a_small_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
-    (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
-    graph = _cos_only(relu_cos)
-    _write(graph, {**relu_cos[1], "relu": SMALL_X}, tmp_path, backend="relu_backends:fail_on_relu")
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+def test_a_small_repro_of_a_passing_program_exits_zero(small_passing_repro):
+    text, run = small_passing_repro
 
-    assert "inputs = [" in (tmp_path / "repro.py").read_text()
+    assert "inputs = [" in text
     assert run.returncode == 0, run.stderr
     assert "repro passed" in run.stdout
 
