@@ -23,7 +23,7 @@ import torch
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, TimedOut
 from minify_worker.programs.fx.graph import graph_to_wire
-from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir
+from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir, preload
 from minify_worker.sandbox.processes import process_stats
 from tests.support import backends, calls
 from tests.support.graphs import chain_graph
@@ -68,7 +68,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pool(workdir: Path) -> Iterator[SandboxPool]:
+def preloaded() -> None:
+    """This process made a fork origin, as a worker makes itself (the imports, no warm-up: the test
+    backend compiles nothing), so that the pools here fork their servers from it instead of each
+    spawning one that imports torch afresh. The spawned path keeps its tests: the killed parent's,
+    the fork origin's after OpenMP, and closing a server that is still starting."""
+    preload(warm=False)
+
+
+@pytest.fixture(scope="module")
+def pool(workdir: Path, preloaded: None) -> Iterator[SandboxPool]:
     spec = JobSpec(backend=BACKEND)
     with SandboxPool(workdir, workdir / "values.pt", spec, parallelism=2, env=ALLOWED) as sandbox:
         sandbox.wait_ready(180)
@@ -214,7 +223,7 @@ def test_the_fork_server_never_initializes_cuda(pool: SandboxPool) -> None:
     assert pool.wait_ready(0)["cuda_initialized"] is False
 
 
-def test_close_kills_children_and_removes_the_sandbox_dir(tmp_path: Path) -> None:
+def test_close_kills_children_and_removes_the_sandbox_dir(preloaded: None, tmp_path: Path) -> None:
     torch.save({"x": torch.randn(2)}, tmp_path / "values.pt")
     sandbox = SandboxPool(tmp_path, tmp_path / "values.pt", JobSpec(backend=BACKEND), parallelism=1, warm=False,
                           env=ALLOWED)
@@ -240,92 +249,128 @@ def test_closing_a_spawned_fork_server_that_is_still_starting_does_not_wait_for_
     assert took < 2.0, f"close took {took:.1f} s"  # it waited for the server's imports: 2.8 s on a quiet box
 
 
-PARENT = textwrap.dedent("""
-    import sys, time, torch
-    from pathlib import Path
-    from torch import fx
-    from minify_contract.models import JobSpec
-    from minify_worker.programs.fx.graph import graph_to_wire
-    from minify_worker.sandbox import SandboxPool, preload
-
-    workdir = Path(sys.argv[1])
-    if sys.argv[3] == "fork":
-        preload(warm=False)
-    torch.save({"x": torch.randn(2)}, workdir / "values.pt")
-    graph = fx.Graph()
-    x = graph.placeholder("x")
-    graph.output((graph.call_function(torch.ops.aten.tanh.default, (x,)),))
-    pool = SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False,
-                       env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends"})
-    assert pool.start_method == sys.argv[3], pool.start_method
-    future = pool.submit(graph_to_wire(graph), timeout_s=300)
-    while pool.child_pid(future) is None:
-        time.sleep(0.05)
-    print(pool.server_pid, pool.child_pid(future), flush=True)
-    time.sleep(300)
-""")
-
-
-@pytest.mark.parametrize("start", ["spawn", "fork"])
-def test_a_killed_parent_leaves_no_orphans(tmp_path: Path, start: str) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), BACKEND, start], stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        server, child = (int(pid) for pid in parent.stdout.readline().split())
-        assert alive(server) and alive(child)
-        assert wait_until(lambda: len(session_members(child)) >= 2), "the hang's grandchild did not start"
-    finally:
-        parent.kill()
-        parent.wait()
-    assert wait_until(lambda: not alive(server) and not session_members(child))
-
-
 FORK_ORIGIN = textwrap.dedent("""
-    import json, sys, threading, torch
+    import json, sys, threading, time, torch
     from pathlib import Path
+    from tqdm import tqdm
     from minify_contract.models import JobSpec
     from minify_worker.programs.fx.graph import graph_to_wire
-    from minify_worker.sandbox import SandboxPool, fork_refusal, preload
+    from minify_worker.sandbox import SandboxCallError, SandboxPool, fork_refusal, preload
     from tests.support.graphs import chain_graph
 
     workdir = Path(sys.argv[1])
     torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
+    tqdm(disable=True)  # tqdm's locks exist before any fork (fx's Interpreter makes one per run)
     report = {"before_preload": fork_refusal()}
     preload(warm=False)
     report["after_preload"] = fork_refusal()
+    ALLOWED = {"MINIFY_ALLOWED_BACKENDS": "tests.support.backends", "MINIFY_ALLOWED_CALLS": "tests.support.calls"}
 
     def run_some() -> dict:
         with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), parallelism=2,
-                         env={"MINIFY_ALLOWED_BACKENDS": "tests.support.backends",
-                              "MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
+                         env=ALLOWED) as pool:
             futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=5) for op in ("abs", "sin", "tanh")}
             config = pool.call("tests.support.calls:inductor_config_values", {"keys": ["compile_threads"]})
             kinds = {op: future.result().kind for op, future in futures.items()}
             return {"start": pool.start_method, **config, **kinds}
 
+    def kill_one_holding_tqdms_lock() -> dict:
+        with SandboxPool(workdir, None, JobSpec(backend="eager"), env=ALLOWED) as pool:
+            try:
+                pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=3)
+                killed = "not killed"
+            except SandboxCallError as error:
+                killed = f"killed: {error}"
+            try:
+                later = "made" if pool.call("tests.support.calls:make_tqdm", timeout_s=20)["made"] else "?"
+            except SandboxCallError:
+                later = "blocked"
+            return {"start": pool.start_method, "killed": killed, "later_child": later}
+
+    def hang_until_killed(name: str) -> dict:  # a pool left open, its child hanging with a grandchild
+        (workdir / name).mkdir()
+        pool = SandboxPool(workdir / name, workdir / "values.pt", JobSpec(backend=sys.argv[2]), warm=False, env=ALLOWED)
+        future = pool.submit(graph_to_wire(chain_graph("tanh")), timeout_s=300)
+        while pool.child_pid(future) is None:
+            time.sleep(0.05)
+        return {"start": pool.start_method, "server": pool.server_pid, "child": pool.child_pid(future)}
+
     # From another thread than preload's: inductor keeps config overrides per thread context.
     thread = threading.Thread(target=lambda: report.update(preloaded=run_some()))
     thread.start()
     thread.join()
+    report["tqdm"] = kill_one_holding_tqdms_lock()
+    made = threading.Thread(target=lambda: tqdm(disable=True), daemon=True)
+    made.start()
+    made.join(20)
+    report["tqdm"]["origin"] = "blocked" if made.is_alive() else "made"
+    hanging = [hang_until_killed("forked")]
     torch.set_num_threads(2)
     torch.ones(1 << 22).sin().sum()  # starts OpenMP's pool: a fork from here would hang in the next one
     report["after_openmp"] = fork_refusal()
     report["after_openmp_pool"] = run_some()
+    hanging.append(hang_until_killed("spawned"))
+    report["hanging"] = hanging
     print(json.dumps(report), flush=True)
+    time.sleep(300)
 """)
 
 
-def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_starts(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", FORK_ORIGIN, str(tmp_path), BACKEND], capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[3])
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def fork_origin(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One preloaded process (a fork origin) that runs pools before and after a native thread pool
+    starts in it, kills a child holding tqdm's lock in between, and is then killed itself with a
+    hanging candidate in a forked fork server's child and one in a spawned one's; its report. One
+    process for the tests below: each such process imports torch and preloads, seconds of CPU, and
+    a spawned server as much again."""
+    directory = tmp_path_factory.mktemp("origin")
+    with open(directory / "stderr", "w+") as stderr:
+        parent = subprocess.Popen([sys.executable, "-c", FORK_ORIGIN, str(directory), BACKEND],
+                                  stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                  cwd=Path(__file__).resolve().parents[3])
+        try:
+            line = parent.stdout.readline()
+            if not line:
+                parent.wait(60)
+                stderr.seek(0)
+                raise AssertionError(f"the fork origin exited {parent.returncode}: {stderr.read()[-3000:]}")
+            report = json.loads(line)
+            for hanging in report["hanging"]:
+                assert alive(hanging["server"]) and alive(hanging["child"])
+                assert wait_until(lambda hanging=hanging: len(session_members(hanging["child"])) >= 2), \
+                    "the hang's grandchild did not start"
+        finally:
+            parent.kill()
+            parent.wait()
+    return report
+
+
+def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_starts(fork_origin: dict) -> None:
+    report = fork_origin
     assert report["before_preload"] == "this process was not preloaded"
     assert report["after_preload"] is None
     outcomes = {"abs": "passes", "sin": "crashed", "tanh": "timed_out", "compile_threads": 1}
     assert report["preloaded"] == {"start": "fork", **outcomes}
     assert "native thread pool" in report["after_openmp"]
     assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}
+
+
+def test_a_child_killed_holding_tqdms_lock_blocks_neither_the_origin_nor_later_children(fork_origin: dict) -> None:
+    """tqdm's write lock is a semaphore shared with every process forked after it was made; a
+    candidate killed inside fx's Interpreter (its tqdm) would leave it held, and the worker's next
+    tqdm (or any later child's) would wait forever: each forked process gets locks of its own."""
+    tqdm = fork_origin["tqdm"]
+    assert tqdm["start"] == "fork"
+    assert tqdm["killed"].startswith("killed:"), tqdm
+    assert (tqdm["origin"], tqdm["later_child"]) == ("made", "made"), tqdm
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_killed_parent_leaves_no_orphans(fork_origin: dict, start: str) -> None:
+    # The fork origin above, killed with a candidate hanging in each kind of fork server's child.
+    [hanging] = [hanging for hanging in fork_origin["hanging"] if hanging["start"] == start]
+    server, child = hanging["server"], hanging["child"]
+    assert wait_until(lambda: not alive(server) and not session_members(child))
 
 
 JAX_ORIGIN = textwrap.dedent("""
@@ -347,41 +392,3 @@ def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
                                       "forked child)"
-
-
-TQDM_ORIGIN = textwrap.dedent("""
-    import sys, threading, torch
-    from pathlib import Path
-    from tqdm import tqdm
-    from minify_contract.models import JobSpec
-    from minify_worker.sandbox import SandboxCallError, SandboxPool, preload
-
-    workdir = Path(sys.argv[1])
-    tqdm(disable=True)  # tqdm's locks exist before any fork (fx's Interpreter makes one per run)
-    preload(warm=False)
-    with SandboxPool(workdir, None, JobSpec(backend="eager"),
-                     env={"MINIFY_ALLOWED_CALLS": "tests.support.calls"}) as pool:
-        try:
-            pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=3)
-        except SandboxCallError as error:
-            print("killed:", error, flush=True)
-        try:
-            later = "made" if pool.call("tests.support.calls:make_tqdm", timeout_s=20)["made"] else "?"
-        except SandboxCallError:
-            later = "blocked"
-    made = threading.Thread(target=lambda: tqdm(disable=True), daemon=True)
-    made.start()
-    made.join(20)
-    print("origin's tqdm:", "blocked" if made.is_alive() else "made", "a later child's:", later, flush=True)
-""")
-
-
-def test_a_child_killed_holding_tqdms_lock_blocks_neither_the_origin_nor_later_children(tmp_path: Path) -> None:
-    """tqdm's write lock is a semaphore shared with every process forked after it was made; a
-    candidate killed inside fx's Interpreter (its tqdm) would leave it held, and the worker's next
-    tqdm (or any later child's) would wait forever: each forked process gets locks of its own."""
-    done = subprocess.run([sys.executable, "-c", TQDM_ORIGIN, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[3])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "killed:" in done.stdout
-    assert done.stdout.strip().splitlines()[-1] == "origin's tqdm: made a later child's: made", done.stdout
