@@ -24,12 +24,12 @@ from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.client.capture.test_accuracy_backends import (
     MODULE,
     minimize_capture,
-    run_captured,
     wrong_grad_on_amin,
     wrong_grad_on_matmul,
     wrong_grad_on_sin,
     wrong_grad_on_softmax,
 )
+from tests.support.captures import run_as_the_worker
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_wrong_gradients_are_captured_and_the_worker_judges_them_the_same(
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert (spec.failure.kind, spec.failure.signature) == ("accuracy", "GradientError")
     assert spec.backend == f"{MODULE}:{_name_of(backend)}"
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails), outcome
     assert (outcome.signature.exc_type, outcome.signature.key) == ("GradientError", "")
     assert "differs from eager's" in outcome.signature.text
@@ -162,7 +162,7 @@ def test_inductor_wrong_gradients_of_a_reduction_with_ties_are_captured_and_repr
     assert captured.captured is not None
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert (spec.backend, spec.failure.signature) == ("inductor", "GradientError")
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails) and outcome.signature.exc_type == "GradientError", outcome
 
 

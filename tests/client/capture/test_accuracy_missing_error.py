@@ -27,9 +27,9 @@ from tests.client.capture.test_accuracy_backends import (
     clamp_indices_on_index_select,
     drop_dtype_check_on_mm,
     minimize_capture,
-    run_captured,
     save_copies,
 )
+from tests.support.captures import run_as_the_worker
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_a_dropped_check_is_captured_as_a_missing_error_and_the_worker_judges_it
     assert spec.failure.kind == "accuracy"
     assert spec.failure.signature is not None and spec.failure.signature.startswith(
         f"MissingError: eager raises {type(eager.value).__name__}: ")
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails), outcome
     assert outcome.signature.exc_type == "MissingError"
     assert str(outcome.signature) == spec.failure.signature  # the same key: what eager raised
@@ -95,7 +95,7 @@ def test_missing_errors_of_different_checks_are_different_failures(tmp_path: Pat
     capture(mm, mm_args, mm_backend, tmp_path / "mm")
     capture(select, select_args, select_backend, tmp_path / "select")
 
-    first, second = run_captured(tmp_path / "mm"), run_captured(tmp_path / "select")
+    first, second = run_as_the_worker(tmp_path / "mm"), run_as_the_worker(tmp_path / "select")
 
     assert isinstance(first, Fails) and isinstance(second, Fails)
     assert not first.signature.same_as(second.signature)  # a minimization never drifts from one to the other
@@ -117,7 +117,7 @@ def test_a_candidate_that_raises_compiled_too_is_invalid(tmp_path: Path, allowed
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     (tmp_path / "spec.json").write_text(spec.model_copy(update={"backend": "eager"}).model_dump_json())
 
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
 
     assert isinstance(outcome, Invalid) and "and so does the compiled program" in outcome.message, outcome
 
@@ -187,5 +187,5 @@ def test_inductor_accepting_mixed_dtypes_in_mm_is_captured_and_reproduced(tmp_pa
     result, captured = capture(program, (half(1, 1), single(1, 1)), "inductor", tmp_path)
 
     assert isinstance(result, torch.Tensor) and captured.captured is not None
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails) and outcome.signature.exc_type == "MissingError", outcome

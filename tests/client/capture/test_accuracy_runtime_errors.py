@@ -32,8 +32,8 @@ from tests.client.capture.test_accuracy_backends import (
     raise_at_run_on_cumsum,
     raise_at_run_on_index_select,
     raise_at_run_on_relu,
-    run_captured,
 )
+from tests.support.captures import run_as_the_worker
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,7 +64,7 @@ def test_a_run_that_raises_is_captured_and_the_worker_reproduces_it(
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert captured.captured is not None and spec.failure.kind == "runtime_error"
     assert spec.failure.signature == "AssertionError: expected size N==N, stride N==N at dim=N (injected)"
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails) and outcome.signature.kind == "runtime_error", outcome
     assert str(outcome.signature) == spec.failure.signature
 
@@ -117,7 +117,7 @@ def test_the_script_runner_captures_a_run_that_raises(tmp_path: Path, allowed: N
     assert spec.op_modules == ["train"] and spec.failure.kind == "runtime_error"
     monkeypatch.syspath_prepend(str(tmp_path))
     __import__("train")  # the op registered here, as the worker's op_modules import does
-    outcome = run_captured(directory)
+    outcome = run_as_the_worker(directory)
     assert isinstance(outcome, Fails) and outcome.signature.exc_type == "AssertionError", outcome
 
 
@@ -145,5 +145,5 @@ def test_inductors_stride_assertion_on_a_custom_ops_output_is_captured_and_repro
     assert captured.captured is not None
     spec = JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
     assert spec.failure.kind == "runtime_error" and (spec.failure.signature or "").startswith("AssertionError")
-    outcome = run_captured(tmp_path)
+    outcome = run_as_the_worker(tmp_path)
     assert isinstance(outcome, Fails) and str(outcome.signature) == spec.failure.signature, outcome
