@@ -54,6 +54,17 @@ def browser() -> Iterator[Any]:
         yield browser
 
 
+@pytest.fixture(autouse=True)
+def _pages_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close what a test opened in the module's browser when it ends, passed or not: a jobs page left
+    open asks the server for the list every 2 s (jobs.js) through every later test of the module,
+    minutes of requests and redraws that no test reads."""
+    yield
+    if "browser" in request.fixturenames:
+        for context in request.getfixturevalue("browser").contexts:
+            context.close()
+
+
 def submit_through_page(page: Any, program: Path, *, backend: str, extra_config: str = "",
                         candidate_timeout_s: float | None = None, screenshot_name: str | None = None) -> str:
     """Fill the submit form, send it, and return the new job's id from the page it lands on."""
