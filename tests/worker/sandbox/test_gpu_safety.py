@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from minify_contract.models import JobSpec, JobState
-from minify_worker.engine import MinifyResult, minify
+from minify_worker.engine import MinifyResult, evaluator, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
@@ -44,29 +44,35 @@ def spec(backend: str, **fields: object) -> JobSpec:
     return JobSpec.model_validate({"backend": backend, "limits": limits, **fields})
 
 
-def run_as_worker(program: Path, out: Path, job: JobSpec, *flags: str, spy_log: Path | None = None,
-                  environment: dict[str, str] | None = None) -> dict[str, object]:
-    """`tests/support/cuda_parent.py` in a fresh process: minify as a worker (--preload) or the offline command."""
+def run_as_worker(program: Path, out: Path, jobs: list[JobSpec], *flags: str, spy_log: Path | None = None,
+                  environment: dict[str, str] | None = None) -> list[dict[str, object]]:
+    """`tests/support/cuda_parent.py` in a fresh process: minify `jobs` one after the other as a worker
+    (--preload) or the offline command does; their results, in order."""
     env = {**os.environ, **(environment or {})}
     env.pop("MINIFY_SANDBOX_START", None)
     if spy_log is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(SPY), str(REPO), env.get("PYTHONPATH", "")])
         env["MINIFY_CUDA_SPY_LOG"] = str(spy_log)
     run = subprocess.run([sys.executable, "-m", "tests.support.cuda_parent", str(program), str(out),
-                          job.model_dump_json(), *flags], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)
+                          *(job.model_dump_json() for job in jobs), *flags], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in run.stdout.strip().splitlines()[-len(jobs):]]
 
 
-def spied_calls(log: Path) -> tuple[list[str], list[str]]:
-    """(calls made by processes that fork candidates, calls made by sandbox children) from the spy's log."""
+def spied_calls(log: Path, job: int | None = None) -> tuple[list[str], list[str]]:
+    """(calls made by processes that fork candidates, calls made by sandbox children) from the spy's
+    log: of the whole run, or of the run's `job`-th job only (cuda_parent marks where each starts)."""
     lines = log.read_text().splitlines()
     root = next(line.split()[0] for line in lines if line.endswith(" root engine"))
     forbidden, allowed = [], []
+    current: int | None = None
     for line in lines:
         pid, leader, name = line.split()
-        if name == "engine":
+        if leader == "root":
+            current = int(name.removeprefix("job-")) if name.startswith("job-") else None
+            continue
+        if job is not None and current != job:
             continue
         (allowed if leader == "1" and pid != root else forbidden).append(f"{name} (pid {pid})")
     return forbidden, allowed
@@ -80,25 +86,42 @@ def test_importing_the_worker_sets_the_nvml_based_cuda_check() -> None:
     assert run.stdout.strip() == "1"
 
 
-def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_job(chain_pt2: Path,
-                                                                                 tmp_path: Path) -> None:
-    log = tmp_path / "spy.log"
+# The jobs of `preloaded_worker`, in the order it runs them: the poisoned one last, since its sandbox
+# fault sends it to a spawned server.
+CPU_JOB, CUDA_JOB, POISONED_JOB = 0, 1, 2
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:fail_on_relu"), "--preload", spy_log=log)
+
+@pytest.fixture(scope="module")
+def preloaded_worker(chain_pt2: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, object]], Path]:
+    """One preloaded worker process, watched by the CUDA spy, that runs three jobs one after the
+    other as an RQ worker does: a CPU job, a CUDA job, and one whose forked sandbox cannot use CUDA
+    (--poison). Each job's spied calls are its own (`spied_calls(log, job)`); a process that imports
+    torch and preloads costs seconds of CPU, once here instead of once per test."""
+    directory = tmp_path_factory.mktemp("preloaded-worker")
+    log = directory / "spy.log"
+    jobs = [spec(f"{PREFIX}:fail_on_relu"), spec(f"{PREFIX}:fail_on_relu", device="cuda"),
+            spec(f"{PREFIX}:cuda_fork_error_when_poisoned")]
+    return run_as_worker(chain_pt2, directory / "out", jobs, "--preload", "--poison", spy_log=log,
+                         environment={ALLOWED_BACKENDS_ENV: PREFIX}), log
+
+
+def test_a_preloaded_worker_on_a_gpu_machine_never_initializes_cuda_for_a_cpu_job(
+        preloaded_worker: tuple[list[dict[str, object]], Path]) -> None:
+    results, log = preloaded_worker
+    result = results[CPU_JOB]
 
     assert result["status"] == "succeeded" and ops_of(result["graph_code"]) == ["relu"]  # type: ignore[arg-type]
     assert result["sandbox_start"] == "fork"
-    forbidden, _ = spied_calls(log)
+    forbidden, _ = spied_calls(log, CPU_JOB)
     assert forbidden == []
 
 
-def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2: Path, tmp_path: Path) -> None:
-    log = tmp_path / "spy.log"
+def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(
+        preloaded_worker: tuple[list[dict[str, object]], Path]) -> None:
+    results, log = preloaded_worker
+    result = results[CUDA_JOB]
 
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:fail_on_relu", device="cuda"),
-                           "--preload", spy_log=log)
-
-    forbidden, allowed = spied_calls(log)
+    forbidden, allowed = spied_calls(log, CUDA_JOB)
     assert forbidden == []
     assert allowed, "the children of a cuda job use CUDA: the spy must have seen them"
     if not torch.cuda.is_available():  # no GPU here: a sandbox fault, not the bug
@@ -110,35 +133,46 @@ def test_a_preloaded_worker_leaves_cuda_to_the_children_of_a_cuda_job(chain_pt2:
         assert result["signature"] is None
 
 
-def test_a_spawned_fork_server_never_initializes_cuda_either(chain_pt2: Path, tmp_path: Path) -> None:
+def test_a_spawned_fork_server_never_initializes_cuda_either(tmp_path: Path) -> None:
     log = tmp_path / "spy.log"
-    job = spec("inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
+    # Every candidate compiles cold here (a cache of its own): two ops, so that the server forks
+    # candidates after the original's runs, and the reduction alone; the phases after it (shrink,
+    # the culprit's compiler bisection) only run more candidates in the same kind of children.
+    program = save_chain(tmp_path, ("relu", "tanh"))
+    job = spec("inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, shrink=False, culprit=False)
 
     # Without --preload the fork server is spawned and warms up inductor for a CPU job itself.
-    result = run_as_worker(chain_pt2, tmp_path / "out", job, spy_log=log,
-                           environment={"MINIFY_CACHE_DIR": str(tmp_path / "caches")})
+    [result] = run_as_worker(program, tmp_path / "out", [job], spy_log=log,
+                             environment={"MINIFY_CACHE_DIR": str(tmp_path / "caches")})
 
     assert result["sandbox_start"] == "spawn"
     forbidden, _ = spied_calls(log)
     assert forbidden == []
 
 
-def test_a_forked_sandbox_that_cannot_use_cuda_is_replaced_by_a_spawned_one(chain_pt2: Path,
-                                                                          tmp_path: Path) -> None:
-    result = run_as_worker(chain_pt2, tmp_path / "out", spec(f"{PREFIX}:cuda_fork_error_when_poisoned"),
-                           "--preload", "--poison")
+def test_a_forked_sandbox_that_cannot_use_cuda_is_replaced_by_a_spawned_one(
+        preloaded_worker: tuple[list[dict[str, object]], Path]) -> None:
+    results, log = preloaded_worker
+    result = results[POISONED_JOB]
 
     assert result["status"] == "succeeded", result["reason"]
     assert ops_of(result["graph_code"]) == ["relu"]  # type: ignore[arg-type]
     assert result["signature"] == "RuntimeError: injected failure on relu"
+    forbidden, _ = spied_calls(log, POISONED_JOB)
+    assert forbidden == []  # nor does the spawned server that replaced it
 
 
-def test_a_sandbox_fault_a_fresh_sandbox_has_too_fails_the_job_with_its_cause(chain_pt2: Path,
-                                                                            tmp_path: Path) -> None:
+def test_a_sandbox_fault_a_fresh_sandbox_has_too_fails_the_job_with_its_cause(
+        chain_pt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One fresh (spawned) sandbox that faults too is the claim; each further restart is one more
+    # spawned server importing torch (seconds of CPU). How many restarts: test_evaluator.py.
+    monkeypatch.setattr(evaluator, "MAX_SANDBOX_RESTARTS", 1)
+
     result = minify(chain_pt2, spec(f"{PREFIX}:cuda_fork_error_always"), tmp_path / "out")
 
     assert result.status is JobState.failed
     assert "Cannot re-initialize CUDA in forked subprocess" in (result.reason or "")
+    assert "still after 1 sandbox restarts" in (result.reason or "")  # a spawned sandbox had it too
     assert result.report.signature is None and result.report.nodes_final is None
 
 
@@ -155,10 +189,12 @@ def test_a_failure_that_does_not_depend_on_the_program_fails_the_job(chain_pt2: 
 @pytest.fixture(scope="module")
 def failed_import_job(chain_pt2: Path, tmp_path_factory: pytest.TempPathFactory) -> MinifyResult:
     """The chain minimized once with `failed_import_on_relu` (inductor's form of a failed import of
-    generated code), for the signature it records and the repro that prints it."""
+    generated code), its failure matched by a middle link of the chain ("Failed to import"), for
+    the signature it records, the repro that prints it and the match: one job for the three."""
+    job = spec(f"{PREFIX}:failed_import_on_relu", failure={"kind": "compile_error", "match": "Failed to import"})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ALLOWED_BACKENDS_ENV, PREFIX)
-        return minify(chain_pt2, spec(f"{PREFIX}:failed_import_on_relu"), tmp_path_factory.mktemp("failed-import"))
+        return minify(chain_pt2, job, tmp_path_factory.mktemp("failed-import"))
 
 
 def test_the_signature_names_the_root_cause_and_keeps_the_chain(failed_import_job: MinifyResult) -> None:
@@ -171,10 +207,8 @@ def test_the_signature_names_the_root_cause_and_keeps_the_chain(failed_import_jo
     assert result.report.signature_chain[1].startswith("RuntimeError: Failed to import /tmp/")
 
 
-def test_match_sees_every_link_of_the_chain(chain_pt2: Path, tmp_path: Path) -> None:
-    job = spec(f"{PREFIX}:failed_import_on_relu", failure={"kind": "compile_error", "match": "Failed to import"})
-
-    result = minify(chain_pt2, job, tmp_path / "out")
+def test_match_sees_every_link_of_the_chain(failed_import_job: MinifyResult) -> None:
+    result = failed_import_job  # its failure matched by "Failed to import", not in the root cause
 
     assert result.status is JobState.succeeded
     assert ops_of(result.report.graph_code) == ["relu"]
