@@ -8,12 +8,13 @@
   `loss.backward()`, outside any dynamo call;
 - `aoti_compile_and_package(ep)` runs through `torch._inductor.debug.aot_inductor_minifier_wrapper`.
 
-Each is looked up by attribute at call time, so patching it here catches every call, however the
-user imported `torch.compile` or `aoti_compile_and_package`. Checked on torch 2.13.0. The patches are
-installed once (`install()`) and pass straight through while no `Listener` is registered; while
-one is, a failing call is reported to it as a `FailedCompile` and its exception re-raised as it
-was. The graph a compiler receives is copied first (its node list; metadata and weights are
-shared), as torch's own repro hooks do, since compilers rewrite it in place.
+Each is looked up by attribute at call time, so patching it here (inductor's as torch imports them:
+`install`) catches every call, however the user imported `torch.compile` or `aoti_compile_and_package`.
+Checked on torch 2.13.0. The patches are installed once (`install()`) and pass straight through
+while no `Listener` is registered; while one is, a failing call is reported to it as a
+`FailedCompile` and its exception re-raised as it was. The graph a compiler receives is copied first
+(its node list; metadata and weights are shared), as torch's own repro hooks do, since compilers
+rewrite it in place.
 
 What dynamo's backend returns is handed back behind a wrapper (`_watch_runs`): a run that raises
 is reported once per graph as a `runtime_error` (unless eager raises on the same inputs too), and,
@@ -26,8 +27,10 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import importlib.abc
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,18 +94,81 @@ def remove_listener(listener: Listener) -> None:
 
 
 def install() -> None:
-    """Patch the three compiler entry points (idempotent; imports dynamo and inductor)."""
+    """Patch the three compiler entry points (idempotent; imports dynamo, not inductor).
+
+    Inductor's two (`torch._inductor.compile_fx`, `torch._inductor.debug`) are patched as torch
+    imports them, when a graph first reaches inductor or AOTInductor (`_PatchOnImport`), or at once
+    where they are imported already: importing them here cost every captured process that never
+    uses inductor about 4 CPU-s (the code generators, jinja2, pygments), about half of what a
+    process that compiles one small graph with another backend spends."""
     global _installed
     with _lock:
         if _installed:
             return
         from torch._dynamo.output_graph import OutputGraph
-        from torch._inductor import compile_fx, debug
 
         OutputGraph.call_user_compiler = _dynamo_hook(OutputGraph.call_user_compiler)
-        compile_fx.wrap_compiler_debug = _aot_hook(compile_fx.wrap_compiler_debug)
-        debug.aot_inductor_minifier_wrapper = _aoti_hook(debug.aot_inductor_minifier_wrapper)
+        waiting: dict[str, Callable[[Any], None]] = {}
+        for name, patch in _INDUCTOR_PATCHES.items():
+            if name in sys.modules:
+                patch(sys.modules[name])
+            else:
+                waiting[name] = patch
+        if waiting:
+            sys.meta_path.insert(0, _PatchOnImport(waiting))
         _installed = True
+
+
+def _patch_compile_fx(module: Any) -> None:
+    # compile_fx calls wrap_compiler_debug through its module global, looked up at each compile.
+    module.wrap_compiler_debug = _aot_hook(module.wrap_compiler_debug)
+
+
+def _patch_debug(module: Any) -> None:
+    # aoti_compile_and_package imports aot_inductor_minifier_wrapper from the module at each call.
+    module.aot_inductor_minifier_wrapper = _aoti_hook(module.aot_inductor_minifier_wrapper)
+
+
+_INDUCTOR_PATCHES: dict[str, Callable[[Any], None]] = {
+    "torch._inductor.compile_fx": _patch_compile_fx,
+    "torch._inductor.debug": _patch_debug,
+}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches each named module right after its first import has run it: the module is found by
+    the finders after this one, as it would have been, and only its loader's `exec_module` is
+    followed by the patch. Leaves `sys.meta_path` once every module is patched."""
+
+    def __init__(self, patches: dict[str, Callable[[Any], None]]) -> None:
+        self._patches = patches
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if fullname not in self._patches:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        execute, patch = loader.exec_module, self._patches[fullname]
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            # Under the module's import lock: no other thread runs this module's import meanwhile.
+            if self._patches.pop(fullname, None) is not None:
+                patch(module)
+            if not self._patches and self in sys.meta_path:
+                sys.meta_path.remove(self)
+
+        loader.exec_module = exec_module  # this spec's own loader: a finder makes one per spec
+        return spec
 
 
 def _notify(failed: FailedCompile) -> None:
