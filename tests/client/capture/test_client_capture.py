@@ -16,6 +16,7 @@ from examples.programs import ReluCos
 from minify_client.capture import capture, capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.graphs import ops_of
 from tests.support.scripted_server import ScriptedServer, closed_port_url, job_status, serve_job
 
@@ -190,13 +191,19 @@ def test_settings_from_torchinductor_variables_are_recorded(tmp_path: Path):
     assert done.stdout.strip().splitlines()[-1] == "{'freezing': True}", done.stderr[-2000:]
 
 
-@pytest.mark.inductor
-def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_path: Path):
+def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """A setting patched inside the block of a test in a pytest run is recorded, and the job on the
+    capture reproduces only because the worker applies it: the backend fails on relu only under
+    inductor's relu-bug setting (tests/support/config_backends.py), with no g++ per candidate. The
+    setting's own failure under real inductor, captured in a pytest run and minimized to the relu,
+    is test_capture_plugin.py's graph-break capture."""
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_model.py").write_text(textwrap.dedent(f"""
         import torch
         from minify_client.capture import capture_failures
+        from tests.support.config_backends import fail_on_relu_while_injected
 
 
         class ReluCos(torch.nn.Module):
@@ -206,19 +213,23 @@ def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_pa
 
         def test_compiled_model_runs():
             model, x = ReluCos(), torch.randn(8)
-            with capture_failures(model, (x,), spec={{"backend": "inductor"}}, save_to={str(tmp_path / "capture")!r}):
+            with capture_failures(model, (x,), save_to={str(tmp_path / "capture")!r}):
                 with torch._inductor.config.patch({{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}}):
-                    torch.compile(model)(x)
+                    torch.compile(model, backend=fail_on_relu_while_injected)(x)
     """))
     ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_model.py"],
                          cwd=suite, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 1, ran.stdout[-3000:]
     capture_dir = tmp_path / "capture"
     assert saved_config(capture_dir) == {"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}
+    spec = json.loads((capture_dir / "spec.json").read_text())
+    assert spec["backend"] == "tests.support.config_backends:fail_on_relu_while_injected"
 
     # The engine in this process, as the RQ worker runs it (preloaded: its sandboxes fork from here),
-    # on the spec as captured; the culprit and version phases, which come after minimality, left out.
-    spec = {**json.loads((capture_dir / "spec.json").read_text()), "culprit": False, "versions": False}
+    # on the spec as captured; the inputs' shrink, the culprit and version phases, which come after minimality,
+    # left out (they have their own tests).
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
+    spec = {**spec, "culprit": False, "versions": False, "shrink": False}
     minified = minify(capture_dir / "ReluCos.pt2", JobSpec.model_validate(spec), tmp_path / "out",
                       inputs=capture_dir / "inputs.pt")
     assert minified.status is JobState.succeeded, minified.reason
