@@ -150,6 +150,7 @@ ONE_WORKER_MODULES = frozenset({
     # captures and jobs run once for the module's tests
     "test_fidelity_constants", "test_fidelity_mutation", "test_fidelity_factories", "test_capture_dynamic",
     "test_custom_ops", "test_gpu_safety",
+    "test_crash_eager_raises",
     # sandbox pools and their fork servers, a Redis, the torch config's description
     "test_sandbox", "test_sandbox_reuse", "test_run", "test_environment", "test_faults_fencing",
     "test_config_schema",

@@ -13,11 +13,13 @@ captured by the runner from a script.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -69,34 +71,52 @@ def _program(tmp_path: Path, name: str) -> tuple[Path, Path]:
     return tmp_path / "program.pt2", tmp_path / "inputs.pt"
 
 
-def _minify(tmp_path: Path, name: str, backend: str) -> object:
+def _minify(tmp_path: Path, name: str, backend: str) -> Any:
     program, inputs = _program(tmp_path, name)
     spec = JobSpec.model_validate({"backend": backend, "failure": {"kind": "crash", "signature": "SIGABRT"},
                                    "culprit": False, "versions": False, "shrink": False})
     return minify(program, spec, tmp_path / "out", inputs=inputs)
 
 
+@pytest.fixture(scope="module")
+def aborting_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any, Path]]:
+    """The family member's job under the aborting backend, and its output folder: run once for the
+    module, so the fixed-compiler test reads index_select's repro.py instead of minimizing it again
+    (tests/conftest.py keeps the module on one xdist worker)."""
+    jobs: dict[str, tuple[Any, Path]] = {}
+
+    def job(name: str) -> tuple[Any, Path]:
+        if name not in jobs:
+            directory = tmp_path_factory.mktemp(name.replace(" ", "_"))
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
+                jobs[name] = (_minify(directory, name, ABORTS), directory / "out")
+        return jobs[name]
+
+    return job
+
+
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_a_compiled_program_that_dies_where_eager_raises_minimizes_to_the_op_that_raises(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
-    done = _minify(tmp_path, name, ABORTS)
+        aborting_job: Callable[[str], tuple[Any, Path]], name: str) -> None:
+    done, out = aborting_job(name)
     assert done.status is JobState.succeeded, done.reason
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text())
     assert report["signature"] == "SIGABRT"
     assert ops_of(report["graph_code"]) == [FAMILY[name][1]]
-    repro = (tmp_path / "out" / "repro.py").read_text()
+    repro = (out / "repro.py").read_text()
     assert "# Eager raises:" in repro and "out of" in repro.split("# Eager raises:")[1].splitlines()[0]
-    ran = run_repro(tmp_path / "out" / "repro.py", **{ALLOWED_BACKENDS_ENV: "tests.support"})
+    ran = run_repro(out / "repro.py", **{ALLOWED_BACKENDS_ENV: "tests.support"})
     assert ran.returncode == -signal.SIGABRT, ran.stderr[-2000:]
 
 
 def test_the_repro_passes_once_the_compiled_program_raises_as_eager_does(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, aborting_job: Callable[[str], tuple[Any, Path]]) -> None:
     """The fixed compiler, as the version phase would run it: the same repro.py under the eager
-    backend, which raises eager's error, exits 0."""
-    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
-    assert _minify(tmp_path, "index_select", ABORTS).status is JobState.succeeded
+    backend, which raises eager's error, exits 0 (a copy of the job's folder, edited)."""
+    done, out = aborting_job("index_select")
+    assert done.status is JobState.succeeded, done.reason
+    shutil.copytree(out, tmp_path / "out")
     repro = tmp_path / "out" / "repro.py"
     repro.write_text(repro.read_text().replace(f"BACKEND = {ABORTS!r}", "BACKEND = 'eager'").replace(
         "from tests.support.dying_backends import abort_where_eager_raises", "").replace(
@@ -135,7 +155,9 @@ def test_inductors_abort_in_a_parallel_bounds_check_is_captured_and_minimized(tm
     (entry,) = json.loads((tmp_path / "caps" / "captures.json").read_text())["captures"]
     spec = JobSpec.model_validate_json((tmp_path / "caps" / entry["spec"]).read_text())
     assert (spec.failure.kind, spec.failure.signature, spec.config) == ("crash", "SIGABRT", {"cpp.threads": 2})
-    done = minify(tmp_path / "caps" / entry["program"], spec.model_copy(update={"culprit": False, "versions": False}),
+    # The inputs' shrink left out, as in every job of this module (tests/worker/programs/fx/test_shrink.py has it).
+    done = minify(tmp_path / "caps" / entry["program"],
+                  spec.model_copy(update={"culprit": False, "versions": False, "shrink": False}),
                   tmp_path / "out", inputs=tmp_path / "caps" / entry["inputs"])
     assert done.status is JobState.succeeded, done.reason
     assert ops_of(json.loads((tmp_path / "out" / "report.json").read_text())["graph_code"]) == ["gather"]
