@@ -18,7 +18,7 @@ graph (a get_attr), and right when the same tensor is an input.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 
 # The backend as `tests.<this module>`: the name a capture records and sandbox children and
 # repro.py import (pytest imports this file under its bare name).
@@ -122,10 +122,18 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
             captured = capture(function, make_input(), tmp_path_factory.mktemp(name))
             spec = JobSpec.model_validate_json((captured.parent / "spec.json").read_text())
             spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}),
-                                           "culprit": False, "versions": False})
+                                           "culprit": False, "versions": False, "shrink": False})
             results[name] = captured, minify(captured, spec, captured.parent / "out",
                                              inputs=captured.parent / "inputs.pt")
     return results
+
+
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
+    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
+    with ReproForks() as forks:
+        yield forks
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -150,9 +158,9 @@ def test_a_failure_that_needs_the_constant_folded_reproduces_in_the_worker(
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_its_repro_compiles_the_constant_as_a_constant_and_fails_the_same_way(
-        name: str, minimized: dict[str, tuple[Path, MinifyResult]]) -> None:
+        name: str, minimized: dict[str, tuple[Path, MinifyResult]], repros: ReproForks) -> None:
     repro = minimized[name][1].artifacts["repro.py"]
-    done = run_repro(repro)
+    done = repros.run(repro)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"repro failed with: {SIGNATURES[name]}\n" in done.stderr

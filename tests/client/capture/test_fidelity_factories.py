@@ -16,7 +16,7 @@ of one of those ops with no input, naming the op.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +27,7 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 
 BACKENDS = "tests.client.capture.test_fidelity_factories"  # as a capture records it, and children import it
 FACTORIES = ("randperm", "arange", "full", "rand")
@@ -83,9 +83,17 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MinifyResul
             captured = directory / "program.pt2"
             spec = JobSpec.model_validate_json((directory / "spec.json").read_text())
             spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}),
-                                           "culprit": False, "versions": False})
+                                           "culprit": False, "versions": False, "shrink": False})
             results[op] = minify(captured, spec, directory / "out", inputs=directory / "inputs.pt")
     return results
+
+
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
+    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
+    with ReproForks() as forks:
+        yield forks
 
 
 @pytest.mark.parametrize("op", FAMILY)
@@ -98,9 +106,10 @@ def test_the_minimal_graph_keeps_the_factory_op(op: str, minimized: dict[str, Mi
 
 
 @pytest.mark.parametrize("op", FAMILY)
-def test_its_repro_keeps_the_factory_an_op_and_fails_the_same_way(op: str, minimized: dict[str, MinifyResult]) -> None:
+def test_its_repro_keeps_the_factory_an_op_and_fails_the_same_way(
+        op: str, minimized: dict[str, MinifyResult], repros: ReproForks) -> None:
     repro = minimized[op].artifacts["repro.py"]
-    done = run_repro(repro)
+    done = repros.run(repro)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"repro failed with: RuntimeError: injected failure on an input-free {op}" in done.stderr
