@@ -1,7 +1,9 @@
 """What a compiler engineer receives: minimized.pt2, inputs.pt, repro.py, report.json, bundle.tar.gz.
 
 Every repro here runs as `python repro.py` in a real subprocess, from a directory that holds only
-the artifacts (and, for custom backends, a backend module of the test's own).
+the artifacts (and, for custom backends, a backend module of the test's own): a fork of one
+interpreter that imported torch and nothing else (`repros`, tests/support/repro_forks.py), or a fresh
+interpreter where it needs another PYTHONPATH or is pasted alone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import signal
 import tarfile
 import textwrap
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +34,7 @@ from minify_worker.programs.fx import graph as G
 from minify_worker.programs.fx import repro
 from tests.support.graphs import AOTI_RELU_CODE
 from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 
 RELU_BACKENDS = '''
 import os
@@ -61,6 +65,18 @@ def segfault_on_relu(gm, example_inputs):
 
 
 # --- fixtures: flat graphs and value stores built from the example programs -----------------
+
+
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The repros whose folder is all they need run as `python repro.py` would, each in a fork of
+    one interpreter that imported torch, their first line (tests/support/repro_forks.py): one torch
+    import for the module instead of one per repro. Those run with another PYTHONPATH, or pasted
+    alone, keep `run_repro`'s fresh interpreter."""
+    with ReproForks() as forks:
+        yield forks
+
+
 
 
 def _value_store(ep: torch.export.ExportedProgram, args: tuple[Any, ...], graph: fx.Graph) -> dict[str, Any]:
@@ -306,14 +322,14 @@ def test_repro_imports_nothing_from_minify(seed_aoti):
 # --- repro.py: what it does ---------------------------------------------------------------------
 
 
-def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, tmp_path):
+def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, tmp_path, repros):
     """relu_cos's inputs are too big to write inline: this repro reads them from inputs.pt (the
     small ones' tests follow below)."""
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(relu_cos[0], relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
     text = (tmp_path / "repro.py").read_text()
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = repros.run(tmp_path / "repro.py")
 
     assert "def load_inputs(path):" in text and "--inputs" in text
     assert run.returncode == 1
@@ -321,27 +337,27 @@ def test_repro_of_a_custom_backend_failure_raises_the_same_exception(relu_cos, t
     assert _failure_line(run.stderr) == "ReluNotSupported: relu is not supported by this backend"
 
 
-def test_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path):
+def test_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path, repros):
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(_cos_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:fail_on_relu")
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = repros.run(tmp_path / "repro.py")
 
     assert run.returncode == 0, run.stderr
     assert "repro passed" in run.stdout
 
 
-def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path):
+def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path, repros):
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:segfault_on_relu")
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = repros.run(tmp_path / "repro.py")
 
     assert run.returncode == -signal.SIGSEGV
 
 
 @pytest.fixture(scope="module")
-def small_passing_repro(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+def small_passing_repro(tmp_path_factory: pytest.TempPathFactory, repros: ReproForks) -> tuple[str, Any]:
     """A small repro (its inputs inline) of a program that passes and calls Python functions and
     indexes tuples, run once for the tests that ask what it says and that it exits zero (each run
     is a fresh interpreter importing torch: seconds of CPU). Its text and its run."""
@@ -356,7 +372,7 @@ def small_passing_repro(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, 
     graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (first, scale)), full))
     _write(graph, {"x": torch.arange(4.0)}, directory, backend="eager")
 
-    return (directory / artifacts.REPRO).read_text(), run_repro(directory / "repro.py", PYTHONPATH=str(directory))
+    return (directory / artifacts.REPRO).read_text(), repros.run(directory / "repro.py")
 
 
 def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(small_passing_repro):
@@ -367,12 +383,12 @@ def test_repro_runs_graphs_that_call_python_functions_and_index_tuples(small_pas
 
 
 @pytest.mark.inductor
-def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
+def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path, repros):
     """relu_cos's inputs, read from inputs.pt: the full repro's inductor compile, for real."""
     _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="inductor",
            config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
-    run = run_repro(tmp_path / "repro.py", PYTHONPATH=str(tmp_path))
+    run = repros.run(tmp_path / "repro.py")
 
     assert run.returncode == 1
     # The root cause, in the form the engine records it (the compiler's first error: line).
@@ -380,7 +396,7 @@ def test_repro_reproduces_an_inductor_compile_error(relu_cos, tmp_path):
     assert "exception chain:   InductorError: CppCompileError: C++ compile error" in run.stderr
 
 
-def test_repro_of_an_accuracy_error_says_what_minify_expected(relu_cos, tmp_path):
+def test_repro_of_an_accuracy_error_says_what_minify_expected(relu_cos, tmp_path, repros):
     """Wrong values (a test backend that adds one to relu's results) fail the full repro (inputs
     from inputs.pt) with AccuracyError, and it says what minify expected: the accuracy check is
     the repro's own, whatever the backend. Real inductor's accuracy bug and its repro:
@@ -390,7 +406,7 @@ def test_repro_of_an_accuracy_error_says_what_minify_expected(relu_cos, tmp_path
            Signature("accuracy", "AccuracyError", ""),
            backend="tests.support.backends:wrong_on_relu", failure={"kind": "accuracy"})
 
-    run = run_repro(tmp_path / "repro.py")
+    run = repros.run(tmp_path / "repro.py")
 
     assert "def load_inputs(path):" in (tmp_path / "repro.py").read_text()
     assert run.returncode == 1
@@ -516,11 +532,11 @@ def test_a_small_repro_of_a_passing_program_exits_zero(small_passing_repro):
     ("compile_error", "CppCompileError: \u2018compile\u2019 was not declared in this scope"),
     ("accuracy", "AccuracyError"),
 ])
-def test_a_small_inductor_repro_fails_as_the_job_did(relu_cos, tmp_path, kind, expected):
+def test_a_small_inductor_repro_fails_as_the_job_did(relu_cos, tmp_path, kind, expected, repros):
     _write(_relu_only(relu_cos), {**relu_cos[1], "x": SMALL_X}, tmp_path, Signature(kind, expected.split(":")[0], ""),
            backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": kind}, failure={"kind": kind})
 
-    run = run_repro(tmp_path / "repro.py")
+    run = repros.run(tmp_path / "repro.py")
 
     assert "inputs = [" in (tmp_path / "repro.py").read_text()
     assert run.returncode == 1
