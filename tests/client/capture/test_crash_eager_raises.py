@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.graphs import ops_of
 from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parents[3]
@@ -96,9 +97,21 @@ def aborting_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tu
     return job
 
 
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The aborting jobs' repro.py files, each run as `python repro.py` in a fork of one interpreter
+    that imported torch (tests/support/repro_forks.py), instead of one interpreter importing torch
+    per repro; the inductor job's repro.py runs in a fresh interpreter of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
+        forks = ReproForks()
+    with forks:
+        yield forks
+
+
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_a_compiled_program_that_dies_where_eager_raises_minimizes_to_the_op_that_raises(
-        aborting_job: Callable[[str], tuple[Any, Path]], name: str) -> None:
+        aborting_job: Callable[[str], tuple[Any, Path]], repros: ReproForks, name: str) -> None:
     done, out = aborting_job(name)
     assert done.status is JobState.succeeded, done.reason
     report = json.loads((out / "report.json").read_text())
@@ -106,12 +119,12 @@ def test_a_compiled_program_that_dies_where_eager_raises_minimizes_to_the_op_tha
     assert ops_of(report["graph_code"]) == [FAMILY[name][1]]
     repro = (out / "repro.py").read_text()
     assert "# Eager raises:" in repro and "out of" in repro.split("# Eager raises:")[1].splitlines()[0]
-    ran = run_repro(out / "repro.py", **{ALLOWED_BACKENDS_ENV: "tests.support"})
+    ran = repros.run(out / "repro.py")
     assert ran.returncode == -signal.SIGABRT, ran.stderr[-2000:]
 
 
 def test_the_repro_passes_once_the_compiled_program_raises_as_eager_does(
-        tmp_path: Path, aborting_job: Callable[[str], tuple[Any, Path]]) -> None:
+        tmp_path: Path, aborting_job: Callable[[str], tuple[Any, Path]], repros: ReproForks) -> None:
     """The fixed compiler, as the version phase would run it: the same repro.py under the eager
     backend, which raises eager's error, exits 0 (a copy of the job's folder, edited)."""
     done, out = aborting_job("index_select")
@@ -121,7 +134,7 @@ def test_the_repro_passes_once_the_compiled_program_raises_as_eager_does(
     repro.write_text(repro.read_text().replace(f"BACKEND = {ABORTS!r}", "BACKEND = 'eager'").replace(
         "from tests.support.dying_backends import abort_where_eager_raises", "").replace(
         "abort_where_eager_raises(gm, inputs)", "torch._dynamo.lookup_backend('eager')(gm, inputs)"))
-    ran = run_repro(repro)
+    ran = repros.run(repro)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "repro passed: the compiled program raises as eager does: IndexError" in ran.stdout
 
