@@ -12,7 +12,7 @@ float, a list through `as_tensor`, a float vector in a `where`), each captured f
 `torch.compile` with MINIFY_CAPTURE_ACCURACY's check, minimized by the offline engine and its
 repro.py run in a fresh process. The backend is cheap and behaves as inductor did: AOT autograd,
 then a forward compiler that gets the values wrong when a constant tensor is folded into the
-graph (a get_attr), and right when the same tensor is an input.
+graph (a get_attr), and right when the same tensor is an input (tests/support/fidelity_backends.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import fx
 
 from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
@@ -32,45 +31,9 @@ from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.repro_forks import ReproForks
 
-# The backend as `tests.<this module>`: the name a capture records and sandbox children and
-# repro.py import (pytest imports this file under its bare name).
-BACKENDS = "tests.client.capture.test_fidelity_constants"
-
-
-def _wrong_when_constants_are_folded(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """AOT autograd's forward compiler: eager, but every tensor output off by one when an op
-    computes with a tensor constant of the graph (a get_attr, through its copies), as inductor's
-    kernels were wrong with the constant folded in. A graph that only returns it is right."""
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    copies = {"lift_fresh_copy", "detach", "detach_", "clone", "alias", "_to_copy"}
-    constant = {node for node in gm.graph.nodes
-                if node.op == "get_attr" and isinstance(getattr(gm, str(node.target), None), torch.Tensor)}
-    folded = False
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not constant.intersection(node.all_input_nodes):
-            continue
-        packet = getattr(node.target, "overloadpacket", None)
-        if packet is not None and packet.__name__ in copies:
-            constant.add(node)
-        else:
-            folded = True
-
-    def run(*args: Any) -> Any:
-        outputs = gm(*args)
-        if not folded:
-            return outputs
-        return [value + 1 if isinstance(value, torch.Tensor) and value.dtype != torch.bool else value
-                for value in outputs]
-
-    return make_boxed_func(run)
-
-
-def wrong_with_a_constant(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """A torch.compile backend: AOT autograd (inference) with `_wrong_when_constants_are_folded`."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    return aot_autograd(fw_compiler=_wrong_when_constants_are_folded)(gm, example_inputs)
+# The backend (`wrong_with_a_constant`) by the name a capture records and sandbox children and repro.py
+# import: a module of torch alone, which each repro.py imports again.
+BACKENDS = "tests.support.fidelity_backends"
 
 
 def int64_factor(x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +80,7 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
     """Every program of the family captured and minimized (two candidates at a time, no culprit)."""
     results = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.client.capture.test_fidelity_")
+        patch.setenv(ALLOWED_BACKENDS_ENV, BACKENDS)
         for name, (function, make_input) in FAMILY.items():
             captured = capture(function, make_input(), tmp_path_factory.mktemp(name))
             spec = JobSpec.model_validate_json((captured.parent / "spec.json").read_text())

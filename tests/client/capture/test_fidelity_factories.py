@@ -10,14 +10,13 @@ matcher's. repro.py now traces with a tracer that records every op (`trace_repro
 The family: four programs whose failure needs a factory op in the graph (randperm, arange, full,
 rand), each captured from a real `torch.compile`, minimized by the offline engine and its repro.py
 run in a fresh process. The backend is cheap: eager, but it fails to compile a graph holding a call
-of one of those ops with no input, naming the op.
+of one of those ops with no input, naming the op (tests/support/fidelity_backends.py).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,22 +28,9 @@ from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.repro_forks import ReproForks
 
-BACKENDS = "tests.client.capture.test_fidelity_factories"  # as a capture records it, and children import it
-FACTORIES = ("randperm", "arange", "full", "rand")
-
-
-def _name(target: Any) -> str:
-    packet = getattr(target, "overloadpacket", None)
-    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
-
-
-def fail_on_an_input_free_factory(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """A torch.compile backend: eager, unless the graph calls a factory op with no input node
-    (dynamo's `torch.randperm(8)`, the worker's `aten.randperm.default(8)`): then it raises."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and not node.all_input_nodes and _name(node.target) in FACTORIES:
-            raise RuntimeError(f"injected failure on an input-free {_name(node.target)}")
-    return gm.forward
+# The backend (`fail_on_an_input_free_factory`) by the name a capture records and sandbox children and
+# repro.py import: a module of torch alone, which each repro.py imports again.
+BACKENDS = "tests.support.fidelity_backends"
 
 
 def shuffled_rows(x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +58,7 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MinifyResul
     backend = importlib.import_module(BACKENDS).fail_on_an_input_free_factory
     results = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.client.capture.test_fidelity_")
+        patch.setenv(ALLOWED_BACKENDS_ENV, BACKENDS)
         for op, function in FAMILY.items():
             directory = tmp_path_factory.mktemp(op)
             torch._dynamo.reset()
