@@ -151,6 +151,7 @@ ONE_WORKER_MODULES = frozenset({
     "test_fidelity_constants", "test_fidelity_mutation", "test_fidelity_factories", "test_capture_dynamic",
     "test_custom_ops", "test_gpu_safety",
     "test_crash_eager_raises",
+    "test_control_flow",  # one repro.py server (tests/support/repro_forks.py) for its five repros
     # sandbox pools and their fork servers, a Redis, the torch config's description
     "test_sandbox", "test_sandbox_reuse", "test_run", "test_environment", "test_faults_fencing",
     "test_config_schema",

@@ -12,40 +12,29 @@ The family: three programs that read an input and then write into it (`add_`, a 
 through an int32 view, `mul_` after a reduction), each captured from a real `torch.compile` with
 the accuracy check, minimized by the offline engine and its repro.py run in a fresh process. The
 backend is cheap and wrong as #198101's kernels were: eager, but what it returns is computed
-from the inputs after the program's writes into them.
+from the inputs after the program's writes into them (tests/support/fidelity_backends.py).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import fx
 
 from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 
-BACKENDS = "tests.client.capture.test_fidelity_mutation"  # as a capture records it, and children import it
+# The backend (`reads_after_writes`) by the name a capture records and sandbox children and repro.py
+# import: a module of torch alone, which each repro.py imports again.
+BACKENDS = "tests.support.fidelity_backends"
 # Per program: its input as the user gave it, the capture's directory, the job.
 Minimized = dict[str, tuple[torch.Tensor, Path, MinifyResult]]
-
-
-def reads_after_writes(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """A torch.compile backend: runs the graph (its writes land in the inputs, as they should),
-    then returns what the graph computes from the inputs as written: wrong wherever the program
-    read an input before writing into it, right for a program that writes into none."""
-    def run(*args: Any) -> Any:
-        gm(*args)
-        return gm(*[value.clone() if isinstance(value, torch.Tensor) else value for value in args])
-
-    return run
 
 
 def doubled_then_bumped(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +72,7 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> Minimized:
     backend = importlib.import_module(BACKENDS).reads_after_writes
     results = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.client.capture.test_fidelity_")
+        patch.setenv(ALLOWED_BACKENDS_ENV, BACKENDS)
         for name, (function, make_input) in FAMILY.items():
             directory = tmp_path_factory.mktemp(name.strip("_"))
             torch._dynamo.reset()
@@ -95,10 +84,18 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> Minimized:
             assert block.captured is not None, block.capture_error
             spec = JobSpec.model_validate_json((directory / "spec.json").read_text())
             spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"parallelism": 2}),
-                                           "culprit": False, "versions": False})
+                                           "culprit": False, "versions": False, "shrink": False})
             results[name] = given, directory, minify(directory / "program.pt2", spec, directory / "out",
                                                      inputs=directory / "inputs.pt")
     return results
+
+
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
+    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
+    with ReproForks() as forks:
+        yield forks
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -120,9 +117,9 @@ def test_the_wrong_values_are_minimized(name: str, minimized: Minimized) -> None
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_its_repro_judges_the_program_on_the_inputs_it_was_given_and_fails(
-        name: str, minimized: Minimized) -> None:
+        name: str, minimized: Minimized, repros: ReproForks) -> None:
     repro = minimized[name][2].artifacts["repro.py"]
-    done = run_repro(repro)
+    done = repros.run(repro)
 
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"repro failed with: {SIGNATURES[name]}\n" in done.stderr

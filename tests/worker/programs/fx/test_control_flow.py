@@ -9,6 +9,7 @@ backends (tests/support/backends.py) fail on relu anywhere, or only on relu insi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, targets_of
-from tests.support.repro import run_repro
+from tests.support.repro_forks import ReproForks
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
@@ -71,8 +72,18 @@ def save(tmp_path: Path, module: torch.nn.Module, *inputs: torch.Tensor) -> Path
     return path
 
 
-def cond_program(tmp_path: Path) -> Path:
-    return save(tmp_path, ReluInCondBranch(), torch.ones(4, 8), torch.randn(4, 8))  # sin(1) > 0: taken
+@pytest.fixture(scope="module")
+def cond_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ReluInCondBranch exported and saved once for the module's three jobs on it (a job only reads
+    its program)."""
+    return save(tmp_path_factory.mktemp("cond"), ReluInCondBranch(), torch.ones(4, 8),
+                torch.randn(4, 8))  # sin(1) > 0: taken
+
+
+@pytest.fixture(scope="module")
+def loop_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ReluInLoopBody exported and saved once for the module's two jobs on it."""
+    return save(tmp_path_factory.mktemp("loop"), ReluInLoopBody(), torch.randn(4, 8))
 
 
 def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
@@ -81,18 +92,28 @@ def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
         "config": config,
         "limits": {"candidate_timeout_s": 60, "parallelism": 2},
         # About the reduction of control flow: the phases after minimality (the culprit, the inputs'
-        # shrink: under inductor, a compile per halving) have their own tests.
+        # shrink: under inductor, a compile per halving; the versions' repro runs) have their own tests.
         "culprit": False,
         "shrink": False,
+        "versions": False,
     })
     return minify(program, spec, out)
 
 
-def assert_artifacts_reproduce(out: Path, signature: str) -> None:
-    """minimized.pt2 loads and runs on inputs.pt; repro.py fails the same way in a fresh process."""
+@pytest.fixture(scope="module")
+def repros() -> Iterator[ReproForks]:
+    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
+    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
+    with ReproForks() as forks:
+        yield forks
+
+
+def assert_artifacts_reproduce(out: Path, signature: str, repros: ReproForks) -> None:
+    """minimized.pt2 loads and runs on inputs.pt; repro.py fails the same way in a fresh process
+    (a fork of an interpreter that imported torch and nothing else)."""
     module = torch.export.load(out / "minimized.pt2").module()
     module(*torch.load(out / "inputs.pt", weights_only=True))
-    done = run_repro(out / "repro.py")
+    done = repros.run(out / "repro.py")
     assert done.returncode == 1, done.stderr[-3000:]
     assert f"repro failed with: {signature}" in done.stderr, done.stderr[-3000:]
 
@@ -218,54 +239,52 @@ def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> N
 # --- through the engine ------------------------------------------------------------------------
 
 
-def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path) -> None:
-    result = run(cond_program(tmp_path), f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
+def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+    result = run(cond_program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert ops_of(code) == ["relu"] and "higher_order" not in code
     # sin, sum, gt, cond, getitem, tanh; relu, mul, cos, add in one branch; sub, exp in the other
     assert result.report.nodes_original == 12 and result.report.nodes_final == 1
-    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu", repros)
 
 
-def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(tmp_path: Path) -> None:
-    result = run(cond_program(tmp_path), f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
+def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(
+        tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+    result = run(cond_program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert "torch.ops.higher_order.cond" in code
     assert ops_of(code) == ["relu"]  # alone in its branch; the predicate became an input
-    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph", repros)
 
 
-def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path) -> None:
-    program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
-
-    result = run(program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
+def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path, loop_program: Path, repros: ReproForks) -> None:
+    result = run(loop_program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert ops_of(code) == ["relu"] and "higher_order" not in code
-    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu")
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu", repros)
 
 
-def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path) -> None:
-    program = save(tmp_path, ReluInLoopBody(), torch.randn(4, 8))
-
-    result = run(program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
+def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path, loop_program: Path, repros: ReproForks) -> None:
+    result = run(loop_program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
     code = result.report.graph_code or ""
     assert "torch.ops.higher_order.while_loop" in code
     # The condition and the counter that moves the loop on stay; the body is relu besides.
     assert sorted(ops_of(code)) == ["add", "lt", "relu"]
-    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph")
+    assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph", repros)
 
 
 @pytest.mark.inductor
-def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(tmp_path: Path) -> None:
-    result = run(cond_program(tmp_path), "inductor", tmp_path / "out",
+def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(
+        tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+    result = run(cond_program, "inductor", tmp_path / "out",
                  **{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
     assert result.status is JobState.succeeded, result.reason
@@ -273,4 +292,4 @@ def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(tmp_path: Path) ->
     assert ops_of(code) == ["relu"] and "higher_order" not in code
     signature = result.report.signature or ""
     assert signature.startswith("CppCompileError")
-    assert_artifacts_reproduce(tmp_path / "out", signature)
+    assert_artifacts_reproduce(tmp_path / "out", signature, repros)
