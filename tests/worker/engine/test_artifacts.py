@@ -2,7 +2,8 @@
 
 Every repro here runs as `python repro.py` in a real subprocess, from a directory that holds only
 the artifacts (and, for custom backends, a backend module of the test's own): a fork of one
-interpreter that imported torch and nothing else (`repros`, tests/support/repro_forks.py), or a fresh
+interpreter that ran every repro.py's two first imports and nothing else (`repros`,
+tests/support/repro_forks.py), or a fresh
 interpreter where it needs another PYTHONPATH or is pasted alone.
 """
 
@@ -70,9 +71,9 @@ def segfault_on_relu(gm, example_inputs):
 @pytest.fixture(scope="module")
 def repros() -> Iterator[ReproForks]:
     """The repros whose folder is all they need run as `python repro.py` would, each in a fork of
-    one interpreter that imported torch, their first line (tests/support/repro_forks.py): one torch
-    import for the module instead of one per repro. Those run with another PYTHONPATH, or pasted
-    alone, keep `run_repro`'s fresh interpreter."""
+    one interpreter that ran their two first lines, `import torch` and `import torch._inductor.config`
+    (tests/support/repro_forks.py): those imports once for the module instead of one per repro.
+    Those run with another PYTHONPATH, or pasted alone, keep `run_repro`'s fresh interpreter."""
     with ReproForks() as forks:
         yield forks
 
