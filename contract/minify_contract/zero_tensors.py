@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MARKER_KEY = "__minify__"
@@ -54,10 +54,18 @@ def from_marker(marker: dict[str, Any], device: Any = None) -> Any:
     dtype = getattr(torch, str(marker["dtype"]), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"a ZeroTensor marker names an unknown dtype {marker['dtype']!r}")
-    shape = [int(size) for size in marker["shape"]]
-    zeros = torch._efficientzerotensor(shape, dtype=dtype, device=device or marker.get("device", "cpu"))
-    stride = [int(step) for step in marker.get("stride", zeros.stride())]
-    return zeros if list(zeros.stride()) == stride else zeros.as_strided(shape, stride)
+    stride = marker.get("stride")
+    return make([int(size) for size in marker["shape"]], None if stride is None else [int(step) for step in stride],
+                dtype, device or marker.get("device", "cpu"))
+
+
+def make(shape: list[int], stride: list[int] | None, dtype: Any, device: Any) -> Any:
+    """A ZeroTensor of `shape`, with `stride` (default: contiguous; another through `as_strided`,
+    which keeps it a ZeroTensor)."""
+    import torch
+
+    zeros = torch._efficientzerotensor(shape, dtype=dtype, device=device)
+    return zeros if stride is None or list(zeros.stride()) == stride else zeros.as_strided(shape, stride)
 
 
 def to_device(value: Any, device: Any) -> Any:
@@ -75,11 +83,7 @@ def _device(device: Any) -> Any:
 
 def contains(value: Any) -> bool:
     """Whether `value` (a tensor, or tuples, lists and dicts of them) holds a ZeroTensor."""
-    if isinstance(value, tuple | list):
-        return any(contains(item) for item in value)
-    if isinstance(value, dict):
-        return any(contains(item) for item in value.values())
-    return is_zero_tensor(value)
+    return _holds(value, is_zero_tensor)
 
 
 def encode(value: Any) -> Any:
@@ -99,20 +103,21 @@ def decode(value: Any, device: Any = None) -> Any:
     """`value` as torch.load read it, with every marker rebuilt as its ZeroTensor (on `device`)."""
     if is_marker(value):
         return from_marker(value, device)
-    if isinstance(value, tuple | list) and any(_holds_marker(item) for item in value):
+    if not _holds(value, is_marker):
+        return value
+    if isinstance(value, tuple | list):
         return type(value)(decode(item, device) for item in value)
-    if isinstance(value, dict) and any(_holds_marker(item) for item in value.values()):
-        return {key: decode(item, device) for key, item in value.items()}
-    return value
+    return {key: decode(item, device) for key, item in value.items()}
 
 
-def _holds_marker(value: Any) -> bool:
-    if is_marker(value):
+def _holds(value: Any, leaf: Callable[[Any], bool]) -> bool:
+    """Whether `value`, or an item of its tuples, lists and dicts at any depth, is a `leaf`."""
+    if leaf(value):
         return True
     if isinstance(value, tuple | list):
-        return any(_holds_marker(item) for item in value)
+        return any(_holds(item, leaf) for item in value)
     if isinstance(value, dict):
-        return any(_holds_marker(item) for item in value.values())
+        return any(_holds(item, leaf) for item in value.values())
     return False
 
 

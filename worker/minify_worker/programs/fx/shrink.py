@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
+from minify_contract import zero_tensors
 from minify_contract.accuracy import clone_input
 from minify_worker.programs.candidates import Candidate
 from minify_worker.programs.fx import graph as g
@@ -242,9 +243,7 @@ def narrowed(value: Any, sizes: list[int] | None) -> Any:
     if value.is_neg():
         return torch._neg_view(narrowed(torch._neg_view(value), sizes))
     if value._is_zerotensor():  # no values to slice: a smaller ZeroTensor, never a dense copy
-        zeros = torch._efficientzerotensor(sizes, dtype=value.dtype, device=value.device)
-        stride = _dense_stride(sizes, list(value.stride()))
-        return zeros if list(zeros.stride()) == stride else zeros.as_strided(sizes, stride)
+        return zero_tensors.make(sizes, _dense_stride(sizes, list(value.stride())), value.dtype, value.device)
     dense = torch.empty_strided(sizes, _dense_stride(sizes, list(value.stride())), dtype=value.dtype,
                                 device=value.device)
     return dense.copy_(value[tuple(slice(0, size) for size in sizes)])
