@@ -14,14 +14,15 @@ are shared between copies, never mutated: an operation on one builds a new one.
 
 Every operation here is pure: it copies its argument and returns a new graph.
 
-By concept: `form` (the meta keys, queries, copying, a runnable GraphModule), `ingest` (from an
-ExportedProgram), `targets` (naming and resolving call targets), `wire` (the JSON-safe form sandbox
-children exchange), `hashing` (the structural and the bug-shape hash), `surgery` (the pure
-candidate-making operations), `higher_order` (inlining and editing subgraphs). Everything public
-is re-exported here: `from minify_worker.programs.fx.graph import X` and `graph.X`.
+By concept: `form` (queries, copying, a runnable GraphModule), `hashing` (the structural and the
+bug-shape hash), `surgery` (the pure candidate-making operations), `higher_order` (inlining and
+editing subgraphs). The form's vocabulary (the meta keys), `ingest` (from an ExportedProgram),
+`targets` (naming and resolving call targets) and `wire` (the JSON-safe form sandbox children
+exchange, and program.json) are the capture's too: they live in `minify_contract.fx`. Everything
+public is re-exported here: `from minify_worker.programs.fx.graph import X` and `graph.X`.
 """
 
-from minify_worker.programs.fx.graph.form import (
+from minify_contract.fx.form import (
     META_KIND,
     META_NARROW,
     META_ROLE,
@@ -32,9 +33,15 @@ from minify_worker.programs.fx.graph.form import (
     META_VALUE,
     PROMOTABLE_KINDS,
     GraphFormatError,
+    dtype_name,
+    subgraph_of,
+)
+from minify_contract.fx.ingest import dynamic_dims, flat_graph_from_exported_program, tensor_meta
+from minify_contract.fx.targets import resolve_target, target_name
+from minify_contract.fx.wire import WIRE_VERSION, graph_from_wire, graph_to_wire
+from minify_worker.programs.fx.graph.form import (
     copy_graph,
     count_ops,
-    dtype_name,
     graph_code,
     is_float_dtype_name,
     is_mutating,
@@ -44,7 +51,6 @@ from minify_worker.programs.fx.graph.form import (
     outputs,
     placeholders,
     size_key,
-    subgraph_of,
     subgraphs,
     to_graph_module,
 )
@@ -55,7 +61,6 @@ from minify_worker.programs.fx.graph.higher_order import (
     inline_subgraph,
     with_subgraph,
 )
-from minify_worker.programs.fx.graph.ingest import dynamic_dims, flat_graph_from_exported_program, tensor_meta
 from minify_worker.programs.fx.graph.surgery import (
     canonicalize,
     consolidate_inputs,
@@ -73,8 +78,6 @@ from minify_worker.programs.fx.graph.surgery import (
     stand_in_for,
     truncate_after,
 )
-from minify_worker.programs.fx.graph.targets import resolve_target, target_name
-from minify_worker.programs.fx.graph.wire import WIRE_VERSION, graph_from_wire, graph_to_wire
 
 __all__ = [
     "META_KIND",

@@ -1,5 +1,6 @@
-"""The program form (see the package's docstring): the minify_* meta keys, the queries every other
-module asks of a graph (its inputs, outputs, subgraphs, size), copying it, and making it runnable.
+"""The program form (see the package's docstring): the queries every other module asks of a graph
+(its inputs, outputs, subgraphs, size), copying it, and making it runnable. Its vocabulary (the
+minify_* meta keys) is `minify_contract.fx.form`, shared with the capture.
 """
 
 from __future__ import annotations
@@ -10,28 +11,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-META_VALUE = "minify_value"
-META_KIND = "minify_kind"
-META_TENSOR = "minify_tensor"
-META_ROLE = "minify_role"
-META_SCALAR = "minify_scalar"
-META_TAKEN = "minify_taken"
-META_SUBGRAPH = "minify_subgraph"
-META_NARROW = "minify_narrow"
-_META_KEYS = (META_VALUE, META_KIND, META_TENSOR, META_ROLE, META_SCALAR, META_TAKEN, META_NARROW)
+from minify_contract.fx.form import META_KIND, META_VALUE, PROMOTABLE_KINDS, GraphFormatError, subgraph_of
 
 _BODY_OPS = ("call_function", "get_attr")
-
-PROMOTABLE_KINDS = frozenset({"tensor", "scalar"})
-
-
-class GraphFormatError(ValueError):
-    """A graph (or its wire form) uses something the engine does not accept."""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> "float32"."""
-    return str(dtype).removeprefix("torch.")
 
 
 def is_float_dtype_name(name: str) -> bool:
@@ -43,14 +25,6 @@ def count_ops(graph: fx.Graph) -> int:
     """The node count users see: call_function nodes, those of subgraphs included."""
     return sum(1 if node.op == "call_function" else count_ops(subgraph_of(node))
                for node in graph.nodes if node.op in _BODY_OPS)
-
-
-def subgraph_of(node: fx.Node) -> fx.Graph:
-    """The subgraph a get_attr node stands for."""
-    subgraph = node.meta.get(META_SUBGRAPH)
-    if node.op != "get_attr" or not isinstance(subgraph, fx.Graph):
-        raise GraphFormatError(f"node {node.name!r} is not a subgraph")
-    return subgraph
 
 
 def subgraphs(graph: fx.Graph) -> list[fx.Node]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from minify_worker.programs.fx.graph.form import (
+from minify_contract.fx.form import (
     META_KIND,
     META_NARROW,
     META_SCALAR,
@@ -19,7 +19,7 @@ from minify_worker.programs.fx.graph.form import (
     META_VALUE,
     subgraph_of,
 )
-from minify_worker.programs.fx.graph.targets import target_name
+from minify_contract.fx.targets import target_name
 
 
 def structural_hash(graph: fx.Graph) -> str:

@@ -10,18 +10,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_worker.programs.fx.graph.form import (
-    _BODY_OPS,
+from minify_contract.fx.form import (
     META_SUBGRAPH,
     META_TAKEN,
-    _node,
-    copy_graph,
-    outputs,
-    placeholders,
     subgraph_of,
 )
+from minify_contract.fx.targets import target_name
+from minify_worker.programs.fx.graph.form import _BODY_OPS, _node, copy_graph, outputs, placeholders
 from minify_worker.programs.fx.graph.surgery import derive, drop_node
-from minify_worker.programs.fx.graph.targets import target_name
 
 
 def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:

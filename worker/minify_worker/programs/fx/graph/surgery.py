@@ -9,13 +9,15 @@ from typing import Any
 
 import torch.fx as fx
 
-from minify_worker.programs.fx.graph.form import (
-    _BODY_OPS,
-    _META_KEYS,
+from minify_contract.fx.form import (
+    META_KEYS,
     META_KIND,
     META_ROLE,
     META_TENSOR,
     PROMOTABLE_KINDS,
+)
+from minify_worker.programs.fx.graph.form import (
+    _BODY_OPS,
     _node,
     _rebuild,
     copy_graph,
@@ -145,7 +147,7 @@ def derive(graph: fx.Graph, *, cut: str | None = None, keep_outputs: Sequence[in
 
 def _promoted_placeholder(new_graph: fx.Graph, node: fx.Node) -> fx.Node:
     new_node = new_graph.create_node("placeholder", node.name, name=node.name)
-    new_node.meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
+    new_node.meta = {key: node.meta[key] for key in META_KEYS if key in node.meta}
     new_node.meta[META_ROLE] = "promoted"
     return new_node
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from minify_worker.programs.fx.graph.form import GraphFormatError
+from minify_contract.fx.form import GraphFormatError
 
 _BUILTIN_NAMES = ("abs", "min", "max", "round", "int", "float", "bool", "len", "pow", "divmod",
                   "sum", "any", "all")

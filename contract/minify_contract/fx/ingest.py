@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_worker.programs.fx.graph.form import (
+from minify_contract.fx.form import (
     META_KIND,
     META_ROLE,
     META_SCALAR,
@@ -22,7 +22,7 @@ from minify_worker.programs.fx.graph.form import (
     GraphFormatError,
     dtype_name,
 )
-from minify_worker.programs.fx.graph.targets import target_name
+from minify_contract.fx.targets import target_name
 
 
 def flat_graph_from_exported_program(ep: torch.export.ExportedProgram) -> fx.Graph:

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_worker.programs.fx.graph.form import _META_KEYS, META_SUBGRAPH, GraphFormatError, dtype_name, subgraph_of
-from minify_worker.programs.fx.graph.targets import resolve_target, target_name
+from minify_contract.fx.form import META_KEYS, META_SUBGRAPH, GraphFormatError, dtype_name, subgraph_of
+from minify_contract.fx.targets import resolve_target, target_name
 
 WIRE_VERSION = 1
 
@@ -32,7 +32,7 @@ def graph_to_wire(graph: fx.Graph) -> dict[str, Any]:
             raise GraphFormatError(f"node {node.name!r}: unsupported op {node.op!r}")
         entry["args"] = [_encode(arg) for arg in node.args]
         entry["kwargs"] = {key: _encode(value) for key, value in node.kwargs.items()}
-        meta = {key: node.meta[key] for key in _META_KEYS if key in node.meta}
+        meta = {key: node.meta[key] for key in META_KEYS if key in node.meta}
         if meta:
             entry["meta"] = meta
         nodes.append(entry)
