@@ -21,6 +21,8 @@ RELU = Signature(kind="compile_error", exc_type="RuntimeError", key="injected fa
 # What a pool says when a forked child cannot use CUDA (SandboxFault.fork_related), and when a
 # child meets a fault a fresh sandbox would meet too.
 FORK_FAULT = "CUDA cannot be used in a forked subprocess"
+# A child that died before it ran its request: perhaps the fork's doing, perhaps not the next time.
+DIED_FAULT = "the child died before it ran its request"
 OTHER_FAULT = "torch cannot be imported in the child"
 
 
@@ -150,13 +152,37 @@ def test_a_fork_related_fault_that_outlives_the_restarts_fails_the_job() -> None
     scheduler_view, pool, restarts = evaluator()
     future = scheduler_view.submit(["relu"])
 
-    pool.fail(0, SandboxFault(FORK_FAULT))
+    pool.fail(0, SandboxFault(DIED_FAULT))
     for restart in range(MAX_SANDBOX_RESTARTS):
-        restarts.pools[restart].fail(0, SandboxFault(FORK_FAULT))
+        restarts.pools[restart].fail(0, SandboxFault(DIED_FAULT))
 
     with pytest.raises(SandboxError, match=f"still after {MAX_SANDBOX_RESTARTS} sandbox restarts"):
         future.result(timeout=1)
     assert len(restarts.pools) == MAX_SANDBOX_RESTARTS
+    assert restarts.starts == ["spawn"] * MAX_SANDBOX_RESTARTS
+
+
+@pytest.mark.parametrize("first_start", ["fork", "spawn"])
+def test_cuda_unusable_in_a_spawned_servers_children_is_not_tried_again(first_start: str) -> None:
+    # A spawned server whose children meet CUDA initialized before their fork initialized it
+    # itself: the next spawned server would do the same, so it is the job's end, not a restart.
+    first, restarts = FakePool("first", first_start), Restarts()
+    scheduler_view = SandboxEvaluator(first, 30.0, restarts, WireProgram())  # type: ignore[arg-type]
+    future = scheduler_view.submit(["relu"])
+
+    first.fail(0, SandboxFault(FORK_FAULT))
+    if first_start == "fork":  # a forked server is replaced by a spawned one once
+        assert restarts.starts == ["spawn"]
+        restarts.pools[0].fail(0, SandboxFault(FORK_FAULT))
+
+    with pytest.raises(SandboxError) as raised:
+        future.result(timeout=1)
+    assert len(restarts.pools) == (1 if first_start == "fork" else 0)
+    assert str(raised.value).startswith(FORK_FAULT)
+    if first_start == "fork":
+        assert "a sandbox spawned afresh met it too, after 1 sandbox restart" in str(raised.value)
+    else:
+        assert str(raised.value) == FORK_FAULT
 
 
 def test_every_candidate_outcome_is_seen_as_it_comes_but_not_a_calls() -> None:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from minify_contract.models import JobSpec, JobState
-from minify_worker.engine import MinifyResult, evaluator, minify
+from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
@@ -158,21 +158,20 @@ def test_a_forked_sandbox_that_cannot_use_cuda_is_replaced_by_a_spawned_one(
     assert result["status"] == "succeeded", result["reason"]
     assert ops_of(result["graph_code"]) == ["relu"]  # type: ignore[arg-type]
     assert result["signature"] == "RuntimeError: injected failure on relu"
+    assert result["sandbox_start"] == "spawn"  # the server the result came from, not the first
     forbidden, _ = spied_calls(log, POISONED_JOB)
     assert forbidden == []  # nor does the spawned server that replaced it
 
 
 def test_a_sandbox_fault_a_fresh_sandbox_has_too_fails_the_job_with_its_cause(
-        chain_pt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # One fresh (spawned) sandbox that faults too is the claim; each further restart is one more
-    # spawned server importing torch (seconds of CPU). How many restarts: test_evaluator.py.
-    monkeypatch.setattr(evaluator, "MAX_SANDBOX_RESTARTS", 1)
-
+        chain_pt2: Path, tmp_path: Path) -> None:
+    # One fresh (spawned) sandbox that faults too is the claim, and the job's end: a second
+    # spawned server would initialize CUDA as the first did (test_evaluator.py: when to restart).
     result = minify(chain_pt2, spec(f"{PREFIX}:cuda_fork_error_always"), tmp_path / "out")
 
     assert result.status is JobState.failed
     assert "Cannot re-initialize CUDA in forked subprocess" in (result.reason or "")
-    assert "still after 1 sandbox restarts" in (result.reason or "")  # a spawned sandbox had it too
+    assert "a sandbox spawned afresh met it too, after 1 sandbox restart" in (result.reason or "")
     assert result.report.signature is None and result.report.nodes_final is None
 
 

@@ -3,8 +3,8 @@
 It owns what the sandbox's failures mean for a job: a fork server that died costs the candidates
 in flight (`Invalid`) and the next submit restarts it; a child that could not run its candidate at
 all (`SandboxFault`, e.g. CUDA unusable after a fork) restarts the sandbox spawned afresh and runs
-the candidate again, up to `MAX_SANDBOX_RESTARTS`. Any representation's program goes through it
-(`programs.Representation.to_wire`).
+the candidate again, up to `MAX_SANDBOX_RESTARTS`, unless a fresh sandbox would meet it too. Any
+representation's program goes through it (`programs.Representation.to_wire`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class SandboxEvaluator:
     server: it costs those candidates, not the job. A `SandboxFault` (a child that could not run
     its candidate at all, e.g. CUDA unusable after a fork) is never an outcome: the sandbox is
     restarted, spawned afresh, and the candidate runs again there; a fault that is not the fork's
-    doing, or one that outlives `MAX_SANDBOX_RESTARTS` restarts, fails the job with its cause.
+    doing, CUDA unusable in the children of a server that was spawned already (a spawned server
+    that initializes CUDA does so again), or one that outlives `MAX_SANDBOX_RESTARTS` restarts,
+    fails the job with its cause.
     """
 
     def __init__(self, pool: SandboxPool, timeout_s: float, restart: Callable[[str | None], SandboxPool],
@@ -66,6 +68,7 @@ class SandboxEvaluator:
         self._dead: SandboxPool | None = None
         self._restart_start: str | None = None
         self._fault: SandboxFault | None = None
+        self._fault_is_final = False  # a fresh sandbox would meet `_fault` too: no restart
         self._started: list[SandboxPool] = []
         self._inner: dict[Future[Outcome], Future[Outcome]] = {}
         self._lock = threading.RLock()
@@ -76,6 +79,8 @@ class SandboxEvaluator:
         """The current pool, restarted first if its fork server died or a child faulted."""
         with self._lock:
             if self._dead is self.pool:
+                if self._fault is not None and self._fault_is_final:
+                    raise SandboxError(_final_fault(self._fault, self.restarts))
                 if self.restarts >= MAX_SANDBOX_RESTARTS:
                     if self._fault is not None:
                         raise SandboxError(f"{self._fault} (still after {self.restarts} sandbox restarts)")
@@ -148,8 +153,9 @@ class SandboxEvaluator:
             self._dead = pool
             if fault.detail.strip():  # the child's last words, for the job's log
                 log.warning("sandbox fault: %s; the child's output ended with:\n%s", fault, fault.detail.rstrip())
-            if not fault.fork_related:
-                self.restarts = MAX_SANDBOX_RESTARTS  # a fresh sandbox would fail the same way
+            # A fault that is not the fork's doing, or CUDA initialized in a server that was
+            # spawned already, is what a fresh sandbox would meet as well.
+            self._fault_is_final = not fault.fork_related or (fault.cuda_after_fork and pool.start_method != "fork")
             self._restart_start = "spawn"
 
     def set_timeout(self, timeout_s: float) -> None:
@@ -169,6 +175,13 @@ class SandboxEvaluator:
         """Close the fork servers this evaluator started (the first pool belongs to the caller)."""
         for pool in self._started:
             pool.close()
+
+
+def _final_fault(fault: SandboxFault, restarts: int) -> str:
+    """Why the job's sandbox is not restarted again after `fault`."""
+    if restarts == 0:
+        return str(fault)
+    return f"{fault} (a sandbox spawned afresh met it too, after {restarts} sandbox restart{'s' * (restarts != 1)})"
 
 
 def _settle(future: Future[Outcome], *, result: Outcome | None = None, error: BaseException | None = None) -> None:

@@ -56,7 +56,13 @@ class SandboxFault(SandboxError):
     @property
     def fork_related(self) -> bool:
         """Whether a fork server started afresh (spawned, never touched CUDA) may not see it again."""
-        return "forked subprocess" in str(self) or "died before it ran" in str(self)
+        return self.cuda_after_fork or "died before it ran" in str(self)
+
+    @property
+    def cuda_after_fork(self) -> bool:
+        """CUDA was initialized in the process the child was forked from: a fork server spawned
+        afresh that initializes it the same way meets it again, so only a forked one may be replaced."""
+        return "forked subprocess" in str(self)
 
 
 class PrepareStopped(Exception):
