@@ -127,12 +127,15 @@ def test_a_fork_server_that_keeps_dying_fails_the_job() -> None:
 
 def test_a_fork_related_fault_restarts_the_sandbox_spawned_and_runs_the_candidate_again() -> None:
     scheduler_view, pool, restarts = evaluator()
+    replacements: list[FakePool] = []
+    scheduler_view.on_restart = replacements.append  # type: ignore[assignment]
     future = scheduler_view.submit(["relu"])
 
     pool.fail(0, SandboxFault(FORK_FAULT))
 
     assert not future.done()  # a fault is never an outcome
     assert restarts.starts == ["spawn"] and restarts.pools[0].requests[0][0] == ["relu"]
+    assert replacements == restarts.pools  # report.json's sandbox_start follows it
     restarts.pools[0].answer(0, Fails(RELU))
     assert future.result(timeout=1) == Fails(RELU)
 

@@ -161,10 +161,10 @@ class _Run:
         parallelism = self.budget.parallelism
         self.evaluator = SandboxEvaluator(
             pool, self.original.first_timeout(),
-            restart=lambda start: self._restarted(SandboxPool(workdir, prepared, self.spec, parallelism=parallelism,
-                                                              start=start)),
+            restart=lambda start: SandboxPool(workdir, prepared, self.spec, parallelism=parallelism, start=start),
             program=self.program,
         )
+        self.evaluator.on_restart = self.facts.sandbox_started  # report.json names the server in use
         self.scheduler = Scheduler(
             self.evaluator,
             self.original.still_fails,
@@ -175,11 +175,6 @@ class _Run:
         )
         self.progress.stats = self.scheduler.stats
         return None
-
-    def _restarted(self, pool: SandboxPool) -> SandboxPool:
-        """The evaluator's fresh sandbox after a fault: report.json says how the one in use started."""
-        self.facts.sandbox_start = pool.start_method
-        return pool
 
     def reproduce_and_reduce(self) -> Ending | None:
         """Run the original, and reduce at once: candidates run while the original does, judged

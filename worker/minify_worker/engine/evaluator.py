@@ -73,6 +73,7 @@ class SandboxEvaluator:
         self._inner: dict[Future[Outcome], Future[Outcome]] = {}
         self._lock = threading.RLock()
         self.on_outcome: Callable[[Any, Outcome], None] | None = None  # sees every outcome as it comes
+        self.on_restart: Callable[[SandboxPool], None] | None = None  # sees each pool that replaces one
         self.spared: set[Future[Outcome]] = set()  # runs that keep their own timeout (the original's)
 
     def live_pool(self) -> SandboxPool:
@@ -89,6 +90,8 @@ class SandboxEvaluator:
                 log.warning("restarting the sandbox (%d): %s", self.restarts, self._fault or "the fork server died")
                 self.pool = self._restart(self._restart_start)
                 self._started.append(self.pool)
+                if self.on_restart is not None:
+                    self.on_restart(self.pool)
             return self.pool
 
     def submit(self, graph: Any, timeout_s: float | None = None, runs: int = 1,

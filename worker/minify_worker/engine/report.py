@@ -45,6 +45,10 @@ class RunFacts:
     original_output: str | None = None  # what it printed and raised then (`target.original_output`)
     next_step: str | None = None  # what to try, when the job ends not reproducible (`target.next_step`)
 
+    def sandbox_started(self, pool: Any) -> None:
+        """A sandbox pool replaced the job's first (the evaluator's restart): how the one in use started."""
+        self.sandbox_start = pool.start_method
+
 
 def flaky_reason(facts: RunFacts) -> str:
     return (f"flaky: the original failed in {facts.original_failures} of {facts.original_runs} runs, so a "
