@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from minify_contract.config_keys import CONFIG_MODULES, config_key
@@ -35,7 +36,8 @@ def changed_config(values: dict[str, Any] | None = None) -> dict[str, Any]:
 
     Many of torch's settings take their default from a variable read at import
     (`TORCHINDUCTOR_FREEZING=1`): the defaults are read in a fresh Python without TORCH*
-    variables, once per capture.
+    variables, once per environment and torch installation (cached on disk:
+    `defaults_cache_dir()`).
     """
     current = config_values() if values is None else values
     defaults = _defaults_without_environment()
@@ -72,22 +74,154 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
     return recorded
 
 
-_DEFAULTS_SCRIPT = ("import json; from minify_client.capture.config import config_values; "
-                    "print(json.dumps(config_values()))")
+# Variables that differ from one run, test or shell to the next and that no config module reads:
+# left out of the cache's key unless the run that filled the entry saw a config module read one.
+_VOLATILE_PREFIXES = ("PYTEST_", "MINIFY_")
+_VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TEMP", "TMP", "COLUMNS", "LINES"})
+_CACHE_ENTRIES = 8  # per torch installation: one per environment seen, the newest kept
+# Runs in the fresh Python: records the variables read with a config module's frame on the stack (a
+# default computed from one), before anything is imported, then prints the defaults and those reads.
+_DEFAULTS_SCRIPT = """
+import json, os, sys
+config_files = set(json.loads(sys.argv[1]))
+read = {}
+plain_getitem = type(os.environ).__getitem__
+
+def getitem(environ, name):
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename not in config_files:
+        frame = frame.f_back
+    try:
+        value = plain_getitem(environ, name)
+    except KeyError:
+        value = None
+        raise
+    finally:
+        if frame is not None:
+            read[name] = value
+    return value
+
+type(os.environ).__getitem__ = getitem
+from minify_client.capture.config import config_values
+print(json.dumps({"defaults": config_values(), "read": read}))
+"""
+
+
+def defaults_cache_dir() -> Path:
+    """Where the settings' defaults are cached: `capture-defaults/` in minify's cache dir
+    (`$MINIFY_CACHE_DIR`, else `$XDG_CACHE_HOME/minify`, else `~/.cache/minify`). Removing it is
+    always safe: the next capture reads the defaults again."""
+    configured = os.environ.get("MINIFY_CACHE_DIR", "")
+    if configured and configured != "job":  # `job` is the worker's per-job compile cache
+        base = Path(configured)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minify"
+    return base / "capture-defaults"
 
 
 @functools.cache  # the defaults cannot change within a process
 def _defaults_without_environment() -> dict[str, Any] | None:
+    """torch's config defaults in a fresh Python without TORCH* variables, cached on disk.
+
+    A cache file holds the entries of one Python, torch installation and version of this module
+    (its key, hashed into the file name). An entry is served only to an environment that equals
+    the one it was read in, TORCH* variables aside (never seen by the fresh Python) and volatile
+    ones aside (`_VOLATILE`: unless a config module read one while the entry was read)."""
     environment = {name: value for name, value in os.environ.items() if not name.startswith("TORCH")}
+    path = _cache_path()
+    cached = _cached_defaults(path, environment) if path is not None else None
+    if cached is not None:
+        return cached
     try:
-        done = subprocess.run([sys.executable, "-c", _DEFAULTS_SCRIPT], env=environment, capture_output=True,
-                              text=True, timeout=300, check=True)
-        defaults = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as error:
+        done = subprocess.run([sys.executable, "-c", _DEFAULTS_SCRIPT, json.dumps(_config_files())],
+                              env=environment, capture_output=True, text=True, timeout=300, check=True)
+        read = json.loads(done.stdout.strip().splitlines()[-1])
+        defaults, volatile_read = read["defaults"], read["read"]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError) as error:
         logger.warning("minify: cannot read torch's config defaults (%s); recording only settings changed "
                        "in this process", error)
         return None
-    return defaults if isinstance(defaults, dict) else None
+    if not isinstance(defaults, dict):
+        return None
+    if path is not None:
+        keyed = {name for name in volatile_read if _volatile(name)}
+        _store(path, {"environment": _key_environment(environment, keyed), "keyed_volatile": sorted(keyed),
+                      "defaults": defaults})
+    return defaults
+
+
+def _volatile(name: str) -> bool:
+    return name in _VOLATILE or name.startswith(_VOLATILE_PREFIXES)
+
+
+def _key_environment(environment: dict[str, str], keyed_volatile: set[str]) -> dict[str, str | None]:
+    kept: dict[str, str | None] = {name: value for name, value in environment.items() if not _volatile(name)}
+    kept.update({name: environment.get(name) for name in keyed_volatile})
+    return kept
+
+
+def _config_files() -> list[str]:
+    """The source files of the config modules recorded, found without importing them."""
+    import importlib.util
+
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec is None or torch_spec.origin is None:
+        return []
+    root = Path(torch_spec.origin).parent.parent
+    return [str(root.joinpath(*name.split(".")).with_suffix(".py")) for name in CONFIG_MODULES]
+
+
+def _cache_path() -> Path | None:
+    """The cache file of this Python, torch installation and version of this module; None where
+    torch's version cannot be read without a fresh Python (then nothing is cached)."""
+    import hashlib
+    import platform
+
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch, "__file__", None):
+        return None
+    from minify_contract import config_keys
+
+    sources = b"".join(Path(module).read_bytes() for module in (__file__, config_keys.__file__))
+    key = json.dumps([os.path.realpath(sys.executable), sys.version, os.path.realpath(torch.__file__),
+                      str(torch.__version__), getattr(getattr(torch, "version", None), "git_version", None),
+                      hashlib.sha256(sources).hexdigest(), platform.node()])
+    return defaults_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _cached_defaults(path: Path, environment: dict[str, str]) -> dict[str, Any] | None:
+    for entry in _entries(path):
+        keyed = set(entry["keyed_volatile"])
+        if entry["environment"] == _key_environment(environment, keyed):
+            return entry["defaults"]
+    return None
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The cache file's entries; none from a file that is missing or not what this module writes."""
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(entries, list):
+        return []
+    return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("environment"), dict)
+            and isinstance(entry.get("keyed_volatile"), list) and isinstance(entry.get("defaults"), dict)]
+
+
+def _store(path: Path, entry: dict[str, Any]) -> None:
+    """Add `entry` as the newest, written whole (a reader never sees half a file); a cache that
+    cannot be written is only a slower next capture."""
+    import tempfile
+
+    entries = [kept for kept in _entries(path) if kept["environment"] != entry["environment"]]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+            json.dump([*entries[-(_CACHE_ENTRIES - 1):], entry], out)
+        os.replace(out.name, path)
+    except OSError as error:
+        logger.info("minify: cannot cache torch's config defaults in %s: %s", path.parent, error)
 
 
 def _json_value(value: Any) -> bool:

@@ -184,11 +184,99 @@ def test_the_specs_own_config_keys_win_over_the_recorded_ones(tmp_path: Path):
     assert captured.spec.config == {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error", "freezing": True}
 
 
-def test_settings_from_torchinductor_variables_are_recorded(tmp_path: Path):
+def _changed_config_in_a_fresh_python(cache_dir: Path, **variables: str) -> str:
     script = "from minify_client.capture import changed_config; print(changed_config())"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TORCHINDUCTOR_FREEZING": "1"})
-    assert done.stdout.strip().splitlines()[-1] == "{'freezing': True}", done.stderr[-2000:]
+                          env={**os.environ, "MINIFY_CACHE_DIR": str(cache_dir), **variables})
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+
+
+def test_settings_from_torchinductor_variables_are_recorded_with_the_defaults_read_or_cached(tmp_path: Path):
+    """The first capture reads the defaults in a fresh Python and caches them; the next, served
+    from the cache (the file is not written again), still records the variable's setting."""
+    assert _changed_config_in_a_fresh_python(tmp_path, TORCHINDUCTOR_FREEZING="1") == "{'freezing': True}"
+    [cache_file] = (tmp_path / "capture-defaults").iterdir()
+    written = cache_file.stat().st_mtime_ns
+    assert _changed_config_in_a_fresh_python(tmp_path, TORCHINDUCTOR_FREEZING="1") == "{'freezing': True}"
+    assert cache_file.stat().st_mtime_ns == written and len(json.loads(cache_file.read_text())) == 1
+
+
+def _cached_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    from minify_client.capture import config
+
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path))
+    path = config._cache_path()
+    assert path is not None and path.parent == config.defaults_cache_dir() == tmp_path / "capture-defaults"
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("TORCH")}
+    config._store(path, {"environment": config._key_environment(environment, set()), "keyed_volatile": [],
+                         "defaults": {"freezing": "as cached"}})
+    return path, environment
+
+
+def test_cached_defaults_serve_only_the_environment_they_were_read_in(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """A variable torch's config modules read (CXX, AOT_INDUCTOR_*, CI) set otherwise, or one
+    added, misses; TORCH* variables (never seen by the fresh Python) and volatile ones (a test's
+    name, the working and temp dirs) do not."""
+    from minify_client.capture import config
+
+    path, environment = _cached_environment(monkeypatch, tmp_path)
+    assert config._cached_defaults(path, environment) == {"freezing": "as cached"}
+    volatile = {"PYTEST_CURRENT_TEST": "other.py::test", "PWD": "/elsewhere", "TMPDIR": "/tmp/other"}
+    assert config._cached_defaults(path, {**environment, **volatile}) == {"freezing": "as cached"}
+    for name in ("CXX", "AOT_INDUCTOR_DEBUG_COMPILE", "CI"):
+        assert config._cached_defaults(path, {**environment, name: "another value"}) is None, name
+    without_path = {name: value for name, value in environment.items() if name != "PATH"}
+    assert config._cached_defaults(path, without_path) is None
+
+
+def test_a_volatile_variable_a_config_module_read_keys_the_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Where the fresh Python saw a config module read a volatile variable (TMPDIR here), its
+    entry serves only that variable's value; the same environment read again replaces its entry."""
+    from minify_client.capture import config
+
+    path, environment = _cached_environment(monkeypatch, tmp_path)
+    path.unlink()
+    read_in = {**environment, "TMPDIR": "/tmp/read-in"}
+    entry = {"environment": config._key_environment(read_in, {"TMPDIR"}), "keyed_volatile": ["TMPDIR"],
+             "defaults": {"freezing": "keyed by TMPDIR"}}
+    config._store(path, entry)
+    config._store(path, entry)
+    assert len(json.loads(path.read_text())) == 1
+    assert config._cached_defaults(path, read_in) == {"freezing": "keyed by TMPDIR"}
+    assert config._cached_defaults(path, {**environment, "TMPDIR": "/tmp/other"}) is None
+
+
+def test_another_torch_or_python_has_a_cache_file_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from minify_client.capture import config
+
+    path, _ = _cached_environment(monkeypatch, tmp_path)
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert config._cache_path() not in (None, path)
+    monkeypatch.undo()
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "elsewhere" / "torch" / "__init__.py"))
+    assert config._cache_path() not in (None, path)
+    monkeypatch.undo()
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "other-python"))
+    assert config._cache_path() not in (None, path)
+
+
+def test_a_corrupt_cache_file_is_read_again_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from minify_client.capture import config
+
+    path, environment = _cached_environment(monkeypatch, tmp_path)
+    for corrupt in ("{not json", '{"a": "dict"}', '[{"environment": "x"}]', ""):
+        path.write_text(corrupt)
+        assert config._cached_defaults(path, environment) is None
+    config._defaults_without_environment.cache_clear()
+    try:
+        defaults = config._defaults_without_environment()
+    finally:
+        config._defaults_without_environment.cache_clear()
+    assert defaults is not None and defaults["freezing"] is False
+    assert config._cached_defaults(path, environment) == defaults
 
 
 def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_path: Path,
