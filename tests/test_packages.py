@@ -73,3 +73,35 @@ def test_the_client_installs_without_torch_and_the_contract_is_in_its_distributi
     assert 'where = ["client", "contract", "server", "worker"]' in text
     base = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     assert "torch" not in base and "pydantic" in base
+
+
+def _shadowing(init: Path, package: str) -> list[str]:
+    """Names `init` binds to something other than the submodule of the same name: after them,
+    `import package.name.sub as alias` fails (the import statement looks `name` up as an attribute)."""
+    directory = init.parent
+    children = {path.stem for path in directory.glob("*.py") if path.name != "__init__.py"}
+    children |= {path.name for path in directory.iterdir() if (path / "__init__.py").is_file()}
+    found = []
+    for node in ast.parse(init.read_text(), str(init)).body:
+        if isinstance(node, ast.ImportFrom):
+            itself = (node.level == 1 and node.module is None) or (not node.level and node.module == package)
+            found += [f"{alias.asname or alias.name} (from {node.module})" for alias in node.names
+                      if (alias.asname or alias.name) in children and not itself]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in children:
+            found.append(f"{node.name} (defined)")
+        elif isinstance(node, ast.Assign):
+            found += [f"{target.id} (assigned)" for target in node.targets
+                      if isinstance(target, ast.Name) and target.id in children]
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_package_hides_a_submodule_behind_a_name_of_its_own(package: str) -> None:
+    # `from minify_client.capture import capture` in minify_client/__init__.py once made
+    # `import minify_client.capture.config as config` fail: the function stood where the subpackage is.
+    hidden = {}
+    for init in sorted(PACKAGES[package].rglob("__init__.py")):
+        name = _module(package, init)
+        if found := _shadowing(init, name):
+            hidden[name] = found
+    assert hidden == {}

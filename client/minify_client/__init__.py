@@ -7,10 +7,11 @@
         final = client.wait(job.id, on_event=print)
         client.download(job.id, "repro/")
 
-Importing this package never imports torch; only `capture` does, when it captures.
+Importing this package never imports torch; only the capture (`minify_client.capture`) does, when
+it captures.
 """
 
-from minify_client.capture import Captured, capture, capture_failures
+from minify_client.capture import Captured, capture_failures
 from minify_client.client import DEFAULT_SERVER, Client
 from minify_client.errors import (
     ApiError,
@@ -44,6 +45,5 @@ __all__ = [
     "Report",
     "ServerError",
     "Unauthorized",
-    "capture",
     "capture_failures",
 ]

@@ -14,10 +14,12 @@ settings a user can flip avoid the bug (docs/internals.md, "The culprit phase").
   tolerance, for accuracy) is reported.
 - The phase has a budget (`budget_s`): what did not finish in it is cancelled and said so.
 
-By concept: `settings` (what the phase tries), `phase` (the phase, in the engine's process: `find`),
-`prober` (its probes, run in sandbox children), `probe` (a probe, in its child: `probe_in_child`),
-`report` (what it found, as report.json and repro.py's header say it). Every name callers use is
-re-exported here.
+By concept: `workarounds` (what the phase tries: `settings`), `phase` (the phase, in the engine's
+process: `find`), `prober` (its probes, run in sandbox children), `probe` (a probe, in its child:
+`probe_in_child`), `rewrite` (the phase as a job runs it, after the result: `after_result`); what
+it found, as report.json and repro.py's header say it, is the neutral `minify_worker.programs.culprit`.
+Every name callers use is re-exported here; no module bears the name of a function this package
+exports.
 """
 
 from minify_worker.programs.culprit import (
@@ -30,7 +32,6 @@ from minify_worker.programs.culprit import (
     stopped_fields,
     stopped_header_lines,
 )
-from minify_worker.programs.fx.culprit.after_result import after_result
 from minify_worker.programs.fx.culprit.phase import (
     BUDGET_FRACTION,
     MIN_BUDGET_ENV,
@@ -41,7 +42,8 @@ from minify_worker.programs.fx.culprit.phase import (
 )
 from minify_worker.programs.fx.culprit.probe import probe_in_child
 from minify_worker.programs.fx.culprit.prober import CALL_TARGET
-from minify_worker.programs.fx.culprit.settings import BACKEND, EXTRA_SETTINGS, no_stages, settings
+from minify_worker.programs.fx.culprit.rewrite import after_result
+from minify_worker.programs.fx.culprit.workarounds import BACKEND, EXTRA_SETTINGS, no_stages, settings
 
 __all__ = [
     "BACKEND",

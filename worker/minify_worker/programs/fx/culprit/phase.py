@@ -19,7 +19,7 @@ from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 from minify_worker.programs.culprit import Found
 from minify_worker.programs.fx import bisector
 from minify_worker.programs.fx.culprit.prober import Key, OutOfBudget, Prober, probe_key, screen_key, verify_key
-from minify_worker.programs.fx.culprit.settings import current_value, no_stages, settings
+from minify_worker.programs.fx.culprit.workarounds import current_value, no_stages, settings
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxError
 

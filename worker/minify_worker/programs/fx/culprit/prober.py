@@ -20,7 +20,7 @@ from minify_worker.programs.fx import bisector
 if TYPE_CHECKING:
     from minify_worker.engine.evaluator import SandboxEvaluator
 
-from minify_worker.programs.fx.culprit.settings import BACKEND
+from minify_worker.programs.fx.culprit.workarounds import BACKEND
 
 CALL_TARGET = "minify_worker.programs.fx.culprit.probe:probe_in_child"
 
