@@ -115,9 +115,13 @@ def rerun_timeout_s(seconds: float) -> float:
 
 
 def script_command(script: str, args: Sequence[str]) -> list[str]:
+    """rerun.py run by its path: `-m minify_client.capture.rerun` would first import the client's
+    packages (httpx, pydantic, rich: 0.7 CPU-s a rerun), none of which a rerun uses."""
     import sys
 
-    return [sys.executable, "-m", "minify_client.capture.rerun", script, *args]
+    from . import rerun
+
+    return [sys.executable, "-c", rerun.BY_PATH, rerun.__file__, script, *args]
 
 
 def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> list[str]:

@@ -6,8 +6,9 @@ the torch module the program called when the error was raised, so that a failure
 `torch.export`, which the program calls itself and `TORCHDYNAMO_DISABLE` does not turn off, is not
 taken for the program's own).
 
-- `python -m minify_client.capture.rerun script.py args...`: the script as `python script.py`
-  runs it (runpy, as `__main__`, its argv and exit code);
+- `python -c BY_PATH .../rerun.py script.py args...` (`diagnose.script_command`; or `python -m
+  minify_client.capture.rerun script.py args...`, which imports the whole client first): the script
+  as `python script.py` runs it (runpy, as `__main__`, its argv and exit code);
 - `pytest -p minify_client.capture.rerun NODEID`: the test's error, as a plugin (no test that
   passes writes anything: the parent reads pytest's exit status).
 """
@@ -24,6 +25,9 @@ from typing import Any
 from minify_contract import signatures
 
 OUT_ENV = "MINIFY_RERUN_OUT"
+# Runs this file as `__main__` from its path, its arguments after it: no package of the client is
+# imported (this module needs only minify_contract's signatures).
+BY_PATH = "import os, runpy, sys; sys.path[0] = os.getcwd(); runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 
 
 def torch_entry(error: BaseException) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.capture.diagnose import Rerun, _verdict
+from minify_client.capture.diagnose import Rerun, _verdict, script_command
 from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parents[3]
@@ -91,6 +91,25 @@ def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, 
     assert [rerun["outcome"] for rerun in entry["reruns"]] == ["passes"] * (len(settings) - 1) + ["fails the same way"]
     assert all((tmp_path / "caps" / rerun["log"]).is_file() for rerun in entry["reruns"])
     assert not (tmp_path / "caps" / "captures.json").exists()
+
+
+def test_a_script_rerun_runs_it_as_python_m_would_without_importing_the_client(tmp_path: Path) -> None:
+    """The rerun's script sees the argv, sys.path and `__main__` that `python -m
+    minify_client.capture.rerun script.py` gives it, and no module of the client but rerun.py."""
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import json, os, sys
+        client = sorted(name for name in sys.modules if name.startswith("minify_client"))
+        print(json.dumps({"argv": sys.argv, "path": sys.path[:2], "name": __name__, "client": client}))
+        sys.exit(5)
+    """))
+    (tmp_path / "cwd").mkdir()
+    done = _run(script_command(str(tmp_path / "script.py"), ["--epochs", "1"]), tmp_path / "cwd",
+                MINIFY_RERUN_OUT=str(tmp_path / "out.json"))
+    seen = json.loads(done.stdout)
+    assert done.returncode == 5 and seen == {"argv": [str(tmp_path / "script.py"), "--epochs", "1"], "name": "__main__",
+                                             "path": [str(tmp_path), str(tmp_path / "cwd")], "client": []}
+    assert json.loads((tmp_path / "out.json").read_text()) == {"failed": True, "signature": "SystemExit: N",
+                                                               "raised_in": None}
 
 
 def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
