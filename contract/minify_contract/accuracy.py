@@ -439,7 +439,8 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
             continue
         base = bases[(*key, value.dtype)]
         same = _whole(value) and base.shape == value.shape and base.stride() == value.stride()
-        copy_ = base if same else base.as_strided(value.shape, value.stride(), value.storage_offset())
+        copy_ = _with_bits_of(value, base if same else base.as_strided(value.shape, value.stride(),
+                                                                        value.storage_offset()))
         cloned.append(copy_.requires_grad_(True) if value.requires_grad else copy_)
     return cloned
 
@@ -459,9 +460,16 @@ def clone_input(value: Any) -> Any:
         return value.clone()
     base = value.conj() if conj else value  # the bits cleared: views of the same memory
     base = torch._neg_view(base) if neg else base
-    copy = base.clone()
-    copy = torch._neg_view(copy) if neg else copy
-    return copy.conj() if conj else copy
+    return _with_bits_of(value, base.clone())
+
+
+def _with_bits_of(value: Any, plain: Any) -> Any:
+    """`plain` (a tensor without the bits) as the view `value` is: with its conjugate and
+    negative bits, over the same memory."""
+    import torch
+
+    plain = torch._neg_view(plain) if value.is_neg() else plain
+    return plain.conj() if value.is_conj() else plain
 
 
 def _whole(value: Any) -> bool:

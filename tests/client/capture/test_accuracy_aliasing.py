@@ -115,6 +115,39 @@ def test_copies_of_inputs_that_share_a_storage_are_views_of_one_copy() -> None:
     assert copies[2] == 7 and torch.equal(copies[3], other) and copies[3] is not other
 
 
+def _conj(value: torch.Tensor) -> torch.Tensor:
+    return value.conj()
+
+
+def _neg_of_a_slice(value: torch.Tensor) -> torch.Tensor:
+    return torch._neg_view(value[1:])
+
+
+def _conj_neg_of_a_slice(value: torch.Tensor) -> torch.Tensor:
+    return torch._neg_view(value[1:]).conj()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("view", [_conj, _neg_of_a_slice, _conj_neg_of_a_slice])
+@pytest.mark.parametrize("view_first", [False, True], ids=["base_first", "view_first"])
+def test_an_aliased_input_keeps_its_conjugate_and_negative_bits_in_the_copies(
+        view: Callable[[torch.Tensor], torch.Tensor], view_first: bool) -> None:
+    # A view with the bit and its base, both inputs: the copies share one storage, as the inputs
+    # did, and each keeps the bits it had (view_as_real raises on a conjugate view, for one).
+    base = torch.randn(2, 5, dtype=torch.complex64)
+    inputs = [view(base), base] if view_first else [base, view(base)]
+
+    copies = clone_inputs(inputs)
+
+    assert aliased_inputs(copies) == [[0, 1]]
+    assert copies[0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    for copy_, value in zip(copies, inputs, strict=True):
+        assert (copy_.is_conj(), copy_.is_neg()) == (value.is_conj(), value.is_neg())
+        assert (copy_.shape, copy_.stride(), copy_.storage_offset()) == \
+            (value.shape, value.stride(), value.storage_offset())
+        assert torch.equal(copy_, value)
+
+
 @pytest.mark.parametrize("program", WRITE_BACKS, ids=[program.__name__ for program in WRITE_BACKS])
 def test_a_lost_input_mutation_is_captured_keyed_by_the_written_inputs_and_the_worker_judges_it_the_same(
         program: Callable[..., Any], tmp_path: Path, allowed: None) -> None:
