@@ -25,7 +25,7 @@ from minify_contract.accuracy import clone_inputs
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.artifacts import write_program_files
-from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV, for_training
 from minify_worker.programs.fx.graph import graph_from_wire
 from minify_worker.programs.fx.prepare import PROGRAM_JSON, VALUES, prepare
 from minify_worker.programs.fx.repro import inline_inputs, render_repro
@@ -110,6 +110,21 @@ def test_the_copies_a_run_gets_keep_a_zero_tensor_and_copy_the_rest() -> None:
     copies = clone_inputs([zero, dense, dense[1:]])
     assert copies[0] is zero
     assert copies[1] is not dense and torch.equal(copies[1], dense) and copies[2]._base is copies[1]
+
+
+def test_a_training_runs_inputs_are_leaves_that_keep_a_zero_tensor_and_the_view_bits() -> None:
+    complex_ = torch.randn(3, dtype=torch.complex64)
+    inputs = [_zero((2, 3)), complex_.conj(), torch._neg_view(torch.randn(4)), torch.randn(2), torch.arange(3)]
+
+    leaves = for_training(inputs)
+
+    assert leaves[0]._is_zerotensor() and leaves[1].is_conj() and leaves[2].is_neg()
+    for leaf, value in zip(leaves[:4], inputs[:4], strict=True):
+        assert leaf.is_leaf and leaf.requires_grad and leaf is not value and torch.equal(leaf, value)
+    assert leaves[4] is inputs[4]  # integers take no gradient
+    with torch.no_grad():
+        leaves[1].add_(1)  # a copy: the caller's input is left as it was
+    assert torch.equal(inputs[1], complex_.conj())
 
 
 def test_a_zero_tensor_input_minimizes_and_shrinks_to_a_repro_that_passes_a_zero_tensor(tmp_path: Path) -> None:

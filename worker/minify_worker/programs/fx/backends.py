@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from minify_contract.accuracy import clone_input
 from minify_contract.config_keys import config_setting
 from minify_contract.models import BUILTIN_BACKENDS
 from minify_worker.allowlist import allowed_prefixes
@@ -113,8 +114,9 @@ def _inductor(gm: fx.GraphModule, inputs: list[Any], *, training: bool = False) 
 
 
 def for_training(inputs: Sequence[Any]) -> list[Any]:
-    """`inputs` as a training step passes them: every floating-point tensor a leaf requiring grad."""
-    return [value.detach().clone().requires_grad_(True)
+    """`inputs` as a training step passes them: every floating-point tensor a leaf requiring grad,
+    a copy that is what the input is (`clone_input`: a ZeroTensor stays one, a view keeps its bits)."""
+    return [clone_input(value.detach()).requires_grad_(True)
             if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) else value
             for value in inputs]
 
@@ -385,13 +387,28 @@ def data_dependent(graph: fx.Graph) -> bool:
     A user compiles such a graph under dynamo with `capture_scalar_outputs` /
     `capture_dynamic_output_shape_ops`; inductor and aot_autograd given a plain graph make a fake
     mode without a ShapeEnv, in which these ops raise `DynamicOutputShapeException` or
-    `DataDependentOutputException` before the backend sees the graph: not the user's failure."""
+    `DataDependentOutputException` before the backend sees the graph: not the user's failure.
+
+    So does a `while_loop` that carries a number (pytorch#166525's counter): dynamo gives the
+    compiler its carry as an unbacked symbol, and inductor without a ShapeEnv fails on it before the
+    lowering does ("'NoneType' object has no attribute 'ignore_fresh_unbacked_symbols'")."""
     data_tag = torch.Tag.data_dependent_output
     for node in graph.nodes:
         if node.op == "call_function" and data_tag in getattr(node.target, "tags", ()):
             return True
         shape = (node.meta.get("minify_tensor") or {}).get("shape", ())
         if any(not isinstance(size, int) for size in shape):
+            return True
+    return loop_carries_a_number(graph)
+
+
+def loop_carries_a_number(graph: fx.Graph) -> bool:
+    """Whether a `while_loop` of `graph` carries a number (a literal or a scalar node) in its state."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.higher_order.while_loop:
+            continue
+        carried = node.args[2] if len(node.args) > 2 and isinstance(node.args[2], list | tuple) else ()
+        if any(not isinstance(value, fx.Node) or value.meta.get("minify_kind") == "scalar" for value in carried):
             return True
     return False
 

@@ -49,6 +49,7 @@ from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
     WRITTEN_INPUTS_ONLY,
+    clone_input,
     clone_inputs,
     described,
     float_divergence,
@@ -298,7 +299,7 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
                            duration_s=time.monotonic() - started)
     positions = gradient_inputs(inputs, requiring_grad_only=False) if training else []
     try:
-        compiled = backend(copy.deepcopy(gm), [value.detach().clone().requires_grad_(True) if position in positions
+        compiled = backend(copy.deepcopy(gm), [clone_input(value.detach()).requires_grad_(True) if position in positions
                                                else value for position, value in enumerate(_clone_inputs(inputs))])
     except Exception as error:
         return failure(error, "compile_error", started)
