@@ -79,17 +79,18 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
 _VOLATILE_PREFIXES = ("PYTEST_", "MINIFY_")
 _VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TEMP", "TMP", "COLUMNS", "LINES"})
 _CACHE_ENTRIES = 8  # per torch installation: one per environment seen, the newest kept
-# Runs in the fresh Python: records the variables read with a config module's frame on the stack (a
-# default computed from one), before anything is imported, then prints the defaults and those reads.
+# Runs in the fresh Python: records the variables read while a config module is on the stack (a
+# default computed from one at import), and every variable read while the defaults are collected
+# (a default read when asked for), then prints the defaults and those reads.
 _DEFAULTS_SCRIPT = """
-import json, os, sys
+import importlib, json, os, sys
 config_files = set(json.loads(sys.argv[1]))
-read = {}
+read, collecting = {}, False
 plain_getitem = type(os.environ).__getitem__
 
 def getitem(environ, name):
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename not in config_files:
+    while not collecting and frame is not None and frame.f_code.co_filename not in config_files:
         frame = frame.f_back
     try:
         value = plain_getitem(environ, name)
@@ -97,12 +98,15 @@ def getitem(environ, name):
         value = None
         raise
     finally:
-        if frame is not None:
+        if collecting or frame is not None:
             read[name] = value
     return value
 
 type(os.environ).__getitem__ = getitem
-from minify_client.capture.config import config_values
+from minify_client.capture.config import CONFIG_MODULES, config_values
+for module in CONFIG_MODULES:
+    importlib.import_module(module)
+collecting = True
 print(json.dumps({"defaults": config_values(), "read": read}))
 """
 
