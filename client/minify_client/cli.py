@@ -39,6 +39,7 @@ from minify_contract.models import (
     Report,
     detect_program_format,
 )
+from minify_contract.program_json import ProgramJsonError, read_document
 from minify_contract.specflags import SpecError, add_spec_arguments, spec_from_args
 from minify_contract.summaries import (
     bisect_summary,
@@ -234,6 +235,8 @@ def _submit(args: argparse.Namespace) -> int:
     if "program_format" not in spec.model_fields_set:  # a StableHLO module or HLO text: told by suffix or content
         with args.program.open("rb") as file:
             spec = spec.model_copy(update={"program_format": detect_program_format(args.program.name, file.read(64))})
+    if spec.program_format == "fx_json":
+        _check_program_json(args.program, args.inputs)
     _warn_if_it_runs_code(args.program)
     with _client(args) as client:
         created = client.submit(args.program, spec, inputs=args.inputs, force=args.force)
@@ -331,6 +334,18 @@ def _submit_captures(args: argparse.Namespace) -> int:
             if args.wait:
                 codes.append(_follow(client, created.id, args, (args.out or Path("minify-repros")) / entry["name"]))
     return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
+
+
+def _check_program_json(program: Path, inputs: Path | None) -> None:
+    """Say before uploading what the server would refuse: a program.json that is not one, or one
+    without its inputs file (its values)."""
+    try:
+        read_document(program.read_bytes())
+    except ProgramJsonError as error:
+        raise UsageError(f"{program.name}: {error}") from None
+    if inputs is None:
+        raise UsageError(f"{program.name} is a program.json: it needs its inputs file (--inputs, the capture's "
+                         "inputs.pt: every placeholder's value by name)")
 
 
 def _warn_if_it_runs_code(program: Path) -> None:

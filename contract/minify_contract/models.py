@@ -18,12 +18,14 @@ from minify_contract import signatures
 BUILTIN_BACKENDS = ("inductor", "aot_inductor", "aot_eager", "eager")
 FAILURE_KINDS = ("compile_error", "runtime_error", "crash", "accuracy", "timeout", "oom", "any")
 DYNAMIC_MODES = ("as_exported", "auto", "static")
-# What the uploaded program is: a torch.export archive, a StableHLO module (MLIR text or bytecode,
-# or a portable VHLO artifact) or HLO text as XLA dumps it (docs/hlo.md).
-PROGRAM_FORMATS = ("pt2", "stablehlo", "hlo")
+# What the uploaded program is: a torch.export archive, minify's program.json (an FX program
+# torch.export.save cannot write: minify_contract.program_json), a StableHLO module (MLIR text or
+# bytecode, or a portable VHLO artifact) or HLO text as XLA dumps it (docs/hlo.md).
+PROGRAM_FORMATS = ("pt2", "fx_json", "stablehlo", "hlo")
 # A StableHLO job's minimal module, its HLO text and inputs stand where a .pt2 job's .pt2 and inputs.pt do.
-ARTIFACT_NAMES = ("minimized.pt2", "repro.py", "inputs.pt", "signature_rules.py", "minimized.mlir", "minimized.hlo",
-                  "inputs.npz", "report.json", "bundle.tar.gz")
+# A program torch.export.save cannot write is delivered as minimized.json (program.json's format).
+ARTIFACT_NAMES = ("minimized.pt2", "minimized.json", "repro.py", "inputs.pt", "signature_rules.py", "minimized.mlir",
+                  "minimized.hlo", "inputs.npz", "report.json", "bundle.tar.gz")
 # A job's own log, in its folder beside the artifacts' (never an artifact): the work horse's log
 # records while it ran the job, every attempt (minify_worker/service/joblog.py writes it, the server reads
 # it for GET /v1/jobs/{id}/log); one older file (".1") is kept when it rotates.
@@ -135,9 +137,11 @@ class JobSpec(_Strict):
         description="once the graph is minimal, find the compiler stage to blame (compiler bisection) and the "
                     "settings that avoid the bug on the original (the culprit phase)",
     )
-    program_format: Literal["pt2", "stablehlo", "hlo"] = Field(
+    program_format: Literal["pt2", "fx_json", "stablehlo", "hlo"] = Field(
         default="pt2",
-        description="what the program is: a torch.export archive (pt2), a StableHLO module (stablehlo: MLIR text "
+        description="what the program is: a torch.export archive (pt2), minify's program.json for a program "
+                    "torch.export.save cannot write (fx_json: the FX graph as JSON, its values in the inputs "
+                    "file by placeholder name; docs/client.md), a StableHLO module (stablehlo: MLIR text "
                     "or bytecode, or a VHLO artifact) or HLO text as XLA dumps it (hlo); the last two run with "
                     "backend xla or command (docs/hlo.md)",
     )
@@ -669,11 +673,14 @@ _HLO_SUFFIXES = (".hlo", ".hlo.txt")
 
 
 def detect_program_format(name: str, head: bytes) -> str:
-    """The `program_format` of a program file from its name and first bytes: a zip is a .pt2, MLIR
-    bytecode (VHLO too) or a `.mlir` is StableHLO, text starting `HloModule` is HLO; else by suffix."""
+    """The `program_format` of a program file from its name and first bytes: a zip is a .pt2, a JSON
+    object or a `.json` is minify's program.json (fx_json), MLIR bytecode (VHLO too) or a `.mlir` is
+    StableHLO, text starting `HloModule` is HLO; else by suffix."""
     text = head.lstrip()
     if head.startswith(b"PK\x03\x04") or name.endswith(".pt2"):
         return "pt2"
+    if text.startswith(b"{") or name.endswith(".json"):
+        return "fx_json"
     if text.startswith(b"HloModule") or name.endswith(_HLO_SUFFIXES):
         return "hlo"
     if head.startswith(b"ML\xefR") or name.endswith(_STABLEHLO_SUFFIXES) or \

@@ -1,4 +1,5 @@
-"""Is an upload a torch.export archive that loads without running code? No torch, no unpickling.
+"""Is an upload a torch.export archive that loads without running code (or a program.json, a
+StableHLO or HLO program that is what it says)? No torch, no unpickling.
 
 The format is decided from the zip directory; the members that would run code when
 `torch.export.load` reads them (pickled weights and constants, ...) are found by
@@ -11,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+from minify_contract.program_json import ProgramJsonError, read_document
 
 # Entries that mark a torch.export archive, relative to its single top-level folder: the pt2 archive
 # format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.
@@ -22,6 +24,11 @@ _PICKLE_PROTOCOLS = [bytes([protocol]) for protocol in range(2, 6)]
 
 class NotAnExportArchive(ValueError):
     """The file is not what `torch.export.save` writes."""
+
+
+class NotAProgram(ValueError):
+    """The file is not a program.json, a StableHLO module or HLO text (or its inputs not an .npz of
+    plain arrays)."""
 
 
 class CodeInArchive(NotAnExportArchive):
@@ -71,6 +78,8 @@ def describe_not_a_zip(path: Path) -> str:
             return "it is MLIR bytecode: submit it as StableHLO (a .mlirbc name, or program_format stablehlo)"
         return f"it is neither a zip nor text (it starts {head[:8].hex(' ')})"
     first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
+    if text.lstrip().startswith("{"):
+        return "it is JSON: submit minify's program.json as such (a .json name, or program_format fx_json)"
     if text.lstrip().startswith("HloModule"):
         return "it is HLO text: submit it as HLO (a .hlo name, or program_format hlo)"
     if "func.func" in text or "func @" in text:
@@ -112,14 +121,23 @@ def check_torch_save_file(path: Path) -> None:
         raise NotAnExportArchive("not a torch.save file (no data.pkl)")
 
 
+# -- minify's program.json (JobSpec.program_format fx_json; minify_contract.program_json) --------
+
+
+def check_program_json(path: Path) -> None:
+    """program.json: JSON in minify's program format, its structure, node references and target
+    names checked (`minify_contract.program_json.check_document`); raises NotAProgram. Its targets
+    are resolved, and its values read, only in a sandbox child."""
+    try:
+        read_document(path.read_bytes())
+    except ProgramJsonError as error:
+        raise NotAProgram(str(error)) from None
+
+
 # -- StableHLO and HLO programs (JobSpec.program_format; docs/hlo.md) ---------------------------
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 _NPY_MAGIC = b"\x93NUMPY"
-
-
-class NotAProgram(ValueError):
-    """The file is not a StableHLO module or HLO text (or its inputs not an .npz of plain arrays)."""
 
 
 def check_hlo_program(path: Path, program_format: str) -> None:

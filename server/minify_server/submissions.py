@@ -35,6 +35,7 @@ from minify_server.archive import (
     check_export_archive,
     check_hlo_program,
     check_npz_file,
+    check_program_json,
     check_torch_save_file,
     is_pickle_file,
 )
@@ -168,6 +169,9 @@ def _check_files(upload: JobUpload, allow_pickle: bool, program_format: str) -> 
     if "program" not in upload.files:
         raise ApiError(400, "missing form field 'program' (a .pt2 file from torch.export.save)")
     name = upload.filenames.get("program") or ""
+    if program_format == "fx_json":
+        _check_program_json_files(upload, name)
+        return
     if program_format != "pt2":
         _check_hlo_files(upload, name, program_format)
         return
@@ -187,6 +191,22 @@ def _check_files(upload: JobUpload, allow_pickle: bool, program_format: str) -> 
             check_torch_save_file(upload.files["inputs"].path)
         except NotAnExportArchive as error:
             raise ApiError(415, f"inputs: {error}") from error
+
+
+def _check_program_json_files(upload: JobUpload, name: str) -> None:
+    """A program.json job: the document checked without torch, and its values, which it cannot run
+    without, a torch.save file (never unpickled here)."""
+    try:
+        check_program_json(upload.files["program"].path)
+    except NotAProgram as error:
+        raise ApiError(415, f"program {name!r}: {error}") from error
+    if "inputs" not in upload.files:
+        raise ApiError(400, f"program {name!r} is a program.json: it needs its inputs file (every placeholder's "
+                            "value by name, the capture's inputs.pt)")
+    try:
+        check_torch_save_file(upload.files["inputs"].path)
+    except NotAnExportArchive as error:
+        raise ApiError(415, f"inputs: {error}") from error
 
 
 def _check_hlo_files(upload: JobUpload, name: str, program_format: str) -> None:

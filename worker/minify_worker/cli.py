@@ -58,10 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Minify a failing torch.export program offline (no Redis), every candidate in a sandbox child.",
     )
     parser.add_argument("program", type=Path, help="a .pt2 from torch.export.save (or a pickled GraphModule "
-                        "where MINIFY_ALLOW_PICKLE=1), or a StableHLO module (.mlir, bytecode, VHLO) or HLO text "
+                        "where MINIFY_ALLOW_PICKLE=1), minify's program.json (a capture's, or a minimized.json), "
+                        "or a StableHLO module (.mlir, bytecode, VHLO) or HLO text "
                         "(docs/hlo.md), told apart by suffix or content unless the spec's program_format says")
     parser.add_argument("--inputs", type=Path, help="inputs .pt (torch.save of args, (args, kwargs) or a kwargs "
-                        "dict); for StableHLO or HLO an .npz of main's arguments")
+                        "dict; for a program.json every placeholder's value by name, or in order); for StableHLO or "
+                        "HLO an .npz of main's arguments")
     parser.add_argument("--out", type=Path, required=True, help="where minimized.pt2, repro.py, ... go")
     parser.add_argument("--json", action="store_true", help="print report.json instead of a summary")
     parser.add_argument("--quiet", action="store_true", help="no progress output")

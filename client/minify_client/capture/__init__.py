@@ -8,7 +8,8 @@
 When a compiler call fails in the block, the graph that compiler received is captured: with
 graph breaks, only the graph that failed, exported with the inputs it was called with
 (`failed_graph`); when none did, the whole model with the block's real inputs (`whole_model`).
-It is submitted or written as `<dir>/<name>.pt2`, `<dir>/spec.json` and `<dir>/inputs.pt`, and the
+It is submitted or written as `<dir>/<name>.pt2` (`<dir>/<name>.json` where torch.export.save cannot
+write it: program_file.py), `<dir>/spec.json` and `<dir>/inputs.pt`, and the
 original error is re-raised with a note that says where the capture went (`destinations`).
 
 No code change: the pytest plugin (`MINIFY_CAPTURE_DIR=DIR pytest`, or `-p minify_client.pytest_plugin`)

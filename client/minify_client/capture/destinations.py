@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from minify_client.client import Client
-from minify_contract import zero_tensors
 from minify_contract.models import JobCreated, JobSpec
+
+from .program_file import INPUTS, write_program
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,14 @@ class Captured:
     name: str
     spec: JobSpec
     directory: Path | None = None
+    program_name: str = ""  # the program file's name in `directory`: `<name>.pt2`, or `<name>.json` (program_file)
     job: JobCreated | None = None
     dashboard: str | None = None
     chain: tuple[str, ...] = field(default=())
 
     @property
     def program(self) -> Path | None:
-        return self.directory / f"{self.name}.pt2" if self.directory is not None else None
+        return self.directory / (self.program_name or f"{self.name}.pt2") if self.directory is not None else None
 
     def describe(self) -> str:
         """One line for a log or an exception note."""
@@ -80,22 +82,21 @@ def save_and_submit(
     chain: tuple[str, ...] = (),
 ) -> Captured:
     """Write `program` (an ExportedProgram), spec.json and inputs.pt to `destination` and/or submit
-    them; without a destination the files live in a temporary directory removed afterwards."""
-    import torch
-
+    them; without a destination the files live in a temporary directory removed afterwards. A
+    program torch.export.save cannot write goes as program.json (`program_file`), its spec saying so."""
     directory = destination or Path(tempfile.mkdtemp(prefix="minify-capture-"))
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        program_path = directory / f"{name}.pt2"
-        zero_tensors.save_program(program, program_path)
+        written = write_program(program, args, kwargs, directory, name)
+        program_path = directory / written.name
+        if written.program_format != spec.program_format:
+            spec = spec.model_copy(update={"program_format": written.program_format})
         (directory / "spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
-        # A ZeroTensor input goes in as a marker the worker rebuilds it from (zero_tensors).
-        torch.save(zero_tensors.encode((tuple(args), kwargs)), directory / "inputs.pt")
         job = dashboard = None
         if submit_to is not None:
             client = submit_to if isinstance(submit_to, Client) else Client(submit_to, token)
             try:
-                job = client.submit(program_path, spec, inputs=directory / "inputs.pt")
+                job = client.submit(program_path, spec, inputs=directory / INPUTS)
                 dashboard = client.dashboard_url(job)
             finally:
                 if client is not submit_to:
@@ -103,7 +104,8 @@ def save_and_submit(
     finally:
         if destination is None:
             shutil.rmtree(directory, ignore_errors=True)
-    captured = Captured(name=name, spec=spec, directory=destination, job=job, dashboard=dashboard, chain=chain)
+    captured = Captured(name=name, spec=spec, directory=destination, job=job, dashboard=dashboard, chain=chain,
+                        program_name=written.name)
     logger.warning("%s", captured.describe())
     return captured
 

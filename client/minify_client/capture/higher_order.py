@@ -1,6 +1,6 @@
 """Graphs that hold higher-order ops (`cond`, `while_loop`, `scan`, `map`, `invoke_subgraph`,
 `tag_activation_checkpoint`, `flex_attention` ...): exported with their subgraphs, or refused at
-capture time with the reason.
+capture time with the reason where torch.export cannot export them.
 
 A higher-order op carries its subgraphs with it through `torch.export`, `torch.export.save` and
 `torch.export.load`, and the worker minimizes inside them. Two things stand in the way on torch 2.13:
@@ -11,20 +11,17 @@ A higher-order op carries its subgraphs with it through `torch.export`, `torch.e
   `for_export` gives the exported copy torch's own default (recompute everything), which is what
   the op does without one, so the program and its outcome are the same.
 - Some ops export but do not save, or save but do not load (`flex_attention`: its block-mask tuple
-  mixes ints, None and tensors, which torch's serializer cannot write). `check_round_trip` saves a
-  program holding higher-order ops and loads it back at capture time, so such a program is refused
-  with torch's reason there, not after it cost a job at the worker's load.
+  mixes ints, None and tensors, which torch's serializer cannot write; a `while_loop` carrying a
+  Python int). `program_file` saves a program holding higher-order ops and loads it back at capture
+  time; where either fails, the program is written as minify's program.json instead.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import io
 import logging
 from typing import Any
-
-from minify_contract import zero_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -84,31 +81,9 @@ def _prefer_recompute(policy: Any) -> Any:
     return prefer_recompute
 
 
-# What a user can do where torch.export is the gap (pytorch#166525: a while_loop carrying a Python int).
+# What a user can do where torch.export is the gap (it cannot export the graph at all).
 _NEXT = ("Next: TORCH_LOGS=graph_code prints the graph dynamo handed the compiler, to shrink by hand; torch.export's "
          "gap is PyTorch's to fix (module: export)")
-
-
-def check_round_trip(program: Any) -> None:
-    """Raise `CaptureRefused` when `program` (an ExportedProgram) holds higher-order ops and
-    `torch.export.save` cannot write it or `torch.export.load` cannot read it back."""
-    import torch
-
-    ops = higher_order_ops(program.graph_module.graph)
-    if not ops:
-        return
-    buffer = io.BytesIO()
-    step = "torch.export.save cannot write"
-    try:
-        zero_tensors.save_program(program, buffer)
-        buffer.seek(0)
-        step = "torch.export.load cannot read back"
-        torch.export.load(buffer)
-    except Exception as error:
-        raise CaptureRefused(
-            f"{step} a program holding the higher-order op{'s' if len(ops) > 1 else ''} {', '.join(ops)} "
-            f"on torch {torch.__version__} ({root_cause(error)}): the failing graph is not captured. {_NEXT}"
-        ) from error
 
 
 def export_refused(error: BaseException, ops: list[str], transforms: list[str]) -> CaptureRefused:

@@ -3,10 +3,10 @@ manifest (`captures.json`) of what was captured and which tests hit it.
 
 The pytest plugin and the script runner drive one `CaptureSession`: `begin(test_id)` before a test
 (or the script), `finish(error)` after it. Failing compiler calls reported meanwhile are exported,
-saved as `<dir>/<name>/<name>.pt2` + `spec.json` + `inputs.pt` (the name from the test id) and
-submitted where the destination says so; the same failing graph (`failed_graph.capture_key`) hit
-again by another test only adds that test to its manifest entry. A capture that fails is logged
-and noted on the test's error; it never changes the test's outcome.
+saved as `<dir>/<name>/<name>.pt2` (or `<name>.json`: `program_file`) + `spec.json` + `inputs.pt`
+(the name from the test id) and submitted where the destination says so; the same failing graph
+(`failed_graph.capture_key`) hit again by another test only adds that test to its manifest entry.
+A capture that fails is logged and noted on the test's error; it never changes the test's outcome.
 
 Several processes may capture into one directory at once (pytest-xdist's workers each run a
 session of their own): a session extends the manifest under a lock on the directory, after reading
@@ -227,7 +227,7 @@ class CaptureSession:
                                    chain=program.chain)
         return Entry(name=name, key=key, level=failed.level if not failed.is_backward else "aot (backward)",
                      kind=failed.kind, backend=failed.backend, signature=signature_of(failed),
-                     chain=list(program.chain), program=f"{name}/{name}.pt2", spec=f"{name}/spec.json",
+                     chain=list(program.chain), program=f"{name}/{captured.program_name}", spec=f"{name}/spec.json",
                      inputs=f"{name}/inputs.pt", job=captured.job.id if captured.job else None,
                      dashboard=captured.dashboard, static_reason=program.static_reason)
 

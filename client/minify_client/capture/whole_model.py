@@ -15,7 +15,6 @@ from minify_contract.models import JobSpec
 
 from .config import changed_config
 from .destinations import Captured, resolve, save_and_submit
-from .higher_order import check_round_trip
 
 
 def capture(
@@ -46,7 +45,6 @@ def capture(
     else:
         eager = getattr(model, "_orig_mod", model)  # torch.compile wraps modules in OptimizedModule
         program = torch.export.export(eager, tuple(args), kwargs)
-    check_round_trip(program)  # higher-order ops torch cannot save or load are refused here, not at the job's load
     destination, submit_to = resolve(name, submit_to, save_to)
     return save_and_submit(program, args, kwargs, job_spec, name=name, destination=destination,
                            submit_to=submit_to, token=token)

@@ -1,5 +1,6 @@
 """The wire form: a graph as JSON-safe data (no pickle), how it travels to sandbox children and
-back; `graph_from_wire` resolves targets and values from allowlists only.
+back, and the graph of a program.json (`minify_contract.program_json`); `graph_from_wire` resolves
+targets and values from allowlists only.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch.fx as fx
 
 from minify_contract.fx.form import META_KEYS, META_SUBGRAPH, GraphFormatError, dtype_name, subgraph_of
 from minify_contract.fx.targets import resolve_target, target_name
+from minify_contract.program_json import WIRE_VERSION
 
-WIRE_VERSION = 1
+__all__ = ["WIRE_VERSION", "graph_from_wire", "graph_to_wire"]
 
 
 def graph_to_wire(graph: fx.Graph) -> dict[str, Any]:

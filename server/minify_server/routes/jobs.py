@@ -27,7 +27,8 @@ _UPLOAD_FORM = {
             "type": "object",
             "required": ["program", "spec"],
             "properties": {
-                "program": {"type": "string", "format": "binary", "description": ".pt2 from torch.export.save"},
+                "program": {"type": "string", "format": "binary",
+                            "description": ".pt2 from torch.export.save, or program.json (program_format fx_json)"},
                 "inputs": {"type": "string", "format": "binary", "description": "optional .pt from torch.save"},
                 "spec": {"type": "string", "description": "the JobSpec as JSON"},
                 "force": {"type": "string", "description": "'true': a new job even when an identical "

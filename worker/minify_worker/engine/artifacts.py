@@ -24,6 +24,9 @@ SIGNATURE_RULES_MODULE = "signature_rules"
 _MAX_HEADER_TEXT = 300
 
 MINIMIZED = "minimized.pt2"
+# Where torch.export cannot export or save the minimal FX program: minify's program.json format
+# (minify_contract.program_json), which `minify-worker minify` and a server take back with inputs.pt.
+MINIMIZED_JSON = "minimized.json"
 INPUTS = "inputs.pt"
 REPRO = "repro.py"
 SIGNATURE_RULES = f"{SIGNATURE_RULES_MODULE}.py"  # imported by repro.py where it is beside it
@@ -104,7 +107,7 @@ def write_bundle(out_dir: Path) -> Path:
 
 
 def _bundle_bytes(out_dir: Path) -> bytes:
-    names = [name for name in (MINIMIZED, INPUTS, REPRO, SIGNATURE_RULES, ACCURACY_RULES, REPORT)
+    names = [name for name in (MINIMIZED, MINIMIZED_JSON, INPUTS, REPRO, SIGNATURE_RULES, ACCURACY_RULES, REPORT)
              if (out_dir / name).is_file()]
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as compressed, \

@@ -44,6 +44,8 @@ class Representation(Protocol):
     artifacts_target: str
 
     # -- what it can do, as the engine, the service and the sandbox ask -----------------------
+    # The job spec's `program_format`s whose uploads its loader reads (`of_format`).
+    program_formats: tuple[str, ...]
     # Its culprit phase (`CulpritPhase`), or None: the phase is then `skipped` in report.json.
     culprit: CulpritPhase | None
     # Whether repro.py can run under other torch versions (the version phase, versions/).
@@ -132,9 +134,13 @@ def representation(name: str) -> Representation:
 
 
 def of_format(program_format: str) -> Representation:
-    """The representation of a job spec's `program_format`: a `.pt2` is FX; StableHLO and HLO text
-    are both StableHLO (HLO is converted when it is loaded)."""
-    return representation("fx" if program_format in ("pt2", "fx") else "stablehlo")
+    """The representation whose loader reads a job spec's `program_format` (its `program_formats`):
+    a `.pt2` and program.json are FX; StableHLO and HLO text are both StableHLO (HLO is converted
+    when it is loaded)."""
+    for kind in map(representation, sorted(_MODULES)):
+        if program_format in kind.program_formats:
+            return kind
+    raise ValueError(f"no program representation reads program_format {program_format!r}")
 
 
 def preloaded() -> list[Representation]:

@@ -1,6 +1,9 @@
 """A `.pt2` job's own files, written in a sandbox child (`write_program_artifacts`, the FX
 representation's `artifacts_target`: it needs the value store and torch.export): minimized.pt2,
-inputs.pt, repro.py, signature_rules.py (and accuracy_rules.py beside an accuracy repro). The
+inputs.pt, repro.py, signature_rules.py (and accuracy_rules.py beside an accuracy repro). Where
+torch.export cannot export or save the minimal program (a `while_loop` carrying a Python int), it
+is minimized.json instead, in minify's program.json format: `minify-worker minify minimized.json
+--inputs inputs.pt` takes it back (inputs.pt holds its placeholders' values in order). The
 delivered files' names and the storage rule are `minify_worker.engine.artifacts`'.
 
 repro.py holds its inputs inline when they are a few elements, each written exactly (a repro that
@@ -13,6 +16,7 @@ that way).
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +24,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from minify_contract import zero_tensors
+from minify_contract import program_json, zero_tensors
 from minify_contract.accuracy import clone_input
 from minify_contract.models import JobSpec
 from minify_worker.engine.artifacts import (
     ACCURACY_RULES,
     INPUTS,
     MINIMIZED,
+    MINIMIZED_JSON,
     REPRO,
     SIGNATURE_RULES,
     ArtifactWriteError,
@@ -39,7 +44,14 @@ from minify_worker.programs.fx.backends import (
     export_dynamic_shapes,
     uses_torch_functions,
 )
-from minify_worker.programs.fx.graph import META_NARROW, META_VALUE, graph_from_wire, placeholders, to_graph_module
+from minify_worker.programs.fx.graph import (
+    META_NARROW,
+    META_VALUE,
+    graph_from_wire,
+    graph_to_wire,
+    placeholders,
+    to_graph_module,
+)
 from minify_worker.programs.fx.repro import accuracy_rules_module, render_repro, signature_rules_module
 from minify_worker.programs.fx.shrink import narrowed
 
@@ -139,10 +151,20 @@ def write_program_files(
         write_minimized = _saved(zero_tensors.save_program, program)
     except Exception as error:  # a user program can fail to export in any way; report, don't die
         errors[MINIMIZED] = f"{type(error).__name__}: {error}"
+        # What torch.export refuses, minify's own format holds: minimized.json beside inputs.pt.
+        text = json.dumps(program_json.document(graph_to_wire(graph), torch_version=torch.__version__,
+                                                why=f"torch.export cannot write it ({_first_line(error)})"))
+        write_artifact(out_dir / MINIMIZED_JSON, lambda path: path.write_text(text))
+        files.append(MINIMIZED_JSON)
     else:
         write_artifact(out_dir / MINIMIZED, write_minimized)
         files.append(MINIMIZED)
     return {"files": files, "errors": errors}
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def eager_raises(graph: fx.Graph, inputs: Sequence[InputValue]) -> str | None:

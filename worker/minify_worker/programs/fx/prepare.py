@@ -8,7 +8,10 @@ Accepted programs:
   weights or constants, see `minify_contract.archive`) only when `MINIFY_ALLOW_PICKLE=1`: the check
   runs here, before `torch.export.load`, whatever the server decided;
 - a pickled `torch.fx.GraphModule` written by `torch.save(gm)`, only when `MINIFY_ALLOW_PICKLE=1`
-  (a pickle runs code when loaded): it is re-exported with `torch.export.export(gm, args)`.
+  (a pickle runs code when loaded): it is re-exported with `torch.export.export(gm, args)`;
+- minify's program.json (`minify_contract.program_json`, program_format fx_json), what a capture
+  writes where torch.export.save cannot: the graph as the wire form, read from allowlists only
+  (`prepare_program_json`), its inputs file holding every placeholder's value.
 
 Inputs (`--inputs FILE.pt`, read with `torch.load(weights_only=True)`), in the program's calling
 convention, one of:
@@ -78,6 +81,8 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
 
     from minify_worker.programs.fx.graph import count_ops, flat_graph_from_exported_program, graph_to_wire
 
+    if is_program_json(program):
+        return prepare_program_json(program, inputs, workdir, device, eager_may_fail)
     raw_inputs = read_inputs(inputs) if inputs is not None else None
     ep, source = load_program(program, raw_inputs)
     flat_inputs = user_inputs(ep, raw_inputs)
@@ -86,11 +91,7 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     except ValueError as error:
         raise ProgramError(f"the program uses something minify cannot handle: {error}") from error
     values = placeholder_values(ep, graph, flat_inputs)
-    values.update(concrete_values(graph, values, device, partial=eager_may_fail))
-    _drop_missing_value_keys(graph, values)
-    mark_taken_branches(graph, values)
-    workdir.mkdir(parents=True, exist_ok=True)
-    torch.save(zero_tensors.encode(values), workdir / VALUES)
+    _record_values(graph, values, workdir, device, eager_may_fail)
     signature = ep.graph_signature
     metadata = {
         "source": source,
@@ -109,6 +110,136 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     document = {"format": FORMAT, "graph": graph_to_wire(graph), "metadata": metadata}
     (workdir / PROGRAM_JSON).write_text(json.dumps(document))
     return metadata
+
+
+def _record_values(graph: Any, values: dict[str, Any], workdir: Path, device: str, eager_may_fail: bool) -> None:
+    """The eager run's values added to `values` (the placeholders'), the graph pointed at them, and
+    values.pt written."""
+    import torch
+
+    values.update(concrete_values(graph, values, device, partial=eager_may_fail))
+    _drop_missing_value_keys(graph, values)
+    mark_taken_branches(graph, values)
+    workdir.mkdir(parents=True, exist_ok=True)
+    torch.save(zero_tensors.encode(values), workdir / VALUES)
+
+
+# ---------------------------------------------------------------------------------------------
+# program.json: minify's own format, for a program torch.export.save cannot write
+
+
+def is_program_json(path: Path) -> bool:
+    """Whether `path` is (meant as) a program.json: its first byte past white space is `{`."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as file:
+        return file.read(256).lstrip()[:1] == b"{"
+
+
+def prepare_program_json(program: Path, inputs: Path | None, workdir: Path, device: str = "cpu",
+                         eager_may_fail: bool = False) -> dict[str, Any]:
+    """`prepare` for a program.json (`minify_contract.program_json`): the document checked again
+    (whatever the server decided), its graph read with `graph_from_wire` (targets from the
+    allowlist only), and every placeholder's value from `inputs`: a dict by placeholder name, or a
+    tuple or list in the placeholders' order. A placeholder's role and its values' keys are the
+    document's; the keys of intermediates are made afresh from this run."""
+    import torch
+
+    from minify_contract.program_json import ProgramJsonError, read_document
+    from minify_worker.programs.fx.graph import META_ROLE, GraphFormatError, count_ops, graph_from_wire, graph_to_wire
+
+    try:
+        document = read_document(program.read_bytes())
+        graph = graph_from_wire(document["graph"])
+    except (ProgramJsonError, GraphFormatError) as error:
+        raise ProgramError(f"{program.name} is not a program.json minify can read: {error}") from None
+    if inputs is None:
+        raise ProgramError(f"{program.name} is a program.json: it needs its inputs file (every placeholder's "
+                           "value by name, the capture's inputs.pt)")
+    _fresh_value_keys(graph)
+    values = _program_json_values(graph, read_inputs(inputs), program.name)
+    _record_values(graph, values, workdir, device, eager_may_fail)
+    nodes = [node for node in graph.nodes if node.op == "placeholder"]
+    roles = {node.name: node.meta.get(META_ROLE, "input") for node in nodes}
+    metadata = {
+        "source": "program.json",
+        "program": program.name,
+        "why_not_pt2": document.get("why"),
+        "user_inputs": [name for name, role in roles.items() if role == "input"],
+        "parameters": [name for name, role in roles.items() if role == "parameter"],
+        "buffers": [name for name, role in roles.items() if role == "buffer"],
+        "constants": [name for name, role in roles.items() if role == "constant"],
+        "user_outputs": [],
+        "in_spec": None,
+        "out_spec": None,
+        "nodes_original": count_ops(graph),
+        "device": device,
+        "torch_version": torch.__version__,
+    }
+    document = {"format": FORMAT, "graph": graph_to_wire(graph), "metadata": metadata}
+    (workdir / PROGRAM_JSON).write_text(json.dumps(document))
+    return metadata
+
+
+def _fresh_value_keys(graph: Any) -> None:
+    """Key every placeholder's value by its name and every promotable top-level node's by its own,
+    as a graph exported afresh is (`flat_graph_from_exported_program`); a subgraph's keys, a
+    shrunk input's narrowing and a taken branch are this run's to find (a minimized.json's graph
+    carries those of the job that wrote it)."""
+    from minify_worker.programs.fx.graph import (
+        META_KIND,
+        META_NARROW,
+        META_TAKEN,
+        META_VALUE,
+        PROMOTABLE_KINDS,
+        subgraph_of,
+    )
+
+    def clear(subgraph: Any) -> None:
+        for node in subgraph.nodes:
+            for key in (META_VALUE, META_TAKEN, META_NARROW):
+                node.meta.pop(key, None)
+            if node.op == "get_attr":
+                clear(subgraph_of(node))
+
+    clear(graph)
+    for node in graph.nodes:
+        if node.op == "placeholder" or (node.op == "call_function" and node.meta.get(META_KIND) in PROMOTABLE_KINDS):
+            node.meta[META_VALUE] = node.name
+
+
+def _program_json_values(graph: Any, raw: Any, program: str) -> dict[str, Any]:
+    """Every placeholder's value by name from the inputs file `raw`, checked against its meta."""
+    import torch
+
+    from minify_worker.programs.fx.graph import META_TENSOR
+
+    nodes = [node for node in graph.nodes if node.op == "placeholder"]
+    if isinstance(raw, tuple | list) and len(raw) == len(nodes):
+        raw = dict(zip([node.name for node in nodes], raw, strict=True))
+    if not isinstance(raw, dict):
+        raise ProgramError(f"the inputs of {program} must be a dict of every placeholder's value by name, or a "
+                           f"tuple of {len(nodes)} values in the placeholders' order; the file holds "
+                           f"{_describe_value(raw)}")
+    missing = [node.name for node in nodes if node.name not in raw]
+    if missing:
+        raise ProgramError(f"the inputs of {program} have no value for placeholder{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(missing)}")
+    values: dict[str, Any] = {}
+    for node in nodes:
+        value, meta = raw[node.name], node.meta.get(META_TENSOR)
+        where = f"placeholder {node.name!r}"
+        if meta is not None:
+            if not isinstance(value, torch.Tensor):
+                raise ProgramError(f"{where} is a tensor {meta['shape']} {meta['dtype']}, got {_describe_value(value)}")
+            if str(value.dtype).removeprefix("torch.") != meta["dtype"] or value.dim() != len(meta["shape"]):
+                raise ProgramError(f"{where} is a tensor {meta['shape']} {meta['dtype']}, got {_describe_value(value)}")
+            values[node.name] = value.detach().to("cpu")
+        elif isinstance(value, bool | int | float):
+            values[node.name] = value
+        else:
+            raise ProgramError(f"{where} takes a number, got {_describe_value(value)}")
+    return values
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ _PACKAGE = "minify_worker.programs.fx"
 
 class FxRepresentation:
     name = "fx"
+    program_formats = ("pt2", "fx_json")  # a torch.export archive, or program.json (prepare.py)
     prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
     artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
     versions_phase = True

@@ -29,7 +29,12 @@ from minify_contract.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_contract.models import BUILTIN_BACKENDS, JobSpec
 from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, header_tail
 from minify_worker.outcomes import Signature
-from minify_worker.programs.fx.backends import DynamicShapes, constant_positions, dynamic_shapes_of
+from minify_worker.programs.fx.backends import (
+    DynamicShapes,
+    constant_positions,
+    dynamic_shapes_of,
+    loop_carries_a_number,
+)
 from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_module
 
 
@@ -410,6 +415,16 @@ def trace_repro(module, inputs):
 
     with torch.no_grad():
         return make_fx(module)(*clone_inputs(inputs))
+"""
+
+# make_fx cannot trace a while_loop that carries a number outside dynamo (the carry becomes an
+# unbacked symbol, `cond_fn must return a boolean ... but got u0 < 3`); such a graph compiles under
+# torch.compile (`backends.data_dependent`), which traces the module as written, as the worker's does.
+_TRACE_AS_WRITTEN = """
+def trace_repro(module, inputs):
+    \"\"\"The module as written: torch.compile traces it (its while_loop carries a number, which
+    only dynamo's ShapeEnv can hold while tracing).\"\"\"
+    return module
 """
 
 _COMPILE_HEAD = '''
@@ -857,7 +872,7 @@ def _module_classes(graph: fx.Graph, name: str) -> tuple[list[str], str]:
 
 def _trace_function(graph: fx.Graph) -> str:
     if subgraphs(graph):
-        return _TRACE_MAKE_FX
+        return _TRACE_AS_WRITTEN if loop_carries_a_number(graph) else _TRACE_MAKE_FX
     return _TRACE_RECORDING if _input_free_ops(graph) else _TRACE_SYMBOLIC
 
 

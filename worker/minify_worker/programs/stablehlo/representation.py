@@ -21,6 +21,7 @@ _PACKAGE = "minify_worker.programs.stablehlo"
 
 class StablehloRepresentation:
     name = "stablehlo"
+    program_formats = ("stablehlo", "hlo")  # HLO text is converted when it is loaded
     # Sandbox call targets (`SandboxPool.call`) for the engine: the loader and the artifact writer.
     prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
     artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
