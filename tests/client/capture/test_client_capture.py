@@ -184,23 +184,6 @@ def test_the_specs_own_config_keys_win_over_the_recorded_ones(tmp_path: Path):
     assert captured.spec.config == {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error", "freezing": True}
 
 
-def _changed_config_in_a_fresh_python(cache_dir: Path, **variables: str) -> str:
-    script = "from minify_client.capture import changed_config; print(changed_config())"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MINIFY_CACHE_DIR": str(cache_dir), **variables})
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-
-
-def test_settings_from_torchinductor_variables_are_recorded_with_the_defaults_read_or_cached(tmp_path: Path):
-    """The first capture reads the defaults in a fresh Python and caches them; the next, served
-    from the cache (the file is not written again), still records the variable's setting."""
-    assert _changed_config_in_a_fresh_python(tmp_path, TORCHINDUCTOR_FREEZING="1") == "{'freezing': True}"
-    [cache_file] = (tmp_path / "capture-defaults").iterdir()
-    written = cache_file.stat().st_mtime_ns
-    assert _changed_config_in_a_fresh_python(tmp_path, TORCHINDUCTOR_FREEZING="1") == "{'freezing': True}"
-    assert cache_file.stat().st_mtime_ns == written and len(json.loads(cache_file.read_text())) == 1
-
-
 def _cached_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     from minify_client.capture import config
 
@@ -263,20 +246,38 @@ def test_another_torch_or_python_has_a_cache_file_of_its_own(tmp_path: Path, mon
     assert config._cache_path() not in (None, path)
 
 
-def test_a_corrupt_cache_file_is_read_again_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_corrupt_cache_file_serves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from minify_client.capture import config
 
     path, environment = _cached_environment(monkeypatch, tmp_path)
     for corrupt in ("{not json", '{"a": "dict"}', '[{"environment": "x"}]', ""):
         path.write_text(corrupt)
         assert config._cached_defaults(path, environment) is None
+
+
+def test_a_torchinductor_setting_is_recorded_against_defaults_read_without_it_then_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With TORCHINDUCTOR_FREEZING=1 set, the defaults are read in a fresh Python that does not see
+    it (over a corrupt cache file, which is replaced); a new process, served from that cache (the
+    file is not written again), records the setting."""
+    from minify_client.capture import config
+
+    path, _ = _cached_environment(monkeypatch, tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
+    path.write_text("{not json")
     config._defaults_without_environment.cache_clear()
     try:
         defaults = config._defaults_without_environment()
     finally:
         config._defaults_without_environment.cache_clear()
     assert defaults is not None and defaults["freezing"] is False
-    assert config._cached_defaults(path, environment) == defaults
+    assert json.loads(path.read_text())[-1]["defaults"] == defaults
+    written = path.stat().st_mtime_ns
+
+    script = "from minify_client.capture import changed_config; print(changed_config())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1:] == ["{'freezing': True}"], done.stderr[-2000:]
+    assert path.stat().st_mtime_ns == written
 
 
 def test_a_config_dependent_failure_captured_in_a_pytest_run_is_minimized(tmp_path: Path,
