@@ -184,7 +184,7 @@ def test_inputs_pt_keeps_scalar_inputs_as_python_scalars(tmp_path):
     assert torch.load(tmp_path / artifacts.INPUTS, weights_only=True)[1] == 2.5
 
 
-def test_a_program_torch_export_refuses_still_gets_inputs_and_repro(tmp_path):
+def test_a_program_torch_export_refuses_still_gets_inputs_and_repro_and_is_minimized_json(tmp_path):
     graph = fx.Graph()
     a, b = graph.placeholder("a"), graph.placeholder("b")
     graph.output((graph.call_function(torch.ops.aten.mm.default, (a, b)),))
@@ -192,8 +192,12 @@ def test_a_program_torch_export_refuses_still_gets_inputs_and_repro(tmp_path):
 
     result = _write(graph, values, tmp_path)
 
-    assert sorted(result["files"]) == [artifacts.INPUTS, artifacts.REPRO, artifacts.SIGNATURE_RULES]
+    assert sorted(result["files"]) == [artifacts.INPUTS, artifacts.MINIMIZED_JSON, artifacts.REPRO,
+                                       artifacts.SIGNATURE_RULES]
     assert result["errors"][artifacts.MINIMIZED].startswith("RuntimeError")
+    document = json.loads((tmp_path / artifacts.MINIMIZED_JSON).read_text())  # program.json's format
+    assert G.graph_shape_hash(G.graph_from_wire(document["graph"])) == G.graph_shape_hash(graph)
+    assert document["why"].startswith("torch.export cannot write it (RuntimeError")
 
 
 def test_write_program_artifacts_is_a_sandbox_call_with_json_arguments(seed_aoti, tmp_path):

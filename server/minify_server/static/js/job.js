@@ -11,9 +11,10 @@ import {
 } from "./dom.js";
 import { pythonBlock } from "./highlight.js";
 
-const ARTIFACT_NAMES = ["minimized.pt2", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"];
+const ARTIFACT_NAMES = ["minimized.pt2", "minimized.json", "repro.py", "inputs.pt", "report.json", "bundle.tar.gz"];
 const ARTIFACT_WORDS = {
   "minimized.pt2": "the minimal graph (torch.export.load)",
+  "minimized.json": "the minimal graph as minify's program.json (torch.export.save cannot write it)",
   "repro.py": "standalone script: python repro.py",
   "inputs.pt": "the inputs repro.py loads",
   "report.json": "numbers, signature, timeline",
