@@ -47,6 +47,16 @@ def generous_budget() -> Iterator[None]:
         yield
 
 
+def test_the_budget_is_a_share_of_the_job_above_the_floor_or_the_one_the_operator_sets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(culprit.MIN_BUDGET_ENV, "5")
+    monkeypatch.delenv(culprit.BUDGET_ENV, raising=False)
+    assert culprit.budget_s(10.0) == 5.0 and culprit.budget_s(100.0) == 100.0 * culprit.BUDGET_FRACTION
+
+    monkeypatch.setenv(culprit.BUDGET_ENV, "3")
+    assert culprit.budget_s(10.0) == culprit.budget_s(100.0) == 3.0
+
+
 @pytest.fixture(scope="module")
 def pattern_matcher_job(tmp_path_factory: pytest.TempPathFactory, generous_budget: None) -> MinifyResult:
     return run(tmp_path_factory.mktemp("pattern_matcher"), "relu_cos", backend=PATTERN_MATCHER_BUG)

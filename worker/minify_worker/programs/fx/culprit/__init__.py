@@ -33,6 +33,7 @@ from minify_worker.programs.culprit import (
     stopped_header_lines,
 )
 from minify_worker.programs.fx.culprit.phase import (
+    BUDGET_ENV,
     BUDGET_FRACTION,
     MIN_BUDGET_ENV,
     MIN_BUDGET_S,
@@ -47,6 +48,7 @@ from minify_worker.programs.fx.culprit.workarounds import BACKEND, EXTRA_SETTING
 
 __all__ = [
     "BACKEND",
+    "BUDGET_ENV",
     "BUDGET_FRACTION",
     "CALL_TARGET",
     "EXTRA_SETTINGS",

@@ -35,11 +35,17 @@ log = logging.getLogger(__name__)
 BUDGET_FRACTION = 0.2
 MIN_BUDGET_S = 60.0
 MIN_BUDGET_ENV = "MINIFY_CULPRIT_MIN_BUDGET_S"
+# A budget whatever the job took, where the operator sets one: the phase's time known in advance.
+BUDGET_ENV = "MINIFY_CULPRIT_BUDGET_S"
 
 
 def budget_s(elapsed_s: float) -> float:
     """How long the phase may take, after a job that took `elapsed_s` so far: a share of it, and
-    at least the floor (`MINIFY_CULPRIT_MIN_BUDGET_S` where the operator sets one)."""
+    at least the floor (`MINIFY_CULPRIT_MIN_BUDGET_S` where the operator sets one); or exactly
+    `MINIFY_CULPRIT_BUDGET_S` where the operator sets that."""
+    fixed = os.environ.get(BUDGET_ENV)
+    if fixed:
+        return float(fixed)
     floor = float(os.environ.get(MIN_BUDGET_ENV) or MIN_BUDGET_S)
     return max(floor, BUDGET_FRACTION * elapsed_s)
 
