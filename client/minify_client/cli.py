@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     submit = commands.add_parser("submit", parents=[connection], help="post a failing .pt2 program",
-                                 description="Post a failing torch.export program (.pt2), or a StableHLO module "
-                                 "or HLO text an XLA compiler fails on (docs/hlo.md).")
+                                 description="Post a failing torch.export program (.pt2), minify's program.json "
+                                 "(what a capture writes where torch.export.save refuses the program: docs/client.md), "
+                                 "or a StableHLO module or HLO text an XLA compiler fails on (docs/hlo.md).")
     submit.add_argument("program", type=Path, metavar="PROGRAM.pt2")
     add_spec_arguments(submit)
     _add_inputs_argument(submit)
