@@ -282,11 +282,16 @@ def test_cancel_button_ends_a_running_job(browser: Any, service: Service, progra
 
 
 def test_token_protected_server_asks_for_the_token_once_and_keeps_it(
-        browser: Any, program_dir: Path, tmp_path: Path) -> None:
-    with start_service(tmp_path / "data", workers=1, tokens=["s3cret"]) as service:
+        browser: Any, service: Service, program_dir: Path) -> None:
+    """The token-protected server is a second API server over the module service's Redis and data
+    dir (`--redis-url`), whose worker runs the job: a worker of its own would import torch again
+    (~10 CPU-s) for one job. Its program is one no other test here submits with this backend, so
+    the submission makes a new job (not an identical one's, which the store would answer with)."""
+    shared = ["--redis-url", service.redis_url]
+    with start_service(service.data_dir, workers=0, tokens=["s3cret"], args=shared) as protected:
         context = browser.new_context(viewport=LAPTOP, accept_downloads=True)
         page = context.new_page()
-        page.goto(service.url)
+        page.goto(protected.url)
         page.wait_for_selector("#token-dialog[open]")
         page.fill("#token-input", "wrong")
         page.click("#token-form button[type=submit]")
@@ -296,7 +301,7 @@ def test_token_protected_server_asks_for_the_token_once_and_keeps_it(
         page.wait_for_selector("text=updated")
 
         # The event stream (?token=) and the downloads (Authorization header) carry it too.
-        job_id = submit_through_page(page, program_dir / "relu_cos.pt2", backend=FAIL_ON_RELU)
+        job_id = submit_through_page(page, program_dir / "linear_relu_sigmoid.pt2", backend=FAIL_ON_RELU)
         page.wait_for_selector("#job-status [data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
         page.wait_for_function("() => Number(document.querySelector('#chart svg').dataset.points) >= 1")
         with page.expect_download() as download_info:
@@ -305,7 +310,7 @@ def test_token_protected_server_asks_for_the_token_once_and_keeps_it(
         assert report["status"] == "succeeded"
 
         second = context.new_page()
-        second.goto(f"{service.url}/#/jobs/{job_id}")
+        second.goto(f"{protected.url}/#/jobs/{job_id}")
         second.wait_for_selector("#job-status [data-status=succeeded]")
         assert second.locator("#token-dialog[open]").count() == 0
         context.close()
