@@ -49,7 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
-_preloaded = False
+_preloaded_warm: bool | None = None  # None: not preloaded; else whether with inductor's warm-up
+_modules_preloaded_for: set[str] = set()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -57,16 +58,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     the RQ worker and the offline command preload themselves, so each job's sandbox forks its fork
     server from here instead of spawning one that imports torch and warms up inductor again (seconds
     of CPU per job). The spawned path keeps its own tests (`MINIFY_SANDBOX_START=spawn`,
-    `--no-preload`); `fork_refusal` still sends a job to it if this process ever starts a pool."""
-    global _preloaded
-    if _preloaded or not hasattr(getattr(item, "module", None), "minify"):
+    `--no-preload`); `fork_refusal` still sends a job to it if this process ever starts a pool.
+
+    Inductor's warm-up (its ISA probe and a compile, ~3 CPU-s) only for a module with tests marked
+    `inductor` (real inductor compiles); the others' jobs use test backends, which never read it. A
+    fork server whose origin did not warm up warms up itself for an inductor job (`origin_warmed_up`),
+    so a module marked otherwise than its jobs compile costs time, never an outcome."""
+    global _preloaded_warm
+    module = getattr(item, "module", None)
+    if _preloaded_warm or module is None or module.__name__ in _modules_preloaded_for or not hasattr(module, "minify"):
         return
     from minify_worker.engine import minify
     from minify_worker.sandbox import preload
 
-    if item.module.minify is minify:
-        preload()
-        _preloaded = True
+    _modules_preloaded_for.add(module.__name__)
+    if module.minify is not minify:
+        return
+    warm = any(other.get_closest_marker("inductor") is not None for other in item.session.items
+               if getattr(other, "module", None) is module)
+    if _preloaded_warm is None or warm:
+        preload(warm=warm)
+        _preloaded_warm = warm
 
 
 @pytest.fixture(autouse=True)
