@@ -25,6 +25,10 @@ from tests.support.service import start_service
 REPO = Path(__file__).resolve().parents[1]
 COMMAND_TIMEOUT_S = 300
 
+# One xdist worker for the module (`make test` deals tests out one at a time): the two examples
+# share `written_examples`, a module fixture, which would otherwise run again on a second worker.
+pytestmark = pytest.mark.xdist_group("test_readme")
+
 
 @dataclass(frozen=True)
 class Command:
