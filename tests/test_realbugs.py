@@ -109,3 +109,16 @@ def test_a_higher_order_op_dynamo_refuses_is_named_as_dynamo_s(tmp_path: Path) -
                                           "reached a compiler (UncapturedHigherOrderOpError: Expected combine_fn to "
                                           "be wrapped as functools.partial")
 
+
+@pytest.mark.inductor
+def test_a_graph_torch_export_save_refuses_is_captured_as_program_json_and_ends_minimal(tmp_path: Path) -> None:
+    """#166525: a while_loop carrying a Python int, which torch.export.save cannot write, is captured as
+    program.json; the worker compiles it as dynamo does (its carry an unbacked symbol) and repro.py
+    fails with the issue's error."""
+    result = take("pt_166525_while_loop_int_state", tmp_path)
+    assert result.ours.captured and result.ours.minimal, result.ours.verdict
+    assert result.ours.signature == ("AssertionError: A subgraph argument other than striding has been modified; "
+                                     "FakeTensorUpdater cannot update this argument!")
+    out = tmp_path / "pt_166525_while_loop_int_state" / "ours"
+    assert (out / "minimized.json").exists() and not (out / "minimized.pt2").exists()
+

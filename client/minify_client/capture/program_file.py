@@ -14,7 +14,6 @@ The user's program is only read: its ExportedProgram, inputs and state are not c
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,16 +48,16 @@ def write_program(program: Any, args: Sequence[Any], kwargs: dict[str, Any], dir
     hold it."""
     import torch
 
-    why_not = None
+    pt2 = directory / f"{name}.pt2"
     try:
-        data = _pt2_bytes(program)
+        _save_pt2(program, pt2)
     except _NotSavable as refusal:
+        pt2.unlink(missing_ok=True)
         why_not = str(refusal)
-    if why_not is None:
-        (directory / f"{name}.pt2").write_bytes(data)
+    else:
         # A ZeroTensor input goes in as a marker the worker rebuilds it from (zero_tensors).
         torch.save(zero_tensors.encode((tuple(args), kwargs)), directory / INPUTS)
-        return ProgramFile(f"{name}.pt2", "pt2")
+        return ProgramFile(pt2.name, "pt2")
     try:
         document, values = as_program_json(program, args, kwargs, why=why_not)
     except Exception as error:
@@ -69,24 +68,24 @@ def write_program(program: Any, args: Sequence[Any], kwargs: dict[str, Any], dir
     return ProgramFile(f"{name}.json", PROGRAM_FORMAT_JSON)
 
 
-def _pt2_bytes(program: Any) -> bytes:
-    """`program` as torch.export.save writes it; one holding higher-order ops is loaded back too,
-    since some save but do not load. Raises `_NotSavable` with torch's reason."""
+def _save_pt2(program: Any, path: Path) -> None:
+    """torch.export.save `program` to `path`; one holding higher-order ops is loaded back too,
+    since some save but do not load. Raises `_NotSavable` with torch's reason (a write the disk
+    refuses is an OSError, raised as it is)."""
     import torch
 
-    buffer = io.BytesIO()
+    ops = higher_order_ops(program.graph_module.graph)
     step = "torch.export.save cannot write"
     try:
-        zero_tensors.save_program(program, buffer)
-        ops = higher_order_ops(program.graph_module.graph)
+        zero_tensors.save_program(program, path)
         if ops:
             step = "torch.export.load cannot read back"
-            torch.export.load(io.BytesIO(buffer.getvalue()))
+            torch.export.load(path)
+    except OSError:
+        raise
     except Exception as error:
-        ops = higher_order_ops(program.graph_module.graph)
         held = f" holding the higher-order op{'s' if len(ops) > 1 else ''} {', '.join(ops)}" if ops else ""
         raise _NotSavable(f"{step} the program{held} on torch {torch.__version__} ({root_cause(error)})") from error
-    return buffer.getvalue()
 
 
 def as_program_json(program: Any, args: Sequence[Any], kwargs: dict[str, Any], *,
