@@ -223,7 +223,8 @@ def test_scan_and_map_run_from_the_wire_as_one_op(module: torch.nn.Module, input
 
 def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> None:
     # Decomposed: flex attention's block mask is built under vmap, whose calls are not aten ops.
-    # (torch.export.save cannot serialize flex_attention in torch 2.13, so no engine test.)
+    # (torch.export.save cannot serialize flex_attention in torch 2.13: its engine test takes program.json,
+    # tests/client/capture/test_capture_wire.py.)
     inputs = tuple(torch.randn(1, 2, 16, 8) for _ in range(3))
     program = torch.export.export(ReluInScoreMod(), inputs).run_decompositions()
     graph = G.graph_from_wire(G.graph_to_wire(G.flat_graph_from_exported_program(program)))
