@@ -158,10 +158,14 @@ def _volatile(name: str) -> bool:
     return name in _VOLATILE or name.startswith(_VOLATILE_PREFIXES)
 
 
-def _key_environment(environment: dict[str, str], keyed_volatile: set[str]) -> dict[str, str | None]:
+def _key_environment(environment: dict[str, str], keyed_volatile: set[str]) -> str:
+    """The digest an entry is keyed by: of every variable but the volatile ones not read. A digest,
+    not the variables: the environment holds secrets (tokens, keys) a cache file must not keep."""
+    import hashlib
+
     kept: dict[str, str | None] = {name: value for name, value in environment.items() if not _volatile(name)}
     kept.update({name: environment.get(name) for name in keyed_volatile})
-    return kept
+    return hashlib.sha256(json.dumps(sorted(kept.items())).encode()).hexdigest()
 
 
 def _config_files() -> list[str]:
@@ -209,7 +213,7 @@ def _entries(path: Path) -> list[dict[str, Any]]:
         return []
     if not isinstance(entries, list):
         return []
-    return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("environment"), dict)
+    return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("environment"), str)
             and isinstance(entry.get("keyed_volatile"), list) and isinstance(entry.get("defaults"), dict)]
 
 

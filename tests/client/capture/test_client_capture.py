@@ -213,6 +213,18 @@ def test_cached_defaults_serve_only_the_environment_they_were_read_in(tmp_path: 
     assert config._cached_defaults(path, without_path) is None
 
 
+def test_the_cache_file_keeps_no_variables_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The environment holds secrets (CI tokens, cloud keys); a cache file, which CI may keep and
+    upload, holds a digest of it and the names of volatile variables read, never a value."""
+    from minify_client.capture import config
+
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "s3cr3t-value-0123456789")
+    path, environment = _cached_environment(monkeypatch, tmp_path)
+    assert "s3cr3t-value-0123456789" not in path.read_text() and "SOME_SERVICE_TOKEN" not in path.read_text()
+    assert config._cached_defaults(path, environment) == {"freezing": "as cached"}
+    assert config._cached_defaults(path, {**environment, "SOME_SERVICE_TOKEN": "rotated"}) is None
+
+
 def test_a_volatile_variable_a_config_module_read_keys_the_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Where the fresh Python saw a config module read a volatile variable (TMPDIR here), its
     entry serves only that variable's value; the same environment read again replaces its entry."""
