@@ -323,4 +323,4 @@ def test_a_config_the_workers_torch_takes_is_queued(client: httpx.Client, progra
 
 def test_an_unknown_artifact_name_is_404_quoted_whole(client: httpx.Client, finished_job: dict) -> None:
     response = client.get(f"/v1/jobs/{finished_job['id']}/artifacts/nope.txt")
-    assert_error(response, 404, "'nope.txt' is not an artifact name; one of minimized.pt2, repro.py")
+    assert_error(response, 404, "'nope.txt' is not an artifact name; one of minimized.pt2, minimized.json, repro.py")
