@@ -77,9 +77,8 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     kills the process: a check the compiled code turned into a crash); the values recorded up to the
     failing op are kept. The runner refuses a candidate that raises both ways (the program's own
     error)."""
-    import torch
 
-    from minify_worker.programs.fx.graph import count_ops, flat_graph_from_exported_program, graph_to_wire
+    from minify_worker.programs.fx.graph import flat_graph_from_exported_program
 
     if is_program_json(program):
         return prepare_program_json(program, inputs, workdir, device, eager_may_fail)
@@ -103,10 +102,18 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
         "user_outputs": [str(name) for name in signature.user_outputs],
         "in_spec": str(ep.call_spec.in_spec) if ep.call_spec.in_spec is not None else None,
         "out_spec": str(ep.call_spec.out_spec) if ep.call_spec.out_spec is not None else None,
-        "nodes_original": count_ops(graph),
-        "device": device,
-        "torch_version": torch.__version__,
     }
+    return _write_prepared(graph, metadata, workdir, device)
+
+
+def _write_prepared(graph: Any, metadata: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
+    """The prepared program (its graph and `metadata`, with what every source adds) written as the
+    workdir's program.json; returns the metadata."""
+    import torch
+
+    from minify_worker.programs.fx.graph import count_ops, graph_to_wire
+
+    metadata = {**metadata, "nodes_original": count_ops(graph), "device": device, "torch_version": torch.__version__}
     document = {"format": FORMAT, "graph": graph_to_wire(graph), "metadata": metadata}
     (workdir / PROGRAM_JSON).write_text(json.dumps(document))
     return metadata
@@ -143,10 +150,9 @@ def prepare_program_json(program: Path, inputs: Path | None, workdir: Path, devi
     allowlist only), and every placeholder's value from `inputs`: a dict by placeholder name, or a
     tuple or list in the placeholders' order. A placeholder's role and its values' keys are the
     document's; the keys of intermediates are made afresh from this run."""
-    import torch
 
     from minify_contract.program_json import ProgramJsonError, read_document
-    from minify_worker.programs.fx.graph import META_ROLE, GraphFormatError, count_ops, graph_from_wire, graph_to_wire
+    from minify_worker.programs.fx.graph import META_ROLE, GraphFormatError, graph_from_wire
 
     try:
         document = read_document(program.read_bytes())
@@ -172,13 +178,8 @@ def prepare_program_json(program: Path, inputs: Path | None, workdir: Path, devi
         "user_outputs": [],
         "in_spec": None,
         "out_spec": None,
-        "nodes_original": count_ops(graph),
-        "device": device,
-        "torch_version": torch.__version__,
     }
-    document = {"format": FORMAT, "graph": graph_to_wire(graph), "metadata": metadata}
-    (workdir / PROGRAM_JSON).write_text(json.dumps(document))
-    return metadata
+    return _write_prepared(graph, metadata, workdir, device)
 
 
 def _fresh_value_keys(graph: Any) -> None:
