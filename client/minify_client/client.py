@@ -230,6 +230,10 @@ class Client:
         understand are skipped. With `culprit`, a succeeded job's events go on while its culprit
         phase runs (it follows the delivered result), to the `culprit` event that ends it."""
         last_event_id: str | None = None
+        # Set once the status says the job has ended although its stream had not: one more
+        # stream replays what came after the last event seen (the job may have ended while
+        # the server was away), and the server ends that stream itself.
+        ended = False
         while True:
             finished = False
             try:
@@ -243,18 +247,17 @@ class Client:
                     if _ends(event, culprit):
                         finished = True
                         break
-                if not finished:
-                    status = self.status(job_id)
-                    finished = status.status.finished and not (
-                        culprit and status.culprit_state is CulpritState.running)
+                if finished or ended:
+                    return
+                status = self.status(job_id)
+                ended = status.status.finished and not (culprit and status.culprit_state is CulpritState.running)
             except httpx.TransportError as error:
                 logger.info("event stream of %s dropped (%s); reconnecting", job_id, error)
                 self._wait_to_retry(_connection_failed(self.server, error))
                 continue
-            if finished:
-                return
-            # The stream closed while the job runs (a proxy's idle timeout, a server restart).
-            time.sleep(1.0)
+            if not ended:
+                # The stream closed while the job runs (a proxy's idle timeout, a server restart).
+                time.sleep(1.0)
 
     def wait(
         self, job_id: str, on_event: Callable[[ProgressEvent], None] | None = None, *, culprit: bool = False

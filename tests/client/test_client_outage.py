@@ -2,8 +2,9 @@
 
 The API server is stopped and started again on the same port while the client waits; Redis (the
 embedded one of a second, worker-less server) and the job's data live on, as they do when an
-operator restarts the API in front of a shared Redis. The worker starts during the outage, so the
-job cannot end before the server goes away.
+operator restarts the API in front of a shared Redis. The worker starts during the outage, and
+the API comes back only once the job has ended: the client shows what it missed (the job's
+progress and its final status), replayed from the job's event stream.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def wait_finished(backing: Service, job_id: str, timeout_s: float = 240) -> str:
+    """The job's state once it has ended, read from the backing server (same Redis)."""
+    deadline = time.monotonic() + timeout_s
+    with backing.client() as http:
+        while time.monotonic() < deadline:
+            state = http.get(f"/v1/jobs/{job_id}").json()["status"]
+            if state not in ("queued", "running"):
+                return state
+            time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not end in {timeout_s:.0f} s")
+
+
 def test_submit_wait_exits_0_with_the_artifacts_after_the_server_was_away_for_seconds(tmp_path: Path):
     program = save("relu_cos", tmp_path)
     out = tmp_path / "repro"
@@ -62,13 +75,16 @@ def test_submit_wait_exits_0_with_the_artifacts_after_the_server_was_away_for_se
             env={**os.environ, "PYTHONUNBUFFERED": "1", "MINIFY_TOKEN": ""})
         try:
             assert client.stdout is not None
-            assert client.stdout.readline().startswith("submitted job ")
+            submitted = client.stdout.readline()
+            assert submitted.startswith("submitted job ")
+            job_id = submitted.split()[2].rstrip(":")
             stop(api)
             worker = subprocess.Popen(
                 [sys.executable, "-m", "minify_worker.cli", "--redis-url", backing.redis_url, "--queues", "cpu"],
                 env={**os.environ, MARKER: backing.marker, **ALLOWED},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(OUTAGE_S)
+            assert wait_finished(backing, job_id) == "succeeded"
             assert client.poll() is None, "the client gave up during the outage"
             api = start_api(backing, port, api_dir)
             stdout, stderr = client.communicate(timeout=300)
@@ -81,5 +97,6 @@ def test_submit_wait_exits_0_with_the_artifacts_after_the_server_was_away_for_se
     assert client.returncode == 0, stdout + stderr
     assert "minify-client: server unreachable (" in stderr
     assert "minify-client: server reachable again after " in stderr
+    assert "status: running" in stdout  # replayed: the job started and ended while the server was away
     assert "status: succeeded" in stdout
     assert {"minimized.pt2", "repro.py", "inputs.pt", "report.json"} <= {p.name for p in out.iterdir()}
