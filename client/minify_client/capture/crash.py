@@ -41,6 +41,8 @@ from typing import Any
 
 from minify_contract import zero_tensors
 
+from .program_file import write_program
+
 logger = logging.getLogger(__name__)
 
 CRASH_ENV = "MINIFY_CAPTURE_CRASH"
@@ -106,19 +108,20 @@ class Pending:
     level: str
     backend: str
     static_reason: str | None
+    program: str = "program.pt2"  # the program file in `folder`: program.pt2, or program.json (program_file)
 
 
 def write_pending(directory: Path, program: Any, *, test: str, key: str, level: str, backend: str) -> Path:
     """Write `program` (failed_graph.Program) as a pending capture under `directory/.pending`."""
-    import torch
-
     folder = directory / PENDING / f"{os.getpid()}-{next(_counter)}"
     folder.mkdir(parents=True, exist_ok=True)
-    zero_tensors.save_program(program.program, folder / "program.pt2")
-    (folder / "spec.json").write_text(program.spec.model_dump_json(indent=2) + "\n")
-    torch.save(zero_tensors.encode((tuple(program.args), program.kwargs)), folder / "inputs.pt")
+    written = write_program(program.program, program.args, program.kwargs, folder, "program")
+    spec = program.spec
+    if written.program_format != spec.program_format:
+        spec = spec.model_copy(update={"program_format": written.program_format})
+    (folder / "spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
     meta = {"pid": os.getpid(), "test": test, "key": key, "level": level, "backend": backend,
-            "static_reason": program.static_reason}
+            "static_reason": program.static_reason, "program": written.name}
     temporary = folder / f"{_META}.tmp"
     temporary.write_text(json.dumps(meta) + "\n")
     temporary.replace(folder / _META)  # last: a folder without it was never complete
@@ -183,7 +186,7 @@ def pending(directory: Path) -> Iterator[Pending]:
             meta = json.loads((folder / _META).read_text())
             yield Pending(folder=folder, pid=int(meta["pid"]), test=str(meta["test"]), key=str(meta["key"]),
                           level=str(meta["level"]), backend=str(meta["backend"]),
-                          static_reason=meta.get("static_reason"))
+                          static_reason=meta.get("static_reason"), program=str(meta.get("program", "program.pt2")))
         except (OSError, ValueError, KeyError, TypeError):
             if not _alive(_pid_of(folder)):  # died while writing it: nothing to adopt
                 drop(folder)
@@ -235,13 +238,13 @@ def adopted_key(key: str, signature: str | None) -> str:
 
 
 def move_into(entry: Pending, destination: Path, name: str, signature: str | None) -> None:
-    """Make the pending folder the capture `destination/<name>.pt2` + spec.json + inputs.pt, the
-    spec's failure signature set to `signature`."""
+    """Make the pending folder the capture `destination/<name>.pt2` (`<name>.json` for a
+    program.json) + spec.json + inputs.pt, the spec's failure signature set to `signature`."""
     spec = json.loads((entry.folder / "spec.json").read_text())
     spec.setdefault("failure", {})["kind"] = "crash"
     spec["failure"]["signature"] = signature
     (entry.folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
-    (entry.folder / "program.pt2").rename(entry.folder / f"{name}.pt2")
+    (entry.folder / entry.program).rename(entry.folder / f"{name}{Path(entry.program).suffix}")
     (entry.folder / _META).unlink()
     entry.folder.rename(destination)
 

@@ -35,12 +35,14 @@ from minify_contract import signatures
 from minify_contract.accuracy import ACCURACY_EXC_TYPE, GRADIENT_EXC_TYPE
 from minify_contract.models import JobSpec
 
+from .autograd_functions import lower as lower_keeping_functions
 from .config import changed_config
 from .custom_ops import op_modules
 from .destinations import add_note
 from .dynamic import export_dynamic, is_symbolic, specialize_floats
-from .fidelity import accuracy_signature, needs_training, refuse_unreproducible
-from .higher_order import export_refused, for_export, higher_order_ops
+from .fidelity import accuracy_signature, autograd_functions, needs_training, unreproducible
+from .higher_order import CaptureRefused, export_refused, for_export, higher_order_ops, root_cause
+from .program_file import GraphProgram
 from .torch_hooks import FailedCompile
 from .transforms import lower, transform_calls
 from .whole_model import on_cuda
@@ -52,7 +54,7 @@ logger = logging.getLogger(__name__)
 class Program:
     """What gets saved or submitted for one failing call."""
 
-    program: Any  # torch.export.ExportedProgram
+    program: Any  # torch.export.ExportedProgram, or a program_file.GraphProgram (written as program.json)
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     spec: JobSpec
@@ -104,10 +106,11 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     if failed.program is not None:
         args, kwargs = failed.program.example_inputs or ((), {})
         return Program(failed.program, tuple(args), dict(kwargs), spec_for(failed, spec), chain_of(failed))
-    refuse_unreproducible(failed)  # a failure the program would not carry (fidelity.py)
     if needs_training(failed):  # it fails where a compile for training traces the joint graph
         given = _given(spec)
         spec = {**given, "failure": {"training": True, **dict(given.get("failure") or {})}}
+        if autograd_functions(failed.graph):  # whose backward torch.export would drop
+            return _keeping_functions(failed, spec)
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
     transforms = transform_calls(module.graph)
@@ -140,6 +143,29 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     if static_reason is not None:  # the job compiles what the program now is
         spec = {"dynamic": "static", **_given(spec)}
     return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)
+
+
+def _keeping_functions(failed: FailedCompile, spec: dict[str, Any]) -> Program:
+    """The failing graph lowered with its custom autograd.Functions kept, forward and backward
+    (`autograd_functions.lower`), as program.json; `CaptureRefused` saying why where it cannot be."""
+    module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
+    try:
+        lowered = lower_keeping_functions(module, inputs)
+    except Exception as error:
+        raise CaptureRefused(unreproducible(failed, root_cause(error))) from error
+    static_reason = None
+    if is_symbolic(symbolic):
+        static_reason = "a graph holding custom autograd.Functions is captured lowered to aten ops, with static shapes"
+        add_note(failed.error, f"minify: captured with static shapes: {static_reason}")
+        spec = {"dynamic": "static", **spec}
+    why = (f"torch.export keeps the forward only of the custom autograd.Function{_plural(failed)} "
+           f"({', '.join(autograd_functions(failed.graph))}) whose backward the failing training compile traced")
+    return Program(GraphProgram(lowered, why), tuple(inputs), {}, spec_for(failed, spec), chain_of(failed),
+                   static_reason)
+
+
+def _plural(failed: FailedCompile) -> str:
+    return "s" if len(autograd_functions(failed.graph)) > 1 else ""
 
 
 def _first_line(error: BaseException) -> str:

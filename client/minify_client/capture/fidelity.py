@@ -10,18 +10,18 @@ and its partitioner splits it into a forward and a backward graph. A failure the
 happens only in a training compile; the worker's inference compile of the captured program never
 partitions anything and passes. A custom `torch.autograd.Function` makes it worse: dynamo hands
 the backend its forward and backward (`autograd_function_apply`), and `torch.export` keeps the
-forward only, so no program the worker loads holds the backward the partitioner failed on.
+forward only, so no exported program holds the backward the partitioner failed on.
 
 A failure whose own traceback shows it was raised in AOT autograd's partitioner, or while AOT
 autograd traced the backward of the joint graph, is captured with `failure.training` set
 (`needs_training`): the worker then compiles the program for training (grad mode on, its
 floating-point inputs requiring grad), and so does repro.py, so the joint graph is traced and
-partitioned as it was for the user. `refuse_unreproducible(failed)` raises `CaptureRefused` where
-the program still cannot hold what the failure needs: a custom autograd.Function in the graph,
-whose backward torch.export drops. A training compile that fails later (in the forward's
-compiler, inductor lowering a kernel) is captured as before: the forward graph the worker compiles
-holds what that failure needs. The user's program is not touched: this reads the exception's
-traceback and the graph, and runs nothing.
+partitioned as it was for the user. A graph with custom autograd.Functions is then not exported:
+it is lowered with each Function kept, forward and backward (`autograd_functions`), and written
+as program.json; `unreproducible(failed, error)` is the reason given where that lowering fails. A
+training compile that fails later (in the forward's compiler, inductor lowering a kernel) is
+captured as before: the forward graph the worker compiles holds what that failure needs. The
+user's program is not touched: this reads the exception's traceback and the graph, and runs nothing.
 
 `accuracy_signature(error)`: wrong values are signed as the worker signs them. The worker keys an
 accuracy failure that only integer or boolean outputs show (`AccuracyError: integer outputs only`,
@@ -42,7 +42,6 @@ from typing import Any
 
 from minify_contract.accuracy import ACCURACY_EXC_TYPE, WRITTEN_INPUTS_ONLY
 
-from .higher_order import CaptureRefused
 from .torch_hooks import FailedCompile
 
 # Where AOT autograd partitions a joint graph, and where it traces the joint graph's backward
@@ -74,28 +73,19 @@ def accuracy_signature(error: BaseException) -> str:
     return name
 
 
-def refuse_unreproducible(failed: FailedCompile) -> None:
-    """Raise `CaptureRefused` when the program captured from `failed` could not fail in the worker
-    as it failed here (`unreproducible`)."""
-    reason = unreproducible(failed)
-    if reason is not None:
-        raise CaptureRefused(reason)
-
-
-def unreproducible(failed: FailedCompile) -> str | None:
-    """Why the program captured from `failed` (a dynamo graph) would not fail in the worker as it
-    failed here, or None when nothing says so."""
-    stage = _training_stage_of(failed)
-    functions = autograd_functions(failed.graph) if stage is not None else []
-    if not functions:
-        return None
+def unreproducible(failed: FailedCompile, lowering_error: str) -> str:
+    """Why `failed` (a dynamo graph that failed in AOT autograd's training compile) is not
+    captured: its custom autograd.Functions could not be kept (`lowering_error`), and an exported
+    program would lose their backward."""
+    stage = _training_stage_of(failed) or "joint graph"
+    functions = autograd_functions(failed.graph)
     names = ", ".join(functions)
-    return (f"the compile failed in AOT autograd's {stage}, which only a compile for training does; the worker "
-            f"can compile the captured program for training, but its custom autograd.Function"
-            f"{'s' if len(functions) > 1 else ''} ({names}) would lose the backward the joint graph is built "
-            "from: torch.export keeps a Function's forward only. It would not fail there: the failing graph is "
-            "not captured. Next: TORCH_LOGS=aot_joint_graph prints the joint graph AOT autograd failed on; report "
-            "it to PyTorch (module: aotdispatch) with this test or script as the repro")
+    return (f"the compile failed in AOT autograd's {stage}, which only a compile for training does; the "
+            f"custom autograd.Function{'s' if len(functions) > 1 else ''} ({names}) of the graph could not be "
+            f"kept with {'their' if len(functions) > 1 else 'its'} backward ({lowering_error}), and torch.export "
+            "keeps a Function's forward only: the failing graph is not captured. Next: TORCH_LOGS=aot_joint_graph "
+            "prints the joint graph AOT autograd failed on; report it to PyTorch (module: aotdispatch) with this "
+            "test or script as the repro")
 
 
 def needs_training(failed: FailedCompile) -> bool:

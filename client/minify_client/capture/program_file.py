@@ -36,6 +36,15 @@ class ProgramFile:
     program_format: str
 
 
+@dataclass(frozen=True)
+class GraphProgram:
+    """A program no ExportedProgram can hold, as an aten-level GraphModule (`module`, every
+    placeholder an input): written as program.json, `why` saying why it is not a `.pt2`."""
+
+    module: Any
+    why: str
+
+
 class _NotSavable(Exception):
     """torch.export.save cannot write the program, or torch.export.load cannot read it back."""
 
@@ -45,9 +54,16 @@ def write_program(program: Any, args: Sequence[Any], kwargs: dict[str, Any], dir
     """Write `program` (an ExportedProgram) and its inputs into `directory`: `<name>.pt2` and
     inputs.pt as `(args, kwargs)`, or, where torch cannot save it or load it back, `<name>.json`
     and inputs.pt as every placeholder's value by name. Raises `CaptureRefused` when neither can
-    hold it."""
+    hold it. A `GraphProgram` is written as program.json, its inputs being `args`, in order."""
     import torch
 
+    if isinstance(program, GraphProgram):
+        try:
+            document, values = graph_program_json(program, args)
+        except Exception as error:
+            raise CaptureRefused(f"{program.why}, and minify's program.json cannot hold it either "
+                                 f"({root_cause(error)}): the failing graph is not captured") from error
+        return _write_json(document, values, directory, name)
     pt2 = directory / f"{name}.pt2"
     try:
         _save_pt2(program, pt2)
@@ -63,6 +79,12 @@ def write_program(program: Any, args: Sequence[Any], kwargs: dict[str, Any], dir
     except Exception as error:
         raise CaptureRefused(f"{why_not}, and minify's program.json cannot hold it either ({root_cause(error)}): "
                              "the failing graph is not captured") from error
+    return _write_json(document, values, directory, name)
+
+
+def _write_json(document: dict[str, Any], values: dict[str, Any], directory: Path, name: str) -> ProgramFile:
+    import torch
+
     (directory / f"{name}.json").write_text(json.dumps(document))
     torch.save(zero_tensors.encode(values), directory / INPUTS)
     return ProgramFile(f"{name}.json", PROGRAM_FORMAT_JSON)
@@ -100,6 +122,22 @@ def as_program_json(program: Any, args: Sequence[Any], kwargs: dict[str, Any], *
     values = placeholder_values(program, [node.name for node in graph.nodes if node.op == "placeholder"],
                                 args, kwargs)
     return program_json.document(graph_to_wire(graph), torch_version=torch.__version__, why=why), values
+
+
+def graph_program_json(program: GraphProgram, args: Sequence[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """program.json's document for `program` and its placeholders' values by name (`args`, in order)."""
+    import torch
+
+    from minify_contract.fx.ingest import flat_graph_from_module
+    from minify_contract.fx.wire import graph_to_wire
+
+    graph = flat_graph_from_module(program.module)
+    names = [node.name for node in graph.nodes if node.op == "placeholder"]
+    if len(names) != len(args):
+        raise ValueError(f"the graph has {len(names)} inputs, {len(args)} values were given")
+    values = {name: value.detach() if isinstance(value, torch.Tensor) else value
+              for name, value in zip(names, args, strict=True)}
+    return program_json.document(graph_to_wire(graph), torch_version=torch.__version__, why=program.why), values
 
 
 def placeholder_values(program: Any, names: Sequence[str], args: Sequence[Any],

@@ -159,7 +159,8 @@ class CaptureSession:
             entry = Entry(name=name, key=key, level=pending.level, kind="crash", backend=pending.backend,
                           signature=signature or "crash (how the process died is unknown)",
                           chain=[signature] if signature else [],
-                          program=f"{name}/{name}.pt2", spec=f"{name}/spec.json", inputs=f"{name}/inputs.pt",
+                          program=f"{name}/{name}{Path(pending.program).suffix}", spec=f"{name}/spec.json",
+                          inputs=f"{name}/inputs.pt",
                           static_reason=pending.static_reason)
             self.entries[key] = entry
         else:

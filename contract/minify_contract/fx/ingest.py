@@ -34,6 +34,12 @@ def flat_graph_from_exported_program(ep: torch.export.ExportedProgram) -> fx.Gra
     return _flat_copy(ep.graph_module, _input_roles(ep), ep.range_constraints)
 
 
+def flat_graph_from_module(module: fx.GraphModule) -> fx.Graph:
+    """Copy the graph of `module` (aten ops, as `make_fx` traces them, each node's `val` set) as
+    `flat_graph_from_exported_program` does; every placeholder is an input, no dim is dynamic."""
+    return _flat_copy(module, {}, {})
+
+
 def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Mapping[Any, Any]) -> fx.Graph:
     """`module`'s graph with minify meta, its subgraphs (get_attr) flattened the same way.
 

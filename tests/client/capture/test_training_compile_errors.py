@@ -7,8 +7,8 @@ forward graph for inference, where no backward is traced, and it passed.
 The family: custom ops whose derivative raises when AOT autograd traces it
 (tests/support/backward_ops.py, two exception types), between other ops, and torch's own pow with
 an exponent that is a symbolic int (pytorch#185715's "NYI SymInt equality"), all on `aot_eager`
-(AOT autograd, no code generation). A graph with a custom autograd.Function is still refused: its
-backward is not in any program torch.export writes (tests/client/capture/test_fidelity_training.py).
+(AOT autograd, no code generation). A graph with a custom autograd.Function is captured as
+program.json instead, its backward kept (tests/client/capture/test_fidelity_training.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A `.pt2` job's own files, written in a sandbox child (`write_program_artifacts`, the FX
 representation's `artifacts_target`: it needs the value store and torch.export): minimized.pt2,
 inputs.pt, repro.py, signature_rules.py (and accuracy_rules.py beside an accuracy repro). Where
-torch.export cannot export or save the minimal program (a `while_loop` carrying a Python int), it
+torch.export cannot export or save the minimal program (a `while_loop` carrying a Python int), or
+would keep only the forward of a custom autograd.Function the failure needs the backward of, it
 is minimized.json instead, in minify's program.json format: `minify-worker minify minimized.json
 --inputs inputs.pt` takes it back (inputs.pt holds its placeholders' values in order). The
 delivered files' names and the storage rule are `minify_worker.engine.artifacts`'.
@@ -49,6 +50,7 @@ from minify_worker.programs.fx.graph import (
     META_VALUE,
     graph_from_wire,
     graph_to_wire,
+    holds_autograd_functions,
     placeholders,
     to_graph_module,
 )
@@ -203,6 +205,9 @@ def export_minimized(
     dynamic (`dynamic`, the JobSpec's: their `Dim`s with the program's ranges, so the program's
     `range_constraints` keep them; `Dim.AUTO` for "auto"; none for "static").
     """
+    if holds_autograd_functions(graph):
+        raise ValueError("torch.export keeps the forward only of a custom autograd.Function "
+                         "(autograd_function_apply), whose backward the failure needs")
     module = to_graph_module(graph)
     args = tuple(_to_device(value, device) for value in inputs)
     shapes = export_dynamic_shapes(dynamic_shapes_of(graph, dynamic))

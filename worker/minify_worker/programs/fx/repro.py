@@ -35,7 +35,7 @@ from minify_worker.programs.fx.backends import (
     dynamic_shapes_of,
     loop_carries_a_number,
 )
-from minify_worker.programs.fx.graph import subgraph_of, subgraphs, to_graph_module
+from minify_worker.programs.fx.graph import holds_autograd_functions, subgraph_of, subgraphs, to_graph_module
 
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
@@ -424,6 +424,18 @@ _TRACE_AS_WRITTEN = """
 def trace_repro(module, inputs):
     \"\"\"The module as written: torch.compile traces it (its while_loop carries a number, which
     only dynamo's ShapeEnv can hold while tracing).\"\"\"
+    return module
+"""
+
+# make_fx traces through a custom autograd.Function (`autograd_function_apply`) and keeps its forward
+# only; the higher-order op runs its forward and backward subgraphs with torch.fx.Interpreter, so
+# they become fx.GraphModules and the module is compiled as written, as the worker compiles it.
+_TRACE_KEEPING_FUNCTIONS = """
+def trace_repro(module, inputs):
+    \"\"\"The module as written, its subgraphs (a custom autograd.Function's forward and backward)
+    as fx.GraphModules: tracing it would run through the Function and keep its forward only.\"\"\"
+    for name, child in list(module.named_children()):
+        setattr(module, name, torch.fx.symbolic_trace(child))
     return module
 """
 
@@ -872,6 +884,8 @@ def _module_classes(graph: fx.Graph, name: str) -> tuple[list[str], str]:
 
 def _trace_function(graph: fx.Graph) -> str:
     if subgraphs(graph):
+        if holds_autograd_functions(graph):
+            return _TRACE_KEEPING_FUNCTIONS
         return _TRACE_AS_WRITTEN if loop_carries_a_number(graph) else _TRACE_MAKE_FX
     return _TRACE_RECORDING if _input_free_ops(graph) else _TRACE_SYMBOLIC
 

@@ -57,6 +57,7 @@ from minify_worker.programs.fx.graph.form import (
 from minify_worker.programs.fx.graph.hashing import graph_shape_hash, structural_hash
 from minify_worker.programs.fx.graph.higher_order import (
     drop_in_subgraph,
+    holds_autograd_functions,
     inlinable_subgraphs,
     inline_subgraph,
     with_subgraph,
@@ -108,6 +109,7 @@ __all__ = [
     "graph_from_wire",
     "graph_shape_hash",
     "graph_to_wire",
+    "holds_autograd_functions",
     "inlinable_subgraphs",
     "inline_subgraph",
     "is_float_dtype_name",

@@ -1,5 +1,6 @@
 """Higher-order ops (cond, while_loop, invoke_subgraph, wrap, tag_activation_checkpoint): inlining a
-subgraph in place of the op, and editing one subgraph.
+subgraph in place of the op, and editing one subgraph; which graphs keep custom autograd.Functions
+(`autograd_function_apply`, a forward and a backward subgraph: `holds_autograd_functions`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from minify_contract.fx.form import (
 from minify_contract.fx.targets import target_name
 from minify_worker.programs.fx.graph.form import _BODY_OPS, _node, copy_graph, outputs, placeholders
 from minify_worker.programs.fx.graph.surgery import derive, drop_node
+
+
+def holds_autograd_functions(graph: fx.Graph) -> bool:
+    """Whether `graph` (or a subgraph of it) calls `autograd_function_apply`: a custom
+    autograd.Function, forward and backward, as dynamo hands it to a compiler. torch.export and
+    make_fx trace through it and keep its forward only."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.higher_order.autograd_function_apply:
+            return True
+        if node.op == "get_attr" and holds_autograd_functions(subgraph_of(node)):
+            return True
+    return False
 
 
 def inlinable_subgraphs(graph: fx.Graph, node_name: str) -> list[str]:
