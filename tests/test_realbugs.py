@@ -122,3 +122,15 @@ def test_a_graph_torch_export_save_refuses_is_captured_as_program_json_and_ends_
     out = tmp_path / "pt_166525_while_loop_int_state" / "ours"
     assert (out / "minimized.json").exists() and not (out / "minimized.pt2").exists()
 
+
+
+def test_a_custom_function_s_backward_is_captured_and_ends_minimal(tmp_path: Path) -> None:
+    """#172956: AOT autograd's partitioner fails on an autograd.Function whose backward writes into
+    a tensor it saved; torch.export would keep the forward only, so the capture keeps the Function
+    with its backward as program.json, and repro.py fails with the issue's error."""
+    result = take("pt_172956_autograd_function_mutates_saved", tmp_path)
+    assert result.ours.captured and result.ours.minimal, result.ours.verdict
+    assert result.ours.signature == "AssertionError: Node add was invalid, but is output"
+    assert result.ours.repro_observed == result.ours.repro_expected == result.ours.signature
+    out = tmp_path / "pt_172956_autograd_function_mutates_saved" / "ours"
+    assert (out / "minimized.json").exists() and not (out / "minimized.pt2").exists()
