@@ -13,7 +13,11 @@ root cause, and the whole chain is kept for reports and `--match`.
 
 The key: the root cause's first meaningful line (a compiler's first `error:` line, for build logs)
 with what changes between candidates of the same bug normalized away: paths, hex, addresses,
-numbers and generated names (`tmp3`, `buf12`, `arg0_1`, `relu_2`).
+numbers and generated names (`tmp3`, `buf12`, `arg0_1`). An FX node's name loses its numeric
+suffix (`relu_2` is `relu`): FX numbers a name only when it is taken already, so the same node is
+`add` in one graph and `add_6` in another (pytorch#172956's partitioner error names the joint
+graph's node, whose number depends on how many `add`s come before it: one more in a program traced
+with symbolic sizes).
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def normalize_message(message: str) -> str:
     line = _HEX.sub("<hex>", line)
     line = _LONG_HASH.sub("<hash>", line)
     line = _GENERATED_NAME.sub(lambda match: f"{match.group(1)}N", line)
-    line = _NODE_SUFFIX.sub(lambda match: f"{match.group(1)}_N", line)
+    line = _NODE_SUFFIX.sub(lambda match: match.group(1), line)
     line = _NUMBER.sub("N", line)
     return _SPACES.sub(" ", line).strip()[:MAX_KEY]
 

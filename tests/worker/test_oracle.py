@@ -43,6 +43,15 @@ def test_generated_names_are_normalized_away() -> None:
         oracle.normalize_message("tmp4 undefined in buf10 (arg1_1, relu_7)")
 
 
+def test_an_fx_node_is_the_same_with_or_without_its_number() -> None:
+    """FX numbers a name only when it is taken: the joint graph's `add` of one program is `add_6`
+    of the same program traced with symbolic sizes (pytorch#172956's partitioner error)."""
+    assert oracle.normalize_message("Node add was invalid, but is output") == \
+        oracle.normalize_message("Node add_6 was invalid, but is output") == "Node add was invalid, but is output"
+    assert oracle.normalize_message("found in relu_default_12") == "found in relu_default"
+    assert oracle.normalize_message("conv2d_1 and sum_1") == "conv2d_1 and sum"  # a name with digits keeps them
+
+
 def test_the_first_meaningful_line_is_the_key() -> None:
     message = "\nTraceback (most recent call last):\nshape mismatch: [4] vs [5]\nmore detail"
     assert oracle.normalize_message(message) == "shape mismatch: [N] vs [N]"

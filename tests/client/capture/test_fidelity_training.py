@@ -132,12 +132,15 @@ def _targets(wire: dict[str, Any]) -> list[str]:
     return found
 
 
-def _capture(tmp_path: Path, program: Callable[[torch.Tensor], Any], x: torch.Tensor) -> JobSpec:
+def _capture(tmp_path: Path, program: Callable[[torch.Tensor], Any], x: torch.Tensor, *,
+             dynamic: bool | None = None) -> JobSpec:
     torch._dynamo.reset()
-    with pytest.raises(Exception, match=PARTITIONER), capture_failures(
+    with pytest.raises(Exception, match=PARTITIONER) as raised, capture_failures(
             torch.nn.Identity(), (x,), save_to=tmp_path, name="program") as block:
-        torch.compile(program, backend="aot_eager_decomp_partition", fullgraph=True)(x)
+        torch.compile(program, backend="aot_eager_decomp_partition", fullgraph=True, dynamic=dynamic)(x)
     assert block.captured is not None, block.capture_error
+    notes = getattr(raised.value, "__notes__", [])
+    assert any("captured with static shapes" in note for note in notes) == bool(dynamic), notes
     return JobSpec.model_validate_json((tmp_path / "spec.json").read_text())
 
 
@@ -180,11 +183,15 @@ def test_the_script_runner_captures_it_as_program_json(tmp_path: Path) -> None:
     assert (tmp_path / entries[0].program).is_file()
 
 
-def test_the_failing_function_is_what_the_minimal_program_keeps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_the_failing_function_is_what_the_minimal_program_keeps(tmp_path: Path, dynamic: bool | None) -> None:
     """A healthy Function (sin) feeds the failing one: the minimal program keeps the failing
     Function and its backward's write, and not the healthy one; repro.py fails as the user's
-    program did, and the minimal program is minimized.json (a .pt2 would drop the backward)."""
-    spec = _capture(tmp_path, healthy_then_bump, torch.randn(16, requires_grad=True))
+    program did, and the minimal program is minimized.json (a .pt2 would drop the backward).
+    Compiled with symbolic sizes, the program is captured static (the note says so); the
+    partitioner then names its node `add` where the user's compile said `add_6`, one signature."""
+    spec = _capture(tmp_path, healthy_then_bump, torch.randn(16, requires_grad=True), dynamic=dynamic)
+    assert spec.dynamic == ("static" if dynamic else "as_exported")
 
     done = minify(tmp_path / "program.json", spec.model_copy(update={"culprit": False, "versions": False}),
                   tmp_path / "out", inputs=tmp_path / "inputs.pt")
