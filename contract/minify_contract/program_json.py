@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 FORMAT = "minify-fx-program/1"
@@ -36,6 +37,11 @@ _OPS = ("placeholder", "call_function", "get_attr", "output")
 _TAGS = frozenset({"node", "float", "complex", "list", "tuple", "dict", "dtype", "device", "layout",
                    "memory_format", "slice", "ellipsis"})
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,2}$")
+# The Python functions a call target may name besides torch's op overloads and higher-order ops
+# (`namespace.op[.overload]`): the worker's allowlist (`minify_contract.fx.targets`) reads these.
+PYTHON_MODULES = ("operator", "math")
+BUILTIN_NAMES = ("abs", "min", "max", "round", "int", "float", "bool", "len", "pow", "divmod", "sum", "any", "all")
+TORCH_SYM_NAMES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum", "_sym_sqrt")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -93,6 +99,25 @@ def _check_graph(graph: Any, where: str, depth: int) -> None:
         raise ProgramJsonError(f"{where}: needs exactly one output node, the last")
 
 
+def _check_target(target: Any, where: str) -> None:
+    """A call target is an op's name (`aten.relu.default`, `higher_order.cond`, a custom op's
+    `namespace.op`), `operator.X`/`math.X`, one of a few builtins or `torch.sym_*`; a Python
+    module's function by any other name (`os.system`) is refused here, before it costs a job."""
+    if not (isinstance(target, str) and _TARGET.match(target)):
+        raise ProgramJsonError(f"{where}: target {target!r} is not an operator name (as 'aten.relu.default')")
+    module, *rest = target.split(".")
+    allowed = {"builtins": BUILTIN_NAMES, "torch": TORCH_SYM_NAMES}.get(module)
+    if allowed is not None and rest not in ([name] for name in allowed):
+        raise ProgramJsonError(f"{where}: target {target!r} is not one a program may call ({module}: "
+                               f"{', '.join(allowed)})")
+    if module in PYTHON_MODULES and (len(rest) != 1 or rest[0].startswith("_")):
+        raise ProgramJsonError(f"{where}: target {target!r} is not a public function of {module}")
+    if allowed is None and module not in PYTHON_MODULES and module in sys.stdlib_module_names:
+        raise ProgramJsonError(f"{where}: target {target!r} names a function of Python's {module} module; a "
+                               f"program calls torch's ops and only {', '.join(PYTHON_MODULES)}, a few builtins "
+                               "and torch.sym_* besides")
+
+
 def _check_node(node: Any, where: str, seen: set[str], depth: int) -> str:
     if not isinstance(node, dict):
         raise ProgramJsonError(f"{where}: not an object")
@@ -105,8 +130,8 @@ def _check_node(node: Any, where: str, seen: set[str], depth: int) -> str:
     if op not in _OPS:
         raise ProgramJsonError(f"{where}: op {op!r} is not one of {', '.join(_OPS)}")
     target = node.get("target")
-    if op == "call_function" and not (isinstance(target, str) and _TARGET.match(target)):
-        raise ProgramJsonError(f"{where}: target {target!r} is not an operator name (as 'aten.relu.default')")
+    if op == "call_function":
+        _check_target(target, where)
     if op == "placeholder" and not isinstance(target, str):
         raise ProgramJsonError(f"{where}: a placeholder's target must be a string")
     if op == "get_attr":

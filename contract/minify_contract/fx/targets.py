@@ -14,23 +14,19 @@ from typing import Any
 import torch
 
 from minify_contract.fx.form import GraphFormatError
-
-_BUILTIN_NAMES = ("abs", "min", "max", "round", "int", "float", "bool", "len", "pow", "divmod",
-                  "sum", "any", "all")
-_TORCH_SYM_NAMES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite",
-                    "sym_sum", "_sym_sqrt")
+from minify_contract.program_json import BUILTIN_NAMES, TORCH_SYM_NAMES
 
 
 def _python_targets() -> dict[str, Callable[..., Any]]:
     targets: dict[str, Callable[..., Any]] = {}
-    for module_name, module in (("operator", operator), ("math", math)):
+    for module_name, module in (("operator", operator), ("math", math)):  # program_json.PYTHON_MODULES
         for name in dir(module):
             value = getattr(module, name)
             if not name.startswith("_") and callable(value) and not isinstance(value, type):
                 targets[f"{module_name}.{name}"] = value
-    for name in _BUILTIN_NAMES:
+    for name in BUILTIN_NAMES:
         targets[f"builtins.{name}"] = getattr(builtins, name)
-    for name in _TORCH_SYM_NAMES:
+    for name in TORCH_SYM_NAMES:
         if hasattr(torch, name):
             targets[f"torch.{name}"] = getattr(torch, name)
     return targets

@@ -119,9 +119,9 @@ def test_inputs_that_do_not_fit_the_placeholders_are_refused_naming_them(
 
 
 @pytest.mark.parametrize(("target", "reason"), [
-    ("os.path.join", "unknown target 'os.path.join'"),
-    ("aten.system.default", "unknown target 'aten.system.default'"),
-    ("builtins.exec", "unknown target 'builtins.exec'"),
+    ("os.path.join", "target 'os.path.join' names a function of Python's os module"),  # the torch-free check
+    ("aten.system.default", "unknown target 'aten.system.default'"),  # the allowlist
+    ("builtins.exec", "target 'builtins.exec' is not one a program may call"),
 ])
 def test_a_target_outside_the_allowlist_is_refused_before_anything_runs(
         int_loop: tuple[Path, Path], tmp_path: Path, target: str, reason: str) -> None:
@@ -131,7 +131,7 @@ def test_a_target_outside_the_allowlist_is_refused_before_anything_runs(
     call["target"] = target
     (tmp_path / "program.json").write_text(json.dumps(document))
 
-    with pytest.raises(ProgramError, match=re.escape(f"not a program.json minify can read: {reason}")):
+    with pytest.raises(ProgramError, match="not a program.json minify can read: .*" + re.escape(reason)):
         prepare(tmp_path / "program.json", inputs, tmp_path / "work")
     assert not (tmp_path / "work" / "values.pt").exists()
 
