@@ -205,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     captures.add_argument("--out", type=Path, metavar="DIR",
                           help="where --wait puts the artifacts, one folder per capture (default: ./minify-repros)")
     captures.set_defaults(run=_submit_captures)
+
+    from minify_client import reduce  # imports no torch
+
+    reducing = commands.add_parser(
+        "reduce", help="shrink a failing script no captured graph holds (runs it here, not on a server)",
+        description=reduce.DESCRIPTION + " Each candidate runs here as a fresh `python` process, twice: with "
+        "torch.compile and without it. Exit code: 0 reduced, 2 the script passes or fails without torch.compile.")
+    reduce.add_arguments(reducing)
+    reducing.set_defaults(run=reduce.run_command)
     return parser
 
 

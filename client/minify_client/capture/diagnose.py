@@ -69,13 +69,15 @@ _NEXT: dict[Layer, str] = {
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped). No graph holds such a failure, so there is nothing for minify to shrink. "
-              "Next: TORCH_LOGS=guards,recompiles,graph_code shows what dynamo traced and guarded; report it to "
-              "PyTorch (module: dynamo) with this test or script as the repro.",
+              "Next: TORCH_LOGS=guards,recompiles,graph_code shows what dynamo traced and guarded; `minify-client "
+              "reduce SCRIPT` shrinks a script to the smallest that still fails so; report it to PyTorch (module: "
+              "dynamo) with this test or script as the repro.",
     "aot_autograd": "it passes with backend 'eager' and fails with 'aot_eager' (dynamo and AOT autograd, no "
                     "compiler), so AOT autograd is to blame: functionalization, or its runtime wrappers (input "
                     "mutations written back, aliased inputs and outputs rebuilt as views), which are in no graph. "
-                    "Next: TORCH_LOGS=aot_graphs shows its graphs; {aot_capture}report it to PyTorch "
-                    "(module: aotdispatch) with this test or script as the repro.",
+                    "Next: TORCH_LOGS=aot_graphs shows its graphs; {aot_capture}`minify-client reduce SCRIPT` "
+                    "shrinks a script to the smallest that still fails so; report it to PyTorch (module: "
+                    "aotdispatch) with this test or script as the repro.",
     "backend": "it passes with backends 'eager' and 'aot_eager' and fails with yours, so your backend's compiled "
                "code is to blame, though no graph was captured: the failure is not an error while compiling. "
                "Next: {backend_capture}for inductor, `python -m torch._inductor.compiler_bisector` names the pass.",

@@ -4,7 +4,8 @@ program or test runs as the user ran it, and how it ended is written as JSON to 
 as `signatures.signature_line` writes it, so it compares with the user's own failure; `raised_in`:
 the torch module the program called when the error was raised, so that a failure inside
 `torch.export`, which the program calls itself and `TORCHDYNAMO_DISABLE` does not turn off, is not
-taken for the program's own).
+taken for the program's own), and for a script that failed, `raised_at`: the source line of the
+script that raised (`reduce` holds a smaller script to the same statement).
 
 - `python -c BY_PATH .../rerun.py script.py args...` (`diagnose.script_command`; or `python -m
   minify_client.capture.rerun script.py args...`, which imports the whole client first): the script
@@ -16,6 +17,7 @@ taken for the program's own).
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import runpy
 import sys
@@ -45,14 +47,28 @@ def torch_entry(error: BaseException) -> str | None:
     return None
 
 
-def record(error: BaseException | None) -> None:
+def raised_at(error: BaseException, script: str) -> str | None:
+    """The source text of the line of `script` that raised `error` (its innermost frame in that
+    file): which statement failed, whatever the message says."""
+    path = os.path.abspath(script)
+    line = None
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        if os.path.abspath(frame.f_code.co_filename) == path:
+            line = linecache.getline(path, lineno).strip() or None
+    return line
+
+
+def record(error: BaseException | None, script: str | None = None) -> None:
     path = os.environ.get(OUT_ENV)
     if not path:
         return
     signature = signatures.signature_line(error) if error is not None else None
     raised_in = torch_entry(error) if error is not None else None
+    written = {"failed": error is not None, "signature": signature, "raised_in": raised_in}
+    if error is not None and script is not None:
+        written["raised_at"] = raised_at(error, script)
     with open(path, "w") as out:
-        json.dump({"failed": error is not None, "signature": signature, "raised_in": raised_in}, out)
+        json.dump(written, out)
 
 
 def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
@@ -60,7 +76,62 @@ def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
         record(call.excinfo.value)
 
 
+def serve(modules: list[str]) -> int:
+    """A fork server for many runs of scripts (`minify_client.reduce`): import `modules` once (torch
+    costs seconds a run), then for each request read from stdin, a JSON line `{"script", "args",
+    "out", "timeout_s"}`, fork a child that runs the script as `main` does (its output discarded, its
+    record written to `out`), wait for it (killed once past `timeout_s`), and answer on stdout with
+    a JSON line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
+    server itself runs nothing else: every run starts from the same state."""
+    import importlib
+    import signal
+    import time
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the script's own run will say so
+            pass
+    answers = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(request)
+        deadline = time.monotonic() + float(request["timeout_s"])
+        timed_out = False
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
+        answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n")
+        answers.flush()
+    return 0
+
+
+def _run_forked(request: dict[str, Any]) -> None:
+    """In a child of `serve`: run the request's script, then end with its exit code."""
+    code = 1
+    try:
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for stream in (0, 1, 2):
+            os.dup2(quiet, stream)
+        os.environ[OUT_ENV] = request["out"]
+        os.chdir(os.path.dirname(request["script"]))
+        code = main([request["script"], *request["args"]])
+    finally:
+        os._exit(code if isinstance(code, int) else 1)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--serve"]:
+        return serve(argv[1:])
     script, *args = argv
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -68,10 +139,10 @@ def main(argv: list[str]) -> int:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         failed = exit_.code not in (None, 0)
-        record(exit_ if failed else None)
+        record(exit_ if failed else None, script)
         return exit_.code if isinstance(exit_.code, int) else int(failed)
     except BaseException as error:
-        record(error)
+        record(error, script)
         traceback.print_exc()
         return 1
     record(None)

@@ -1,0 +1,465 @@
+"""The smallest script that still fails the same way, for failures no graph holds.
+
+When dynamo is to blame (a guard it did not install, a value it replays, a graph reused where it
+should have recompiled) or AOT autograd's runtime wrappers are, no graph a compiler received holds
+the failure, and the capture has nothing to minimize (the diagnosis says which layer). What can
+shrink then is the program itself. `reduce_script(script)` does what C-Reduce does for C, on the
+script's syntax tree: it deletes statements (halves of a block first, then smaller runs, then one
+at a time), replaces a block (`if`, `for`, `while`, `with`, `try`) by its body, and makes integer
+literals smaller (a tensor's sizes), keeping each change only when the smaller script
+
+- still fails the same way: the same exception type raised by the same statement (for an error
+  other than an `AssertionError`, the same signature too, as `minify_contract.signatures` keys it;
+  for a death, the same signal), and
+- still passes with torch.compile switched off (`TORCHDYNAMO_DISABLE=1`): a script that is wrong
+  without the compiler is the script's bug, not the compiler's, so the reduction never drifts there.
+
+Every run is a fresh process (`minify_client/capture/rerun.py` by its path, as the capture's
+diagnosis reruns a script), `jobs` of them at
+a time, each bounded by `timeout_s`; a run that hangs counts as passing. The candidates live beside
+the script while they run (`.<name>.minify-<n>.py`: its imports and relative paths still resolve)
+and are removed after; the script itself is never written: the result goes to `<name>.min.py`. The
+reduction repeats its passes until none changes the script, or until `budget_s` runs out (the
+smallest script so far is kept). Comments and formatting are not kept: the result is `ast.unparse`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import copy
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from minify_client.capture import rerun
+from minify_client.capture.crash import death_signature
+
+DISABLE_ENV = {"TORCHDYNAMO_DISABLE": "1"}
+_BLOCK_FIELDS = ("body", "orelse", "finalbody")
+# The environment of the user's run, less what would change how the script runs under us.
+_DROPPED_ENV = ("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST", "TORCHDYNAMO_DISABLE",
+                rerun.OUT_ENV)
+
+
+class ReduceRefused(ValueError):
+    """The script cannot be reduced against its failure: it passes, or fails without the compiler."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """How one run of a script ended."""
+
+    failed: bool
+    signature: str | None = None  # "Type: key" (signatures.signature_line), or the signal's name
+    raised_at: str | None = None  # the script's statement that raised
+    timed_out: bool = False
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        if not self.failed:
+            return "passes"
+        return f"{self.signature}" + (f" at `{self.raised_at}`" if self.raised_at else "")
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """The result: the smallest failing script, and what it took."""
+
+    source: str
+    failure: Run
+    lines_before: int
+    lines_after: int
+    runs: int
+    seconds: float
+    finished: bool  # False: the budget ran out before the passes stopped changing the script
+
+
+def same_failure(expected: Run, observed: Run) -> bool:
+    """Whether `observed` fails the way `expected` does (see the module's docstring)."""
+    if not observed.failed or observed.timed_out or expected.signature is None or observed.signature is None:
+        return False
+    if expected.raised_at != observed.raised_at:
+        return False
+    kind = expected.signature.split(":", 1)[0]
+    if kind == "AssertionError":  # its message holds the values, which a smaller script changes
+        return observed.signature.split(":", 1)[0] == kind
+    return observed.signature == expected.signature
+
+
+class ScriptRunner:
+    """Runs a script's text as `script` would run (beside it, as `__main__`), with or without
+    torch.compile, each run in a process of its own: a child forked from a server that imported
+    torch once (`rerun.serve`, one per mode and job; `preload`), else a fresh `python`."""
+
+    def __init__(self, script: Path, args: list[str], timeout_s: float, *, preload: list[str] | None = None,
+                 jobs: int = 1) -> None:
+        self.script = script.resolve()
+        self.args = args
+        self.timeout_s = timeout_s
+        self.preload = preload or []
+        self._counter = itertools.count()
+        self._servers: dict[bool, queue.Queue[subprocess.Popen[str] | None]] = {}
+        for compiled in (True, False):
+            self._servers[compiled] = queue.Queue()
+            for _ in range(jobs if self.preload else 0):
+                self._servers[compiled].put(None)  # started when first used
+        self._lock = threading.Lock()
+        self.runs = 0
+
+    def run(self, source: str, *, compiled: bool = True) -> Run:
+        with self._lock:
+            self.runs += 1
+            number = next(self._counter)
+        path = self.script.with_name(f".{self.script.stem}.minify-{os.getpid()}-{number}.py")
+        handle, out = tempfile.mkstemp(prefix="minify-reduce-", suffix=".json")
+        os.close(handle)
+        try:
+            path.write_text(source)
+            returncode = self._through_server(path, out, compiled) if self.preload else None
+            if returncode is None:
+                returncode = self._fresh(path, out, compiled)
+            if returncode is None:
+                return Run(failed=False, timed_out=True)
+            return _ended(returncode, Path(out))
+        finally:
+            path.unlink(missing_ok=True)
+            os.unlink(out)
+
+    def close(self) -> None:
+        for servers in self._servers.values():
+            while not servers.empty():
+                server = servers.get_nowait()
+                if server is not None:
+                    server.kill()
+                    server.wait()
+
+    def _environment(self, compiled: bool) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(_DROPPED_ENV)}
+        env.update({} if compiled else DISABLE_ENV)
+        return env
+
+    def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
+        """The exit status of a fresh `python` running `path` (None: it timed out)."""
+        env = {**self._environment(compiled), rerun.OUT_ENV: out}
+        try:
+            done = subprocess.run([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, str(path), *self.args],
+                                  cwd=self.script.parent, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+        return done.returncode
+
+    def _through_server(self, path: Path, out: str, compiled: bool) -> int | None:
+        """The exit status of a child of a fork server running `path` (None: it timed out); a fresh
+        run (`_fresh`) where no server can be had."""
+        servers = self._servers[compiled]
+        server = servers.get()
+        try:
+            if server is None or server.poll() is not None:
+                server = subprocess.Popen([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, "--serve",
+                                           *self.preload], cwd=self.script.parent, env=self._environment(compiled),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, text=True)
+            assert server.stdin is not None and server.stdout is not None
+            request = {"script": str(path), "args": self.args, "out": out, "timeout_s": self.timeout_s}
+            server.stdin.write(json.dumps(request) + "\n")
+            server.stdin.flush()
+            answer = server.stdout.readline()
+        except OSError:
+            answer = ""
+        finally:
+            servers.put(server)
+        if not answer:  # the server died: this run goes fresh, the next starts another server
+            return self._fresh(path, out, compiled)
+        ended = json.loads(answer)
+        return None if ended["timed_out"] else int(ended["returncode"])
+
+
+def _ended(returncode: int, out: Path) -> Run:
+    try:
+        written = json.loads(out.read_text())
+    except (OSError, ValueError):
+        written = None
+    if written is None:
+        if returncode < 0:
+            return Run(failed=True, signature=death_signature(returncode))
+        return Run(failed=returncode != 0, signature=f"ExitStatus: {returncode}" if returncode else None)
+    return Run(failed=bool(written.get("failed")), signature=written.get("signature"),
+               raised_at=written.get("raised_at"))
+
+
+def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None, *, jobs: int = 2,
+                  timeout_s: float | None = None, budget_s: float = 1800.0,
+                  on_progress: Callable[[str], None] | None = None) -> Reduced:
+    """Reduce `script` (run with `args`) to the smallest script that still fails the same way and
+    passes without torch.compile. Raises `ReduceRefused` when the script passes, or fails without
+    torch.compile too; `SyntaxError` when it is not Python."""
+    path = Path(script)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    started = time.monotonic()
+    say = on_progress or (lambda text: None)
+    runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=_preloaded(tree), jobs=jobs)
+    try:
+        return _reduce(path, tree, runner, jobs=jobs, timeout_s=timeout_s, budget_s=budget_s, say=say,
+                       started=started)
+    finally:
+        runner.close()
+
+
+def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, timeout_s: float | None,
+            budget_s: float, say: Callable[[str], None], started: float) -> Reduced:
+    # The script as the candidates are written (ast.unparse: one statement a line, no comments) is
+    # what the failure is held to: the statement that raised is compared by its text.
+    source = ast.unparse(tree) + "\n"
+    first = time.monotonic()
+    expected = runner.run(source)
+    if not expected.failed:
+        as_written = runner.run(path.read_text()).failed
+        written = " once rewritten as the reduction writes it (ast.unparse)" if as_written else ""
+        raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
+                            "failure to keep")
+    eager = runner.run(source, compiled=False)
+    if eager.failed or eager.timed_out:
+        raise ReduceRefused(f"{path} fails without torch.compile too (TORCHDYNAMO_DISABLE=1: {eager.describe()}): "
+                            "the failure is the script's own, not the compiler's; nothing to reduce it against")
+    if timeout_s is None:  # a run may take longer than the original's, not much longer
+        runner.timeout_s = max(30.0, 3 * (time.monotonic() - first))
+    say(f"reduce: {path.name} fails with {expected.describe()}; it passes without torch.compile")
+
+    def keeps_failing(candidate: str) -> bool:
+        if not same_failure(expected, runner.run(candidate)):
+            return False
+        return not _fails_or_hangs(runner.run(candidate, compiled=False))
+
+    lines_before = _lines(source)
+    unbound = unbound_names(tree)
+    finished = False
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        while time.monotonic() - started < budget_s:
+            changed = False
+            for make_candidates in (_deletions, _unwrapped_blocks, _smaller_integers):
+                while time.monotonic() - started < budget_s:
+                    smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound)
+                    if smaller is None:
+                        break
+                    tree, changed = smaller, True
+                    say(f"reduce: {lines_before} → {_lines(ast.unparse(tree))} lines, {runner.runs} runs")
+            if not changed:
+                finished = True
+                break
+    reduced = ast.unparse(tree) + "\n"
+    return Reduced(source=reduced, failure=expected, lines_before=lines_before, lines_after=_lines(reduced),
+                   runs=runner.runs, seconds=time.monotonic() - started, finished=finished)
+
+
+def _preloaded(tree: ast.Module) -> list[str]:
+    """What the fork servers import once: the torch modules the script imports at its top level
+    (seconds a run otherwise). Nothing else: the script's own modules run in every child."""
+    names = []
+    for statement in tree.body:
+        if isinstance(statement, ast.Import):
+            names += [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+            names.append(statement.module)
+    return [name for name in dict.fromkeys(names) if name == "torch" or name.startswith("torch.")]
+
+
+def _fails_or_hangs(run: Run) -> bool:
+    return run.failed or run.timed_out
+
+
+def _lines(source: str) -> int:
+    return len([line for line in source.splitlines() if line.strip()])
+
+
+def _first_kept(pool: ThreadPoolExecutor, jobs: int, current: ast.Module, candidates: Iterator[ast.Module],
+                keeps_failing: Callable[[str], bool], unbound: set[str]) -> ast.Module | None:
+    """The first of `candidates` (smaller versions of `current`), in their order, whose script keeps
+    failing; `jobs` tried at once. One that reads the same as `current` (an emptied block's `pass`
+    deleted and put back) is not tried. Nor is one that reads a name it binds nowhere (its
+    definition deleted): it would raise NameError, a failure of its own (`unbound`: the names the
+    script itself reads unbound)."""
+    seen = {ast.unparse(current)}
+    while True:
+        batch = []
+        for tree in candidates:
+            if unbound_names(tree) - unbound:
+                continue
+            text = _valid_source(tree)
+            if text is not None and text not in seen:
+                seen.add(text)
+                batch.append((tree, text))
+            if len(batch) == jobs:
+                break
+        if not batch:
+            return None
+        for (tree, _), kept in zip(batch, pool.map(lambda entry: keeps_failing(entry[1]), batch), strict=True):
+            if kept:
+                return tree
+
+
+def unbound_names(tree: ast.AST) -> set[str]:
+    """The names `tree` reads that nothing in it binds (an assignment, a definition, an import, a
+    parameter, a `global`, a handler, a pattern) and that are not builtins. Flow-insensitive: a name
+    bound anywhere counts as bound everywhere, so only a name bound nowhere is reported."""
+    bound = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__spec__", "__loader__", "__builtins__"}
+    read = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return set()  # a star import binds what it binds: nothing can be said
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return read - bound
+
+
+def _valid_source(tree: ast.Module) -> str | None:
+    try:
+        text = ast.unparse(ast.fix_missing_locations(tree))
+        compile(text, "<candidate>", "exec")
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return text
+
+
+def _blocks(tree: ast.AST) -> list[list[ast.stmt]]:
+    """Every statement list of `tree` (a module's, a function's, a branch's), outermost first, in
+    an order a deep copy of `tree` repeats."""
+    found = []
+    for node in ast.walk(tree):
+        for field in _BLOCK_FIELDS:
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                found.append(block)
+    return found
+
+
+def _deletions(tree: ast.Module) -> Iterator[ast.Module]:
+    """`tree` less a run of statements of one block: halves first, then smaller runs, down to one."""
+    for index, block in enumerate(_blocks(tree)):
+        size = len(block)
+        while size >= 1:
+            for start in range(0, len(block), size):
+                smaller = copy.deepcopy(tree)
+                target = _blocks(smaller)[index]
+                del target[start:start + size]
+                if not target:
+                    target.append(ast.Pass())
+                yield smaller
+            size //= 2
+
+
+def _unwrapped_blocks(tree: ast.Module) -> Iterator[ast.Module]:
+    """`tree` with one `if`/`for`/`while`/`with`/`try` replaced by its body (an `if` by its `else` too)."""
+    for index, block in enumerate(_blocks(tree)):
+        for position, statement in enumerate(block):
+            if not isinstance(statement, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+                continue
+            bodies = [statement.body] + ([statement.orelse] if isinstance(statement, ast.If) and statement.orelse
+                                         else [])
+            for which in range(len(bodies)):
+                smaller = copy.deepcopy(tree)
+                target = _blocks(smaller)[index]
+                replaced = target[position]
+                body = replaced.body if which == 0 else replaced.orelse  # type: ignore[union-attr]
+                target[position:position + 1] = body
+                yield smaller
+
+
+def _smaller_integers(tree: ast.Module) -> Iterator[ast.Module]:
+    """`tree` with integer literals above 1 made 1, else half as big: every literal of one value at
+    once first (a size a script writes in several places), then one literal at a time."""
+    literals = _integer_literals(tree)
+    for value in dict.fromkeys(literal.value for literal in literals):
+        for smaller_value in _smaller_values(value):
+            smaller = copy.deepcopy(tree)
+            for literal in _integer_literals(smaller):
+                if literal.value == value:
+                    literal.value = smaller_value
+            yield smaller
+    for index, literal in enumerate(literals):
+        for smaller_value in _smaller_values(literal.value):
+            smaller = copy.deepcopy(tree)
+            _integer_literals(smaller)[index].value = smaller_value
+            yield smaller
+
+
+def _integer_literals(tree: ast.AST) -> list[ast.Constant]:
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and type(node.value) is int and node.value > 1]
+
+
+def _smaller_values(value: int) -> list[int]:
+    return [smaller for smaller in dict.fromkeys((1, value // 2)) if smaller < value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m minify_client.reduce SCRIPT [ARGS...]` (also `minify-client reduce`)."""
+    parser = argparse.ArgumentParser(prog="minify-client reduce", description=DESCRIPTION)
+    add_arguments(parser)
+    return run_command(parser.parse_args(argv))
+
+
+DESCRIPTION = ("Write the smallest script that still fails the way SCRIPT does under torch.compile, and passes "
+               "without it (for failures no captured graph holds: dynamo's, AOT autograd's runtime wrappers').")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments, on `parser`."""
+    parser.add_argument("script", type=Path, help="the failing Python script")
+    parser.add_argument("args", nargs="*", help="its arguments")
+    parser.add_argument("--out", type=Path, help="where to write the result (default: beside SCRIPT, <name>.min.py)")
+    parser.add_argument("--jobs", type=int, default=2, help="scripts run at once (default 2)")
+    parser.add_argument("--timeout", type=float,
+                        help="seconds one run may take (default: 3x the first run, at least 30)")
+    parser.add_argument("--budget", type=float, default=1800.0, help="seconds for the whole reduction (default 1800)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the command for parsed `args`; its exit status (2: the script cannot be reduced)."""
+    script: Path = args.script
+    out: Path = args.out or script.with_name(f"{script.stem}.min.py")
+    try:
+        reduced = reduce_script(script, args.args, jobs=args.jobs, timeout_s=args.timeout, budget_s=args.budget,
+                                on_progress=lambda text: print(text, file=sys.stderr, flush=True))
+    except (OSError, SyntaxError, ReduceRefused) as error:
+        print(f"minify-client reduce: {error}", file=sys.stderr)
+        return 2
+    out.write_text(reduced.source)
+    ending = "" if reduced.finished else " (the budget ran out: the smallest so far)"
+    print(f"reduced {script} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
+          f"{reduced.seconds:.0f} s{ending}: {out}\nit fails with {reduced.failure.describe()}, "
+          "and passes without torch.compile")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""`minify-client reduce`: the smallest script that still fails the same way, for failures no
+captured graph holds (dynamo's guards and replays, AOT autograd's runtime wrappers).
+
+Scripts here fail "under the compiler" the way such bugs do: only when torch.compile is on, and
+not with `TORCHDYNAMO_DISABLE=1`. The family: a wrong value (an `AssertionError` whose message
+holds the values, which a smaller script changes), an error (held to its signature), a death (held
+to its signal), and a real dynamo bug (pytorch#197811: two closures over different Tensor methods
+share one graph, on backend "eager"). What must never happen: the reduction keeping a change that
+makes the script fail without the compiler too (drift into the script's own bug), or writing the
+user's script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minify_client.reduce import Run, reduce_script, same_failure
+
+COMPILED_ONLY = 'os.environ.get("TORCHDYNAMO_DISABLE") != "1"'
+
+WRONG_VALUE = f'''"""A sum that is off by one only "under the compiler"."""
+import os
+
+
+def noise():
+    return [i * i for i in range(100)]
+
+
+data = list(range(40))
+total = sum(data)  # the sum
+unused = noise()
+print("working on", len(data))
+expected = sum(range(40))
+if {COMPILED_ONLY}:
+    total += 1
+for item in unused[:3]:
+    total += 0
+assert total == expected, f"compiled {{total}} != eager {{expected}}"
+'''
+
+ERROR = f'''import os
+import json
+
+settings = json.loads('{{"depth": 3}}')
+names = ["a", "b", "c"]
+if {COMPILED_ONLY}:
+    names = names[:2]
+for name in names:
+    print(name)
+lookup = dict(zip(names, range(8)))
+value = lookup["c"]
+'''
+
+DEATH = f'''import os
+import signal
+
+sizes = [4, 8, 16]
+doubled = [size * 2 for size in sizes]
+if {COMPILED_ONLY}:
+    os.kill(os.getpid(), signal.SIGABRT)
+print(doubled)
+'''
+
+# Unwrapping the `if` (its body always run) keeps the same AssertionError at the same statement,
+# but then the script fails without the compiler too: the guard must refuse that change.
+DRIFT = f'''import os
+
+expected = 3
+value = expected
+if {COMPILED_ONLY}:
+    value += 1
+assert value == expected
+'''
+
+
+def _write(folder: Path, source: str, name: str = "script.py") -> Path:
+    path = folder / name
+    path.write_text(source)
+    return path
+
+
+def _run(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def test_a_wrong_value_is_reduced_to_what_it_needs(tmp_path: Path) -> None:
+    script = _write(tmp_path, WRONG_VALUE)
+    before = hashlib.sha256(script.read_bytes()).hexdigest()
+
+    reduced = reduce_script(script, jobs=2)
+
+    assert reduced.finished and reduced.lines_after < reduced.lines_before
+    assert "noise" not in reduced.source and "print" not in reduced.source and "for item" not in reduced.source
+    assert "TORCHDYNAMO_DISABLE" in reduced.source and "total += 1" in reduced.source
+    assert "range(40)" not in reduced.source  # both 40s made 1 at once: one size written twice
+    assert reduced.failure.raised_at is not None and reduced.failure.raised_at.startswith("assert total == expected")
+    # The user's script is as it was, and no candidate is left beside it.
+    assert hashlib.sha256(script.read_bytes()).hexdigest() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["script.py"]
+    result = _write(tmp_path, reduced.source, "script.min.py")
+    assert "AssertionError: compiled" in _run(result).stderr
+    assert _run(result, TORCHDYNAMO_DISABLE="1").returncode == 0
+
+
+def test_an_error_is_held_to_its_signature_and_a_death_to_its_signal(tmp_path: Path) -> None:
+    error = reduce_script(_write(tmp_path, ERROR, "error.py"), jobs=2)
+    assert error.failure.signature == "KeyError: 'c'"
+    assert "json" not in error.source and "print" not in error.source
+    assert "KeyError: 'c'" in _run(_write(tmp_path, error.source, "error.min.py")).stderr
+
+    death = reduce_script(_write(tmp_path, DEATH, "death.py"), jobs=2)
+    assert death.failure.signature == "SIGABRT"
+    assert "doubled" not in death.source and "sizes" not in death.source
+    assert _run(_write(tmp_path, death.source, "death.min.py")).returncode == -6
+
+
+def test_a_change_that_fails_without_the_compiler_too_is_never_kept(tmp_path: Path) -> None:
+    reduced = reduce_script(_write(tmp_path, DRIFT), jobs=2)
+
+    assert "TORCHDYNAMO_DISABLE" in reduced.source  # the `if` stays: without it the script is simply wrong
+    result = _write(tmp_path, reduced.source, "script.min.py")
+    assert _run(result, TORCHDYNAMO_DISABLE="1").returncode == 0 and _run(result).returncode != 0
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("x = 1\n", "passes: there is no failure to keep"),
+    ("raise ValueError('always')\n", "fails without torch.compile too (TORCHDYNAMO_DISABLE=1: ValueError: always"),
+])
+def test_a_script_that_is_not_the_compilers_bug_is_refused_by_the_command(tmp_path: Path, source: str,
+                                                                         reason: str) -> None:
+    script = _write(tmp_path, source)
+
+    done = subprocess.run([sys.executable, "-m", "minify_client.cli", "reduce", str(script)],
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 2, done.stderr
+    assert reason in done.stderr
+    assert not (tmp_path / "script.min.py").exists()
+
+
+def test_the_command_writes_the_result_where_it_is_told(tmp_path: Path) -> None:
+    script = _write(tmp_path, DEATH)
+    out = tmp_path / "out" / "smallest.py"
+    out.parent.mkdir()
+
+    done = subprocess.run([sys.executable, "-m", "minify_client.cli", "reduce", str(script), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr
+    assert f"reduced {script} from 7 to" in done.stdout and str(out) in done.stdout
+    assert "reduce: script.py fails with SIGABRT" in done.stderr  # progress, on stderr
+    assert out.is_file() and not (tmp_path / "script.min.py").exists()
+
+
+def test_the_same_failure_is_the_same_statement_and_kind() -> None:
+    wrong = Run(failed=True, signature="AssertionError: compiled N != eager N", raised_at="assert a == b")
+    assert same_failure(wrong, Run(failed=True, signature="AssertionError: compiled [N] != eager [N]",
+                                   raised_at="assert a == b"))
+    assert not same_failure(wrong, Run(failed=True, signature="AssertionError: x", raised_at="assert c"))
+    assert not same_failure(wrong, Run(failed=True, signature="NameError: name 'a' is not defined",
+                                       raised_at="assert a == b"))
+    error = Run(failed=True, signature="KeyError: 'c'", raised_at="value = lookup['c']")
+    assert not same_failure(error, Run(failed=True, signature="KeyError: 'd'", raised_at="value = lookup['c']"))
+    assert not same_failure(error, Run(failed=False, timed_out=True))
+
+
+def test_a_dynamo_bug_is_reduced_to_its_two_closures(tmp_path: Path) -> None:
+    """pytorch#197811 (dynamo reuses the first closure's graph for the second), padded with code it
+    does not need: the result keeps the two closures and the check, and fails only under dynamo."""
+    padded = '''import math
+
+import torch
+
+
+def make(op):
+    def apply(x, y):
+        return op(x, y)
+
+    return apply
+
+
+def main():
+    weights = torch.ones(64, 64)
+    add, mul = make(torch.Tensor.__add__), make(torch.Tensor.__mul__)
+    x, y = torch.tensor(6.0), torch.tensor(3.0)
+    print("scale", math.sqrt(2), weights.shape)
+    expected = (add(x, y), mul(x, y))
+    actual = (torch.compile(add, dynamic=True, backend="eager")(x, y),
+              torch.compile(mul, dynamic=True, backend="eager")(x, y))
+    assert all(torch.equal(a, e) for a, e in zip(actual, expected)), (
+        f"compiled {[a.item() for a in actual]} != eager {[e.item() for e in expected]}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+    reduced = reduce_script(_write(tmp_path, padded), jobs=2)
+
+    assert reduced.finished and reduced.lines_after < reduced.lines_before
+    assert "math" not in reduced.source and "weights" not in reduced.source and "print" not in reduced.source
+    assert "__add__" in reduced.source and "__mul__" in reduced.source
+    result = _write(tmp_path, reduced.source, "script.min.py")
+    assert "AssertionError: compiled" in _run(result).stderr
+    assert _run(result, TORCHDYNAMO_DISABLE="1").returncode == 0
