@@ -109,7 +109,7 @@ def test_a_script_rerun_runs_it_as_python_m_would_without_importing_the_client(t
     assert done.returncode == 5 and seen == {"argv": [str(tmp_path / "script.py"), "--epochs", "1"], "name": "__main__",
                                              "path": [str(tmp_path), str(tmp_path / "cwd")], "client": []}
     assert json.loads((tmp_path / "out.json").read_text()) == {"failed": True, "signature": "SystemExit: N",
-                                                               "raised_in": None}
+                                                               "raised_in": None, "raised_at": "sys.exit(5)"}
 
 
 def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
