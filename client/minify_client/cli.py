@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     reducing = commands.add_parser(
         "reduce", help="shrink a failing script no captured graph holds (runs it here, not on a server)",
-        description=reduce.DESCRIPTION + " Each candidate runs here as a fresh `python` process, twice: with "
+        description=reduce.DESCRIPTION + " Each candidate runs here in a process of its own, twice at most: with "
         "torch.compile and without it. Exit code: 0 reduced, 2 the script passes or fails without torch.compile.")
     reduce.add_arguments(reducing)
     reducing.set_defaults(run=reduce.run_command)

@@ -48,9 +48,6 @@ from minify_client.capture.crash import death_signature
 
 DISABLE_ENV = {"TORCHDYNAMO_DISABLE": "1"}
 _BLOCK_FIELDS = ("body", "orelse", "finalbody")
-# The environment of the user's run, less what would change how the script runs under us.
-_DROPPED_ENV = ("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST", "TORCHDYNAMO_DISABLE",
-                rerun.OUT_ENV)
 
 
 class ReduceRefused(ValueError):
@@ -147,9 +144,7 @@ class ScriptRunner:
                     server.wait()
 
     def _environment(self, compiled: bool) -> dict[str, str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith(_DROPPED_ENV)}
-        env.update({} if compiled else DISABLE_ENV)
-        return env
+        return rerun.environment({} if compiled else DISABLE_ENV)
 
     def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a fresh `python` running `path` (None: it timed out)."""
@@ -190,10 +185,7 @@ class ScriptRunner:
 
 
 def _ended(returncode: int, out: Path) -> Run:
-    try:
-        written = json.loads(out.read_text())
-    except (OSError, ValueError):
-        written = None
+    written = rerun.read_record(out)
     if written is None:
         if returncode < 0:
             return Run(failed=True, signature=death_signature(returncode))
@@ -233,7 +225,7 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
         raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
                             "failure to keep")
     eager = runner.run(source, compiled=False)
-    if eager.failed or eager.timed_out:
+    if _fails_or_hangs(eager):
         raise ReduceRefused(f"{path} fails without torch.compile too (TORCHDYNAMO_DISABLE=1: {eager.describe()}): "
                             "the failure is the script's own, not the compiler's; nothing to reduce it against")
     if timeout_s is None:  # a run may take longer than the original's, not much longer

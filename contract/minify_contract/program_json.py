@@ -107,7 +107,7 @@ def _check_target(target: Any, where: str) -> None:
         raise ProgramJsonError(f"{where}: target {target!r} is not an operator name (as 'aten.relu.default')")
     module, *rest = target.split(".")
     allowed = {"builtins": BUILTIN_NAMES, "torch": TORCH_SYM_NAMES}.get(module)
-    if allowed is not None and rest not in ([name] for name in allowed):
+    if allowed is not None and (len(rest) != 1 or rest[0] not in allowed):
         raise ProgramJsonError(f"{where}: target {target!r} is not one a program may call ({module}: "
                                f"{', '.join(allowed)})")
     if module in PYTHON_MODULES and (len(rest) != 1 or rest[0].startswith("_")):

@@ -116,10 +116,7 @@ def write_pending(directory: Path, program: Any, *, test: str, key: str, level: 
     folder = directory / PENDING / f"{os.getpid()}-{next(_counter)}"
     folder.mkdir(parents=True, exist_ok=True)
     written = write_program(program.program, program.args, program.kwargs, folder, "program")
-    spec = program.spec
-    if written.program_format != spec.program_format:
-        spec = spec.model_copy(update={"program_format": written.program_format})
-    (folder / "spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    (folder / "spec.json").write_text(written.described_by(program.spec).model_dump_json(indent=2) + "\n")
     meta = {"pid": os.getpid(), "test": test, "key": key, "level": level, "backend": backend,
             "static_reason": program.static_reason, "program": written.name}
     temporary = folder / f"{_META}.tmp"

@@ -89,8 +89,7 @@ def save_and_submit(
         directory.mkdir(parents=True, exist_ok=True)
         written = write_program(program, args, kwargs, directory, name)
         program_path = directory / written.name
-        if written.program_format != spec.program_format:
-            spec = spec.model_copy(update={"program_format": written.program_format})
+        spec = written.described_by(spec)
         (directory / "spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
         job = dashboard = None
         if submit_to is not None:

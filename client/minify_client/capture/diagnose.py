@@ -35,8 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import crash
-from .rerun import OUT_ENV
+from . import crash, rerun
 from .torch_hooks import ACCURACY_ENV
 
 logger = logging.getLogger(__name__)
@@ -120,8 +119,6 @@ def script_command(script: str, args: Sequence[str]) -> list[str]:
     """rerun.py run by its path: `-m minify_client.capture.rerun` would first import the client's
     packages (httpx, pydantic, rich: 0.7 CPU-s a rerun), none of which a rerun uses."""
     import sys
-
-    from . import rerun
 
     return [sys.executable, "-c", rerun.BY_PATH, rerun.__file__, script, *args]
 
@@ -287,11 +284,7 @@ def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *,
            log: Path, directory: Path, expected: str, timeout_s: float) -> Rerun:
     handle, out = tempfile.mkstemp(prefix="minify-rerun-", suffix=".json")
     os.close(handle)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST",
-                                  "TORCH_BISECT", "TORCHDYNAMO_DISABLE"))}
-    env.update(environment)
-    env[OUT_ENV] = out
+    env = rerun.environment({**environment, rerun.OUT_ENV: out})
     started = time.monotonic()
     try:
         with open(log, "w") as output:
@@ -311,10 +304,7 @@ def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *,
 
 
 def _outcome(returncode: int, out: str, expected: str) -> tuple[Outcome, str | None, str | None]:
-    try:
-        written = json.loads(Path(out).read_text())
-    except (OSError, ValueError):
-        written = None
+    written = rerun.read_record(out)
     if written is None:
         # Nothing written: a script that ended without a word, or pytest with no failing test.
         if returncode == 0:

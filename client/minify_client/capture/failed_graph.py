@@ -110,7 +110,7 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         given = _given(spec)
         spec = {**given, "failure": {"training": True, **dict(given.get("failure") or {})}}
         if autograd_functions(failed.graph):  # whose backward torch.export would drop
-            return _keeping_functions(failed, spec)
+            return _with_functions_kept(failed, spec)
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
     static_reason = None
     transforms = transform_calls(module.graph)
@@ -145,7 +145,7 @@ def exported(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     return Program(program, inputs, {}, spec_for(failed, spec), chain_of(failed), static_reason)
 
 
-def _keeping_functions(failed: FailedCompile, spec: dict[str, Any]) -> Program:
+def _with_functions_kept(failed: FailedCompile, spec: dict[str, Any]) -> Program:
     """The failing graph lowered with its custom autograd.Functions kept, forward and backward
     (`autograd_functions.lower`), as program.json; `CaptureRefused` saying why where it cannot be."""
     module, inputs, symbolic = specialize_floats(failed.graph, failed.inputs, failed.symbolic)
@@ -158,14 +158,11 @@ def _keeping_functions(failed: FailedCompile, spec: dict[str, Any]) -> Program:
         static_reason = "a graph holding custom autograd.Functions is captured lowered to aten ops, with static shapes"
         add_note(failed.error, f"minify: captured with static shapes: {static_reason}")
         spec = {"dynamic": "static", **spec}
-    why = (f"torch.export keeps the forward only of the custom autograd.Function{_plural(failed)} "
-           f"({', '.join(autograd_functions(failed.graph))}) whose backward the failing training compile traced")
+    functions = autograd_functions(failed.graph)
+    why = (f"torch.export keeps the forward only of the custom autograd.Function{'s' if len(functions) > 1 else ''} "
+           f"({', '.join(functions)}) whose backward the failing training compile traced")
     return Program(GraphProgram(lowered, why), tuple(inputs), {}, spec_for(failed, spec), chain_of(failed),
                    static_reason)
-
-
-def _plural(failed: FailedCompile) -> str:
-    return "s" if len(autograd_functions(failed.graph)) > 1 else ""
 
 
 def _first_line(error: BaseException) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from minify_contract import program_json, zero_tensors
+from minify_contract.models import JobSpec
 
 from .higher_order import CaptureRefused, higher_order_ops, root_cause
 
@@ -34,6 +35,12 @@ class ProgramFile:
 
     name: str
     program_format: str
+
+    def described_by(self, spec: JobSpec) -> JobSpec:
+        """`spec` with this file's `program_format`."""
+        if spec.program_format == self.program_format:
+            return spec
+        return spec.model_copy(update={"program_format": self.program_format})
 
 
 @dataclass(frozen=True)
@@ -58,33 +65,26 @@ def write_program(program: Any, args: Sequence[Any], kwargs: dict[str, Any], dir
     import torch
 
     if isinstance(program, GraphProgram):
-        try:
-            document, values = graph_program_json(program, args)
-        except Exception as error:
-            raise CaptureRefused(f"{program.why}, and minify's program.json cannot hold it either "
-                                 f"({root_cause(error)}): the failing graph is not captured") from error
-        return _write_json(document, values, directory, name)
-    pt2 = directory / f"{name}.pt2"
-    try:
-        _save_pt2(program, pt2)
-    except _NotSavable as refusal:
-        pt2.unlink(missing_ok=True)
-        why_not = str(refusal)
+        why_not = program.why
     else:
-        # A ZeroTensor input goes in as a marker the worker rebuilds it from (zero_tensors).
-        torch.save(zero_tensors.encode((tuple(args), kwargs)), directory / INPUTS)
-        return ProgramFile(pt2.name, "pt2")
+        pt2 = directory / f"{name}.pt2"
+        try:
+            _save_pt2(program, pt2)
+        except _NotSavable as refusal:
+            pt2.unlink(missing_ok=True)
+            why_not = str(refusal)
+        else:
+            # A ZeroTensor input goes in as a marker the worker rebuilds it from (zero_tensors).
+            torch.save(zero_tensors.encode((tuple(args), kwargs)), directory / INPUTS)
+            return ProgramFile(pt2.name, "pt2")
     try:
-        document, values = as_program_json(program, args, kwargs, why=why_not)
+        if isinstance(program, GraphProgram):
+            document, values = graph_program_json(program, args)
+        else:
+            document, values = as_program_json(program, args, kwargs, why=why_not)
     except Exception as error:
         raise CaptureRefused(f"{why_not}, and minify's program.json cannot hold it either ({root_cause(error)}): "
                              "the failing graph is not captured") from error
-    return _write_json(document, values, directory, name)
-
-
-def _write_json(document: dict[str, Any], values: dict[str, Any], directory: Path, name: str) -> ProgramFile:
-    import torch
-
     (directory / f"{name}.json").write_text(json.dumps(document))
     torch.save(zero_tensors.encode(values), directory / INPUTS)
     return ProgramFile(f"{name}.json", PROGRAM_FORMAT_JSON)

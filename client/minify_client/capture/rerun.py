@@ -32,6 +32,17 @@ OUT_ENV = "MINIFY_RERUN_OUT"
 BY_PATH = "import os, runpy, sys; sys.path[0] = os.getcwd(); runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 
 
+# What a rerun leaves out of the user's environment: the capture's own switches (a rerun captures
+# nothing), pytest's per-test variables, and torch's settings that the rerun itself chooses.
+_NOT_INHERITED = ("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST", "TORCH_BISECT",
+                  "TORCHDYNAMO_DISABLE", OUT_ENV)
+
+
+def environment(settings: dict[str, str]) -> dict[str, str]:
+    """The environment of a rerun: this process's, less what it must not inherit, with `settings`."""
+    return {**{key: value for key, value in os.environ.items() if not key.startswith(_NOT_INHERITED)}, **settings}
+
+
 def torch_entry(error: BaseException) -> str | None:
     """The torch module the program called into when `error` was raised ("torch.export",
     "torch.nn.modules.module"): the outermost frame of its traceback inside torch's package."""
@@ -69,6 +80,17 @@ def record(error: BaseException | None, script: str | None = None) -> None:
         written["raised_at"] = raised_at(error, script)
     with open(path, "w") as out:
         json.dump(written, out)
+
+
+def read_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a rerun wrote to its `OUT_ENV` file, or None where it wrote nothing (it passed as a
+    pytest test, or died before it could)."""
+    try:
+        with open(path) as file:
+            written = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return written if isinstance(written, dict) else None
 
 
 def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:

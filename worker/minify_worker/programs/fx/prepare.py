@@ -77,7 +77,6 @@ def prepare(program: Path, inputs: Path | None, workdir: Path, device: str = "cp
     kills the process: a check the compiled code turned into a crash); the values recorded up to the
     failing op are kept. The runner refuses a candidate that raises both ways (the program's own
     error)."""
-
     from minify_worker.programs.fx.graph import flat_graph_from_exported_program
 
     if is_program_json(program):
@@ -150,7 +149,6 @@ def prepare_program_json(program: Path, inputs: Path | None, workdir: Path, devi
     allowlist only), and every placeholder's value from `inputs`: a dict by placeholder name, or a
     tuple or list in the placeholders' order. A placeholder's role and its values' keys are the
     document's; the keys of intermediates are made afresh from this run."""
-
     from minify_contract.program_json import ProgramJsonError, read_document
     from minify_worker.programs.fx.graph import META_ROLE, GraphFormatError, graph_from_wire
 
