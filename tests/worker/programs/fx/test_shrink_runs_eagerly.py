@@ -120,8 +120,10 @@ def test_a_job_shrinks_the_input_a_randperm_indexes_only_down_to_its_range(tmp_p
     assert result.status is JobState.succeeded, result.reason
     assert ops_of(result.report.graph_code)[-1] == "index"
     assert result.report.input_shapes_final["x"].shape[1] == 1
-    assert result.report.outcomes.get("invalid", 0) >= 1  # x's rows below the indices' values were refused
+    # x's rows below the indices' values were refused: the delivered program runs eagerly. (Not
+    # `outcomes["invalid"] >= 1`: with two slots the refused halving can be cancelled before it is
+    # built, when its sibling settles the step first.)
     program = torch.export.load(tmp_path / "out" / "minimized.pt2")
-    program.module()(*torch.load(tmp_path / "out" / "inputs.pt", weights_only=True))  # runs eagerly
+    program.module()(*torch.load(tmp_path / "out" / "inputs.pt", weights_only=True))
     ran = run_repro(tmp_path / "out" / "repro.py", **{ALLOWED_BACKENDS_ENV: PREFIX})
     assert "repro failed with: RuntimeError: injected failure on index" in ran.stderr, ran.stderr[-2000:]
