@@ -11,7 +11,8 @@ walks from the outermost exception to the innermost meaningful one, through the 
 where they survive and through the wrapper's text where only that is left; the last link is the
 root cause, and the whole chain is kept for reports and `--match`.
 
-The key: the root cause's first meaningful line (a compiler's first `error:` line, for build logs)
+The key: the root cause's first meaningful line (a compiler's first `error:` line, for build logs;
+with the line after it where the first only leads in, ending with a colon)
 with what changes between candidates of the same bug normalized away: paths, hex, addresses,
 numbers and generated names (`tmp3`, `buf12`, `arg0_1`). An FX node's name loses its numeric
 suffix (`relu_2` is `relu`): FX numbers a name only when it is taken already, so the same node is
@@ -146,8 +147,14 @@ def _first_compiler_error(message: str) -> str | None:
 
 
 def first_meaningful_line(message: str) -> str:
-    for line in message.splitlines():
-        stripped = line.strip()
-        if stripped and not _NOISE_LINE.match(stripped):
-            return stripped
-    return ""
+    """The message's first line that is not a traceback's, joined with the next one where it only
+    leads in to it (ends with a colon): dynamo's `UncapturedHigherOrderOpError` opens with "... Got
+    graph break/error:" whatever the graph break, and names it on the next line ("Dynamic shape
+    operator", "torch.cond: unsupported branch return type ..."), which is what tells one bug from
+    another."""
+    lines = (line.strip() for line in message.splitlines())
+    meaningful = (line for line in lines if line and not _NOISE_LINE.match(line))
+    first = next(meaningful, "")
+    if first.endswith(":"):
+        return f"{first} {next(meaningful, '')}".rstrip()
+    return first

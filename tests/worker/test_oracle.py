@@ -57,6 +57,19 @@ def test_the_first_meaningful_line_is_the_key() -> None:
     assert oracle.normalize_message(message) == "shape mismatch: [N] vs [N]"
 
 
+def test_a_lead_in_line_is_keyed_with_the_line_it_leads_in_to() -> None:
+    """Dynamo's error for a higher-order op opens the same way for every graph break: the break on
+    the next line is the bug (pytorch#156724's nonzero in a cond branch, not a branch that returns
+    None, which a script reduction reached when only the first line was the key)."""
+    lead = "This higher order operator doesn't work unless it is captured completely. Got graph break/error:"
+    nonzero = oracle.normalize_message(f"{lead}\n\nDynamic shape operator\n\n For more details ... gb0036")
+    returns = oracle.normalize_message(f"{lead}\n\ntorch.cond: unsupported branch return type (constant non-int)")
+
+    assert nonzero == oracle.normalize_message(lead) + " Dynamic shape operator"
+    assert nonzero != returns
+    assert oracle.normalize_message("at 3:4:") == "at N:N:"  # nothing after it: the line alone
+
+
 def test_compiler_output_is_keyed_by_its_first_error_line() -> None:
     key = oracle.normalize_message(CPP_LOG.format(line=15, n=1))
     assert key == "'compile' was not declared in this scope"
