@@ -5,8 +5,10 @@ should have recompiled) or AOT autograd's runtime wrappers are, no graph a compi
 the failure, and the capture has nothing to minimize (the diagnosis says which layer). What can
 shrink then is the program itself. `reduce_script(script)` does what C-Reduce does for C, on the
 script's syntax tree: it deletes statements (halves of a block first, then smaller runs, then one
-at a time), replaces a block (`if`, `for`, `while`, `with`, `try`) by its body, and makes integer
-literals smaller (a tensor's sizes), keeping each change only when the smaller script
+at a time), replaces a block (`if`, `for`, `while`, `with`, `try`) by its body, makes integer
+literals smaller (a tensor's sizes), and replaces an expression by a part of it (a method call by
+its receiver, a call by an argument or less a keyword, an operation by an operand), keeping each
+change only when the smaller script
 
 - still fails the same way: the same exception type raised by the same statement (for an error
   other than an `AssertionError`, the same signature too, as `minify_contract.signatures` keys it;
@@ -29,6 +31,7 @@ import argparse
 import ast
 import builtins
 import copy
+import functools
 import itertools
 import json
 import os
@@ -243,7 +246,9 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while time.monotonic() - started < budget_s:
             changed = False
-            for make_candidates in (_deletions, _unwrapped_blocks, _smaller_integers):
+            passes = (_deletions, _unwrapped_blocks, _smaller_integers,
+                      functools.partial(_simpler_expressions, raising=expected.raised_at))
+            for make_candidates in passes:
                 while time.monotonic() - started < budget_s:
                     smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound)
                     if smaller is None:
@@ -402,6 +407,99 @@ def _smaller_integers(tree: ast.Module) -> Iterator[ast.Module]:
             smaller = copy.deepcopy(tree)
             _integer_literals(smaller)[index].value = smaller_value
             yield smaller
+
+
+def _simpler_expressions(tree: ast.Module, raising: str | None = None) -> Iterator[ast.Module]:
+    """`tree` with one expression replaced by a part of it, outermost first: a method call by what
+    it is called on (`x.nonzero().sum()` is `x.nonzero()`), a call by one of its arguments
+    (`torch.relu(x)` is `x`) or less one keyword argument, an operation by an operand (`a + b`,
+    `-a`, `a and b`, `b if c else a`), a subscript by what it subscripts. A module's function is
+    never replaced by the module (`torch.relu(x)` is not `torch`), nor is anything in the line that
+    raised (`raising`: the failure is held to that line's text, which any change there breaks)."""
+    modules = _imported_names(tree)
+    holders = list(ast.walk(tree))
+    lines = _statement_lines(tree)
+    for index, (field, position) in _expression_slots(tree):
+        if raising is not None and lines.get(id(holders[index])) == raising:
+            continue
+        node = _slot(holders[index], field, position)
+        for which in range(len(_parts(node, modules))):
+            smaller = copy.deepcopy(tree)
+            parent = list(ast.walk(smaller))[index]
+            replacement = _parts(_slot(parent, field, position), modules)[which]
+            if position is None:
+                setattr(parent, field, replacement)
+            else:
+                getattr(parent, field)[position] = replacement
+            yield smaller
+
+
+def _statement_lines(tree: ast.AST) -> dict[int, str]:
+    """For each node of `tree` (by id), the first line of the innermost statement holding it, as
+    the candidates are written (ast.unparse)."""
+    lines: dict[int, str] = {}
+    for statement in ast.walk(tree):  # outer statements first: an inner one overwrites
+        if isinstance(statement, ast.stmt):
+            text = ast.unparse(statement).split("\n", 1)[0].strip()
+            for node in ast.walk(statement):
+                lines[id(node)] = text
+    return lines
+
+
+def _expression_slots(tree: ast.AST) -> list[tuple[int, tuple[str, int | None]]]:
+    """Where `tree` holds an expression: (the holder's index in `ast.walk` order, (its field, the
+    position in a list field or None)), outermost first; `ast.walk` of a deep copy repeats it."""
+    slots = []
+    for index, node in enumerate(ast.walk(tree)):
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                slots.append((index, (field, None)))
+            elif isinstance(value, list):
+                slots += [(index, (field, position)) for position, item in enumerate(value)
+                          if isinstance(item, ast.expr)]
+    return slots
+
+
+def _slot(holder: ast.AST, field: str, position: int | None) -> ast.expr:
+    value = getattr(holder, field)
+    return value if position is None else value[position]
+
+
+def _parts(node: ast.expr, modules: set[str]) -> list[ast.expr]:
+    """The simpler expressions `node` may be replaced by (fresh copies): see `_simpler_expressions`."""
+    parts: list[ast.expr] = []
+    if isinstance(node, ast.Call):
+        receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+        if receiver is not None and not _names_a_module(receiver, modules):
+            parts.append(receiver)
+        parts += [argument for argument in node.args if not isinstance(argument, ast.Starred)]
+        for position in range(len(node.keywords)):
+            fewer = copy.deepcopy(node)
+            del fewer.keywords[position]
+            parts.append(fewer)
+    elif isinstance(node, ast.BinOp):
+        parts += [node.left, node.right]
+    elif isinstance(node, ast.UnaryOp):
+        parts.append(node.operand)
+    elif isinstance(node, ast.BoolOp):
+        parts += node.values
+    elif isinstance(node, ast.IfExp):
+        parts += [node.body, node.orelse]
+    elif isinstance(node, ast.Subscript):
+        parts.append(node.value)
+    return [copy.deepcopy(part) for part in parts]
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    return {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
+def _names_a_module(node: ast.expr, modules: set[str]) -> bool:
+    """`torch`, `torch.nn.functional`: a name an import binds, or an attribute chain from one."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in modules
 
 
 def _integer_literals(tree: ast.AST) -> list[ast.Constant]:

@@ -12,6 +12,7 @@ user's script.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.reduce import Run, reduce_script, same_failure
+from minify_client.reduce import Run, _simpler_expressions, reduce_script, same_failure
 
 COMPILED_ONLY = 'os.environ.get("TORCHDYNAMO_DISABLE") != "1"'
 
@@ -209,3 +210,25 @@ if __name__ == "__main__":
     result = _write(tmp_path, reduced.source, "script.min.py")
     assert "AssertionError: compiled" in _run(result).stderr
     assert _run(result, TORCHDYNAMO_DISABLE="1").returncode == 0
+
+
+@pytest.mark.fast
+def test_an_expression_is_offered_as_each_simpler_part_of_it_outside_the_line_that_raised() -> None:
+    source = ("import torch\n"
+              "def f(x):\n"
+              "    return torch.nonzero(x).sum().reshape(1).float()\n"
+              "y = -f(torch.randn(4, 3)) + 1\n"
+              "torch.compile(f, backend='eager')(torch.randn(4, 3, dtype=torch.float64))\n")
+    tree = ast.parse(source)
+    raising = "torch.compile(f, backend='eager')(torch.randn(4, 3, dtype=torch.float64))"
+    changed = {line for candidate in _simpler_expressions(tree, raising=raising)
+               for line in ast.unparse(candidate).splitlines() if line not in ast.unparse(tree).splitlines()}
+
+    assert "    return torch.nonzero(x).sum().reshape(1)" in changed  # a method call by its receiver
+    assert "    return torch.nonzero(x)" not in changed  # one step at a time: the next round goes on
+    assert "    return 1 .float()" in changed  # by an argument
+    assert "y = -f(torch.randn(4, 3))" in changed and "y = 1" in changed  # an operation by an operand
+    assert "y = f(torch.randn(4, 3)) + 1" in changed
+    assert not any(line.strip() in ("torch", "return torch") for line in changed)  # never the module
+    assert not any(line.startswith("torch.compile(") for line in changed)  # the line that raised stays
+    assert sum(1 for _ in _simpler_expressions(tree)) > sum(1 for _ in _simpler_expressions(tree, raising=raising))
