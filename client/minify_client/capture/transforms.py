@@ -57,10 +57,15 @@ def lower(module: Any, inputs: Sequence[Any], *, grad_enabled: bool) -> Any:
     """`module` (a GraphModule holding transform calls) traced to the aten ops it computes on
     `inputs`, in the grad mode it was compiled in; its placeholders are `module`'s, in order."""
     import torch
+    from torch._guards import tracing
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with preserved_state(), _disable_current_modes(), torch.set_grad_enabled(grad_enabled):
+    # Outside dynamo's tracing context, whose fake mode make_fx would otherwise reuse: there, the
+    # meta of a batched `diagonal_copy` (pytorch#190855's hessian of a trace) raised half way, the
+    # check was skipped, and dynamo's shape environment could no longer build the user's frame's
+    # guards (an IndexError in the user's program where the accuracy check was on).
+    with preserved_state(), _disable_current_modes(), tracing(None), torch.set_grad_enabled(grad_enabled):
         lowered = make_fx(module, tracing_mode="fake")(*inputs)
     # Dead code goes: forward AD's zero tangents leave products computed on the meta device and
     # never read, which a run that keeps every value (the worker's) cannot copy.

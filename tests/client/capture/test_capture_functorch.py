@@ -41,6 +41,12 @@ def f_sum(x: torch.Tensor) -> torch.Tensor:
     return f(x).sum()
 
 
+def f_trace(t: torch.Tensor) -> torch.Tensor:
+    """pytorch#190855's shape: a trace in the function a hessian differentiates (its batched
+    `diagonal_copy` has no meta under dynamo's fake mode)."""
+    return torch.relu((t + torch.trace(t) * torch.eye(3)).sin()).cos().sum()
+
+
 LINEAR = torch.nn.Linear(4, 4)
 
 # Each transform applied to one input of shape (3, 4); its result is a tensor.
@@ -51,6 +57,7 @@ TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "grad": lambda x: torch.func.grad(f_sum)(x),
     "vmap_grad": lambda x: torch.vmap(torch.func.grad(f_sum))(x),
     "hessian": lambda x: torch.func.hessian(f_sum)(x[0]),
+    "hessian_of_trace": lambda x: torch.func.hessian(f_trace)(x[:, :3]),
     "jvp": lambda x: torch.func.jvp(f, (x,), (torch.ones_like(x),))[1],
     "vjp": lambda x: torch.func.vjp(f, x)[1](torch.ones_like(x))[0],
     "functional_call": lambda x: torch.relu(torch.func.functional_call(LINEAR, dict(LINEAR.named_parameters()), (x,))),
@@ -150,7 +157,7 @@ def test_a_transform_compiled_with_dynamic_shapes_is_captured_static_and_says_so
 # --- the accuracy check observes only ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["jacfwd", "jacrev", "grad", "vmap_grad", "hessian", "jvp"])
+@pytest.mark.parametrize("name", ["jacfwd", "jacrev", "grad", "vmap_grad", "hessian", "hessian_of_trace", "jvp"])
 def test_an_accuracy_capture_of_a_wrong_transform_leaves_its_result_and_the_state_as_they_were(
         name: str, tmp_path: Path) -> None:
     # Seeded: where sin(x) < 0 throughout the row the hessian takes, relu's value never reaches its
