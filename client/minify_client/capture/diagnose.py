@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import crash, rerun
+from . import crash, rerun, torch_hooks
 from .torch_hooks import ACCURACY_ENV
 
 logger = logging.getLogger(__name__)
@@ -258,8 +258,9 @@ def _next_step(layer: Layer) -> str:
     accuracy = os.environ.get(ACCURACY_ENV) == "1"
     aot_level = os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot"
     crash_capture = crash.requested()
-    if accuracy and aot_level:
-        aot_capture = ("the accuracy check was on at the aot level and found no graph wrong by torch's rule, so "
+    found_none = _found_none()
+    if accuracy and aot_level and not torch_hooks.skipped_checks:
+        aot_capture = (f"the accuracy check was on at the aot level and {found_none}, so "
                        "the wrong values are made outside the graphs (its runtime wrappers): ")
     else:
         aot_capture = ("if the wrong values are in one, MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 "
@@ -269,15 +270,25 @@ def _next_step(layer: Layer) -> str:
         options.append("MINIFY_CAPTURE_ACCURACY=1 captures a graph whose outputs are wrong (with "
                        "MINIFY_CAPTURE_LEVEL=aot, the graph after AOT autograd)")
     elif not aot_level:
-        options.append("the accuracy check was on and found no graph wrong by torch's rule: MINIFY_CAPTURE_LEVEL=aot "
+        options.append(f"the accuracy check was on and {found_none}: MINIFY_CAPTURE_LEVEL=aot "
                        "checks each graph after AOT autograd, as the backend received it")
     else:
-        options.append("the accuracy check was on at the aot level and found no graph wrong by torch's rule: "
+        options.append(f"the accuracy check was on at the aot level and {found_none}: "
                        "the failure is within the tolerance and amplified by the program, or not in values (an "
                        "error or warning the compiled code did not raise)")
     if not crash_capture:
         options.append("MINIFY_CAPTURE_CRASH=1 captures one whose run kills the process")
     return _NEXT[layer].format(aot_capture=aot_capture, backend_capture="; ".join(options) + "; ")
+
+
+def _found_none() -> str:
+    """What the accuracy check found: nothing wrong, or nothing wrong where it could judge."""
+    skipped = torch_hooks.skipped_checks
+    if not skipped:
+        return "found no graph wrong by torch's rule"
+    return (f"found no graph wrong by torch's rule among those it could judge; it could not judge "
+            f"{'a graph' if len(skipped) == 1 else 'graphs'} ({'; '.join(skipped[:2])}), and the wrong values "
+            "may be there (a limit of minify's check, not your program's)")
 
 
 def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *, cwd: str | os.PathLike[str],

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 Level = Literal["dynamo", "aot"]
 ACCURACY_ENV = "MINIFY_CAPTURE_ACCURACY"
+# Why the accuracy or gradient check could not judge a graph in this process ("Type: first line",
+# each once): a wrong value there goes uncaptured, which the diagnosis must not call "no graph wrong".
+skipped_checks: list[str] = []
 _RECORDED = "_minify_capture_recorded"  # set on an exception once a hook reported it
 
 
@@ -516,8 +519,8 @@ def _check_gradients(compiler_fn: Any, graph: Any, example_inputs: list[Any], co
     try:
         with preserved_state(), torch.random.fork_rng(devices=_cuda_devices(inputs)):
             detail = gradient_divergence(graph, inputs, compiled, positions)
-    except Exception:  # best effort: a graph it cannot differentiate is not the user's failure
-        logger.debug("minify: gradient check skipped", exc_info=True)
+    except Exception as error:  # best effort: a graph it cannot differentiate is not the user's failure
+        _skipped("gradient", error)
         return
     if detail is not None:
         _report(lambda: FailedCompile(
@@ -683,8 +686,8 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
             if transforms:
                 graph = lower(graph, inputs, grad_enabled=grad_enabled)
             found = _judged(graph, inputs, _run_compiled(compiled, grad_enabled if transforms else None))
-    except Exception:  # the check is best effort: a graph it cannot run is not the user's failure
-        logger.debug("minify: accuracy check skipped", exc_info=True)
+    except Exception as error:  # the check is best effort: a graph it cannot run is not the user's failure
+        _skipped("accuracy", error)
         return False
     if found is not None:
         _report(lambda: FailedCompile(
@@ -692,6 +695,17 @@ def _check_accuracy(compiler_fn: Any, graph: Any, example_inputs: list[Any], com
             config=_config(compiler_fn), graph=graph, inputs=snapshot(example_inputs), kind="accuracy",
             symbolic=symbolic_values(graph.graph, example_inputs), grad_enabled=grad_enabled))
     return found is None and not transforms
+
+
+def _skipped(check: str, error: Exception) -> None:
+    """Say once per reason that a check could not judge a graph: its outputs go unjudged, so a
+    wrong value there is not captured."""
+    reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}".rstrip(": ")[:200]
+    logger.debug("minify: %s check skipped", check, exc_info=True)
+    if reason not in skipped_checks:
+        skipped_checks.append(reason)
+        logger.warning("minify: the %s check could not judge a compiled graph (%s): wrong values there are not "
+                       "captured", check, reason)
 
 
 def _cuda_devices(values: Sequence[Any]) -> list[int]:

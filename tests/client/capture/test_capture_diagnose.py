@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from minify_client.capture import torch_hooks
 from minify_client.capture.diagnose import Rerun, _verdict, script_command
 from tests.support.subprocesses import run_clean
 
@@ -194,6 +195,32 @@ def test_the_next_step_names_only_the_capture_options_the_run_did_not_have_on(
     assert ("MINIFY_CAPTURE_LEVEL=aot MINIFY_CAPTURE_ACCURACY=1 captures it" in aot) == (not (accuracy and aot_level))
     assert ("made outside the graphs" in aot) == (accuracy and aot_level)
     assert "module: aotdispatch" in aot and "{" not in aot
+
+
+@pytest.mark.parametrize("aot_level", [False, True])
+def test_a_check_that_could_not_judge_a_graph_is_never_called_finding_none_wrong(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, aot_level: bool) -> None:
+    """pytorch#190855: the accuracy check could not lower a hessian's graph, and the diagnosis said
+    the check "found no graph wrong", which sent the user looking elsewhere."""
+    for name in _OPTIONS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MINIFY_CAPTURE_ACCURACY", "1")
+    if aot_level:
+        monkeypatch.setenv("MINIFY_CAPTURE_LEVEL", "aot")
+    monkeypatch.setattr(torch_hooks, "skipped_checks", [])
+    with caplog.at_level("WARNING", logger=torch_hooks.logger.name):
+        for _ in range(2):
+            torch_hooks._skipped("accuracy", RuntimeError("Cannot call storage_offset()\nframe #0"))
+    assert [record.getMessage() for record in caplog.records] == [
+        "minify: the accuracy check could not judge a compiled graph (RuntimeError: Cannot call storage_offset()): "
+        "wrong values there are not captured"]
+
+    backend = _verdict("t", "AssertionError", _reruns("passes", "passes", "passes", "fails the same way")).message
+    aot = _verdict("t", "AssertionError", _reruns("passes", "passes", "fails the same way")).message
+
+    assert "could not judge a graph (RuntimeError: Cannot call storage_offset())" in backend
+    assert "found no graph wrong by torch's rule:" not in backend
+    assert "made outside the graphs" not in aot
 
 
 def test_a_failure_without_torch_compile_inside_torch_export_blames_export_not_the_program() -> None:
