@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -134,3 +135,17 @@ def test_a_custom_function_s_backward_is_captured_and_ends_minimal(tmp_path: Pat
     assert result.ours.repro_observed == result.ours.repro_expected == result.ours.signature
     out = tmp_path / "pt_172956_autograd_function_mutates_saved" / "ours"
     assert (out / "minimized.json").exists() and not (out / "minimized.pt2").exists()
+
+
+def test_a_compile_inside_an_autocast_region_is_captured_with_the_region_and_its_repro_fails_in_it(
+        tmp_path: Path) -> None:
+    """#179804: a function compiled with aot_eager and called inside a CPU bf16 autocast region
+    has an `autocast(enabled=False)` block whose backward AOT autograd runs in bf16. Dynamo keeps
+    the outer region out of the graph, so the capture records it (spec.autocast), the worker runs
+    the forward in it and takes gradients after it, as the program does, and so does repro.py."""
+    result = take("pt_179804_autocast_disabled_backward", tmp_path)
+    assert result.ours.captured and result.ours.minimal, result.ours.verdict
+    assert result.ours.repro_observed == result.ours.repro_expected == result.ours.signature == "GradientError"
+    captures = tmp_path / "pt_179804_autocast_disabled_backward" / "captures"
+    entry = json.loads((captures / "captures.json").read_text())["captures"][0]
+    assert json.loads((captures / entry["spec"]).read_text())["autocast"] == {"device": "cpu", "dtype": "bfloat16"}

@@ -46,6 +46,7 @@ failure type so a minimization never drifts from one into another:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,25 +85,44 @@ def without_dtype_asserts(gm: Any) -> Any:
     """A copy of `gm` without its `aten._assert_tensor_metadata` nodes, for the fp64 reference:
     export records there the dtype a tensor had (a `.to(torch.float32)` in the model, as in
     transformers' models), which casting the program to fp64 changes on purpose."""
+    import torch.fx
+
     copied = copy.deepcopy(gm)
-    asserts = [node for node in copied.graph.nodes if node.op == "call_function" and not node.users
-               and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")]
-    for node in asserts:
-        copied.graph.erase_node(node)
-    if asserts:
-        copied.recompile()
+    # A higher-order op's subgraphs too (a cond's branches, an autocast region's body).
+    for module in [module for module in copied.modules() if isinstance(module, torch.fx.GraphModule)]:
+        asserts = [node for node in module.graph.nodes if node.op == "call_function" and not node.users
+                   and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")]
+        for node in asserts:
+            module.graph.erase_node(node)
+        if asserts:
+            module.recompile()
     return copied
 
 
 def fp64_reference(gm: Any, inputs: list[Any]) -> Any:
     """`gm`'s outputs computed in fp64, or None when torch's config says not to use one."""
     import torch._dynamo.config as dynamo_config
-    from torch._dynamo.debug_utils import cast_to_fp64
 
     if not dynamo_config.same_two_models_use_fp64:
         return None
-    fp64_model, fp64_inputs = cast_to_fp64(without_dtype_asserts(gm), clone_inputs(inputs))
+    fp64_model, fp64_inputs = fp64_copy(gm, clone_inputs(inputs))
     return fp64_model(*fp64_inputs)
+
+
+def fp64_copy(gm: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
+    """torch's `cast_to_fp64` of a copy of `gm` without its dtype asserts (`without_dtype_asserts`),
+    the dtype arguments of every graph in it rewritten (a higher-order op's subgraphs too), and of
+    a module that is not itself a graph (repro.py's module as written, whose subgraphs are)."""
+    import torch
+    from torch._dynamo.debug_utils import cast_dtype_args_to_fp64
+    from torch.utils._pytree import tree_map
+
+    model = without_dtype_asserts(gm).to(torch.float64)
+    for module in model.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            cast_dtype_args_to_fp64(module)
+    return model, tree_map(lambda value: value.to(torch.float64)
+                           if isinstance(value, torch.Tensor) and value.is_floating_point() else value, inputs)
 
 
 def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEFAULT_TOLERANCE,
@@ -298,9 +318,35 @@ def gradients(run: Callable[..., Any], inputs: Sequence[Any], positions: Sequenc
         if not outputs:
             return None
         loss = sum(output.sum() for output in outputs)
-        found = torch.autograd.grad(loss, [args[position] for position in positions], allow_unused=True,
-                                    materialize_grads=True)
+        with autocast_off():
+            found = torch.autograd.grad(loss, [args[position] for position in positions], allow_unused=True,
+                                        materialize_grads=True)
     return [gradient.detach() for gradient in found]
+
+
+def autocast_off() -> contextlib.ExitStack:
+    """Autocast off, for a backward: a program takes its gradients after the autocast region its
+    forward ran in (torch's advice: the engine's backward ops are cast otherwise, eager's too). A
+    check at a compiled forward's first call runs inside the region (pytorch#179804)."""
+    import torch
+
+    stack = contextlib.ExitStack()
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
+
+
+def autocast_region(autocast: Any) -> contextlib.AbstractContextManager[Any]:
+    """`torch.autocast` as a job spec's `autocast` says (an object with `device` and `dtype`, or a
+    dict), or no region where it is None."""
+    import torch
+
+    if autocast is None:
+        return contextlib.nullcontext()
+    device, dtype = (autocast["device"], autocast["dtype"]) if isinstance(autocast, dict) else \
+        (autocast.device, autocast.dtype)
+    return torch.autocast(device, dtype=getattr(torch, dtype))
 
 
 def gradient_divergence(gm: Any, inputs: list[Any], run_compiled: Callable[..., Any], positions: Sequence[int], *,
@@ -308,15 +354,13 @@ def gradient_divergence(gm: Any, inputs: list[Any], run_compiled: Callable[..., 
     """None when the compiled gradients of the inputs at `positions` pass for eager's (torch's float
     rule, with gradients computed in fp64 as the reference), else what differs. Without an fp64
     reference a non-strict check passes, as the forward one does."""
-    from torch._dynamo.debug_utils import cast_to_fp64
-
     if not positions:
         return None
     reference = gradients(gm, inputs, positions)
     if reference is None:
         return None
     try:
-        fp64_model, fp64_inputs = cast_to_fp64(without_dtype_asserts(gm), clone_inputs(inputs))
+        fp64_model, fp64_inputs = fp64_copy(gm, clone_inputs(inputs))
         fp64 = gradients(fp64_model, fp64_inputs, positions)
     except Exception:
         if not strict:
@@ -617,10 +661,12 @@ def _select(values: Any, indices: Any, dim: int | None, keeps_dim: bool) -> Any:
 
 def output_rules(gm: Any, count: int) -> list[Rule | None]:
     """The rule of each of `gm`'s `count` outputs (None: compared exactly); none when its output
-    node does not hold `count` values one for one."""
+    node does not hold `count` values one for one, or `gm` is not a graph (repro.py's module as
+    written)."""
     from torch.utils._pytree import tree_leaves
 
-    output = next((node for node in gm.graph.nodes if node.op == "output"), None)
+    graph = getattr(gm, "graph", None)
+    output = next((node for node in graph.nodes if node.op == "output"), None) if graph is not None else None
     leaves = tree_leaves(output.args[0]) if output is not None and output.args else []
     if len(leaves) != count:
         return [None] * count

@@ -111,6 +111,13 @@ class BisectRequest(_Strict):
     bad: str = Field(description="a newer one it fails on the same way, e.g. 2.15.0")
 
 
+class Autocast(_Strict):
+    """The autocast region the compiled function ran in (`torch.autocast(device, dtype=dtype)`)."""
+
+    device: Literal["cpu", "cuda"]
+    dtype: Literal["float16", "bfloat16"]
+
+
 class JobSpec(_Strict):
     """The job spec every side shares (README.md's spec flags; docs/architecture.md, "Contracts")."""
 
@@ -155,6 +162,12 @@ class JobSpec(_Strict):
         description="Python modules that register the program's custom ops (torch.library: torch.ops.<ns>.<op> "
                     "outside torch's own namespaces), imported by the worker before it loads the program, where "
                     "its operator allows them (MINIFY_ALLOWED_OP_MODULES, module prefixes); a capture records them",
+    )
+    autocast: Autocast | None = Field(
+        default=None,
+        description="the program's forward runs inside torch.autocast(device, dtype=dtype), compiled and eager, as "
+                    "the user's program called the compiled function inside an autocast region (a capture records "
+                    "it); gradients are taken after the region, as a training step takes them. Default: no autocast",
     )
     versions: bool = Field(
         default=True,

@@ -80,6 +80,8 @@ def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
     data: dict[str, Any] = {**given, "failure": failure,
                             "config": {**changed_config(failed.config), **dict(given.get("config") or {})}}
     data.setdefault("backend", failed.backend)
+    if failed.autocast is not None:
+        data.setdefault("autocast", failed.autocast)
     data.setdefault("op_modules", op_modules(failed.program if failed.program is not None else failed.graph))
     if "device" not in data and on_cuda(failed.inputs or _program_inputs(failed)):
         data["device"] = "cuda"

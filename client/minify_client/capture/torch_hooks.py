@@ -69,6 +69,20 @@ class FailedCompile:
     symbolic: list[Any] = field(default_factory=list)
     # The grad mode of the compile: a graph of torch.func transforms is lowered in it (`transforms`).
     grad_enabled: bool = True
+    # The autocast region the compiled function was called in ({"device", "dtype"}), or None: dynamo
+    # keeps it out of the graph (a guard), so the job spec carries it (`JobSpec.autocast`).
+    autocast: dict[str, str] | None = field(default_factory=lambda: ambient_autocast())
+
+
+def ambient_autocast() -> dict[str, str] | None:
+    """The autocast region this thread is in ({"device", "dtype"}), or None (or torch not loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for device in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device):
+            return {"device": device, "dtype": str(torch.get_autocast_dtype(device)).removeprefix("torch.")}
+    return None
 
 
 class Listener(Protocol):

@@ -76,6 +76,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
         _config_lines(spec.config),
+        *_autocast_lines(spec),
         _constants(spec, kind, signature),
         *_constant_inputs(graph),
         *_dynamic_constants(shapes),
@@ -90,7 +91,7 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *([_SYNCHRONIZE] if cuda else []),
         *([_CHECK_ACCURACY] if kind == "accuracy" else []),
         *([_FOR_TRAINING] if _training(spec, kind) else []),
-        _main(kind, cuda, bool(constants), eager_error is not None, _training(spec, kind)),
+        _main(kind, cuda, bool(constants), eager_error is not None, _training(spec, kind), spec.autocast is not None),
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
@@ -129,6 +130,7 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
         *([_config_lines(spec.config)] if spec.config else []),
+        *_autocast_lines(spec),
         *([f"TOLERANCE = {spec.failure.tolerance!r}\nSTRICT_ACCURACY = {spec.failure.strict_accuracy!r}\n"
            f"GRADIENTS = {_gradients(spec)!r}"] if accuracy else []),
     ]
@@ -146,6 +148,7 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         "gm = trace_repro(Repro())" if _input_free_ops(graph) else "gm = torch.fx.symbolic_trace(Repro())",
         *_constant_inputs(graph),
         *(["gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
+        *(["AUTOCAST.__enter__()"] if spec.autocast is not None else []),
         *(_raising_passes(compiled + (["torch.cuda.synchronize()"] if cuda else []), "")
           if eager_error is not None else compiled),
         *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda and eager_error is None else []),
@@ -428,12 +431,13 @@ def trace_repro(module, inputs):
 """
 
 # make_fx traces through a custom autograd.Function (`autograd_function_apply`) and keeps its forward
-# only; the higher-order op runs its forward and backward subgraphs with torch.fx.Interpreter, so
-# they become fx.GraphModules and the module is compiled as written, as the worker compiles it.
+# only, and through an autocast region (`wrap_with_autocast`), whose casts it writes into the graph;
+# the higher-order ops run their subgraphs with torch.fx.Interpreter, so they become fx.GraphModules
+# and the module is compiled as written, as the worker compiles it.
 _TRACE_KEEPING_FUNCTIONS = """
 def trace_repro(module, inputs):
-    \"\"\"The module as written, its subgraphs (a custom autograd.Function's forward and backward)
-    as fx.GraphModules: tracing it would run through the Function and keep its forward only.\"\"\"
+    \"\"\"The module as written, its subgraphs (a custom autograd.Function's forward and backward,
+    an autocast region's body) as fx.GraphModules: tracing it would run through them.\"\"\"
     for name, child in list(module.named_children()):
         setattr(module, name, torch.fx.symbolic_trace(child))
     return module
@@ -563,8 +567,12 @@ def check_accuracy(gm, inputs, result, compiled_inputs=None):
         raise missing_error(error) from None
     fp64_reference = None
     if torch._dynamo.config.same_two_models_use_fp64:
+        try:  # minify's cast (accuracy_rules.py): every subgraph too, without export's dtype asserts
+            from accuracy_rules import fp64_copy
+        except ImportError:
+            fp64_copy = cast_to_fp64
         try:
-            fp64_gm, fp64_inputs = cast_to_fp64(copy.deepcopy(gm), clone_inputs(inputs))
+            fp64_gm, fp64_inputs = fp64_copy(gm, clone_inputs(inputs))
             fp64_reference = fp64_gm(*fp64_inputs)
         except Exception:
             if not STRICT_ACCURACY:  # non-strict accuracy cannot be judged without fp64
@@ -607,7 +615,8 @@ def accuracy_rules_module() -> str:
 # The module beside repro.py that names a failure as minify records it (minify_worker.engine.artifacts.SIGNATURE_RULES).
 
 
-def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = False, training: bool = False) -> str:
+def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = False, training: bool = False,
+          autocast: bool = False) -> str:
     head = ["def main():",
             '    parser = argparse.ArgumentParser(description="Run the minimized repro.")',
             '    parser.add_argument("--inputs", type=Path, '
@@ -618,6 +627,7 @@ def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = F
     arguments = "compiled_inputs" if kind == "accuracy" else "clone_inputs(inputs)"
     body = ["    gm = trace_repro(Repro(), inputs)",
             *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
+            *(["    AUTOCAST.__enter__()"] if autocast else []),
             "    compiled = compile_repro(gm, list(inputs))",
             *(["    compiled_inputs = clone_inputs(inputs)"] if kind == "accuracy" else []),
             *(_raising_passes([f"result = compiled(*{arguments})", *(["synchronize()"] if cuda else [])],
@@ -853,6 +863,19 @@ def _config_lines(config: dict[str, Any]) -> str:
     return "\n".join([*sorted(imports), *lines]) if config else "# no config overrides"
 
 
+def _autocast_lines(spec: JobSpec) -> list[str]:
+    """The autocast region the failing program called the compiled function in (`spec.autocast`),
+    entered once the program is traced (tracing inside it would write its casts into the graph),
+    for the rest of the script: the compile, the compiled run and eager's, as the worker runs them;
+    the accuracy rules take gradients outside it, as a training step does."""
+    if spec.autocast is None:
+        return []
+    return ["# the failing program called the compiled function inside this autocast region: so does the repro,\n"
+            "# from the compile on, once the program is traced (gradients are taken outside it, as a training\n"
+            "# step takes them)\n"
+            f"AUTOCAST = torch.autocast({spec.autocast.device!r}, dtype=torch.{spec.autocast.dtype})"]
+
+
 # Names FX-generated code may use that _IMPORTS does not provide, and how to provide them.
 _KNOWN_GLOBALS = {
     "device": "from torch import device",
@@ -884,10 +907,18 @@ def _module_classes(graph: fx.Graph, name: str) -> tuple[list[str], str]:
 
 def _trace_function(graph: fx.Graph) -> str:
     if subgraphs(graph):
-        if holds_autograd_functions(graph):
+        if holds_autograd_functions(graph) or _holds_autocast_regions(graph):
             return _TRACE_KEEPING_FUNCTIONS
         return _TRACE_AS_WRITTEN if loop_carries_a_number(graph) else _TRACE_MAKE_FX
     return _TRACE_RECORDING if _input_free_ops(graph) else _TRACE_SYMBOLIC
+
+
+def _holds_autocast_regions(graph: fx.Graph) -> bool:
+    """Whether `graph` holds an autocast region (`wrap_with_autocast`), which make_fx traces
+    through, leaving its casts without the region (pytorch#179804's `autocast(enabled=False)`
+    inside the program's bf16 region: the backward the compile builds for it is the bug)."""
+    return any(node.op == "call_function" and getattr(node.target, "__name__", "") == "wrap_with_autocast"
+               for node in graph.nodes)
 
 
 def _input_free_ops(graph: fx.Graph) -> bool:

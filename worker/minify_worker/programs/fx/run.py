@@ -49,6 +49,7 @@ from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
     WRITTEN_INPUTS_ONLY,
+    autocast_region,
     clone_input,
     clone_inputs,
     described,
@@ -168,8 +169,15 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
 
     With `runs` > 1 (the original) the program is compiled once and run that many times, so a
     flaky runtime or accuracy failure shows as `Fails(failed_runs < runs)` without paying for
-    more compiles; a failure while compiling is one run.
+    more compiles; a failure while compiling is one run. Inside the spec's autocast region, where
+    it has one, the compile and the forward runs, eager's and the fp64 reference's included (an
+    fp64 tensor is never cast); gradients are taken outside it (`accuracy.gradients`).
     """
+    with autocast_region(spec.autocast):
+        return _run_candidate(gm, inputs, spec, workdir, runs)
+
+
+def _run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path, runs: int) -> Outcome:
     started = time.monotonic()
     try:
         apply_inductor_config(spec.config)
