@@ -121,8 +121,42 @@ def fp64_copy(gm: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
     for module in model.modules():
         if isinstance(module, torch.fx.GraphModule):
             cast_dtype_args_to_fp64(module)
+            if _casts_to_fp64(module):
+                module.recompile()
     return model, tree_map(lambda value: value.to(torch.float64)
                            if isinstance(value, torch.Tensor) and value.is_floating_point() else value, inputs)
+
+
+_FLOAT_METHODS = ("float", "half", "bfloat16")
+
+
+def _casts_to_fp64(module: Any) -> bool:
+    """Rewrite `module`'s explicit casts to a lower float type as casts to fp64 (torch's
+    `cast_dtype_args_to_fp64` rewrites `convert_element_type` and `dtype=` of functions only):
+    `x.float()`, `x.to(torch.float32)`, `aten.to.dtype(x, torch.float32)`, `aten._to_copy`. Left as
+    they are, an output computed after one is not fp64, torch's rule then has no fp64 reference for
+    it and, non-strict, passes it whatever it holds (a program that ends in `y.float()`, as mixed
+    precision code does, had no accuracy check at all). True when anything changed."""
+    import torch
+
+    def lower(value: Any) -> bool:
+        return isinstance(value, torch.dtype) and value.is_floating_point and value != torch.float64
+
+    to_ops = {getattr(torch.ops.aten.to, name) for name in ("dtype", "dtype_layout", "device", "other")
+              if hasattr(torch.ops.aten.to, name)}
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_method" and node.target in _FLOAT_METHODS:
+            node.target = "double"
+            changed = True
+        elif (node.op == "call_method" and node.target in ("to", "type")) or \
+                (node.op == "call_function" and (node.target in to_ops or node.target is torch.Tensor.to)):
+            args = tuple(torch.float64 if lower(arg) else arg for arg in node.args)
+            kwargs = {key: torch.float64 if key == "dtype" and lower(value) else value
+                      for key, value in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs, changed = args, kwargs, True
+    return changed
 
 
 def divergence(reference: Any, result: Any, fp64: Any, *, tolerance: float = DEFAULT_TOLERANCE,
