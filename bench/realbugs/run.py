@@ -12,7 +12,12 @@ Per case (bench/realbugs/pt_*.py), each step a whole process with its own time l
    own spec and inputs; the version and culprit phases off, they do not change the repro);
 3. `python OUT/repro.py`: it must fail, and its "repro failed with:" line must equal its
    "minify expected:" line (the same signature); a crash must die by the same signal;
-4. torch: the same script with `TORCHDYNAMO_REPRO_AFTER=aot` (`TORCHDYNAMO_REPRO_LEVEL=4` for wrong
+4. reduce, where step 1 captured nothing (instead of 2 and 3): `minify-client reduce SCRIPT --out OUT
+   --budget LIMIT` on a copy of the script in the case's folder, what a user runs after the capture's
+   diagnosis; then `python OUT` must fail with the script's exception type in each of 3 runs (each
+   with an empty inductor cache) and pass with `TORCHDYNAMO_DISABLE=1` (the reduction's claim,
+   checked by processes of our own);
+5. torch: the same script with `TORCHDYNAMO_REPRO_AFTER=aot` (`TORCHDYNAMO_REPRO_LEVEL=4` for wrong
    values, 3 for crashes: after_aot's levels for them), then `python minifier_launcher.py minify
    --no-isolate` (`--isolate`, torch's default, for crashes only: a fresh Python per check costs more
    than this bench can give every case), then `python repro.py`: does it fail, and how many ops are left.
@@ -51,11 +56,22 @@ from common import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
+REDUCE_COMMAND = Path(PYTHON).with_name("minify-client")  # beside the venv's python, as OUR_COMMAND
+# reduce checks its budget between kept changes, not inside a pass, and writes nothing until it ends:
+# its process gets this much more than the budget before it is killed
+REDUCE_GRACE_S = 120
+REDUCED_RUNS = 3  # fresh runs of a reduced script that must all fail (a failure reduce kept on one run may be luck)
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit|Unsupported|Failed)\b.*$")
 _OUR_NOTE = re.compile(r"^minify: .*$")
 _DIAGNOSIS_NOTE = re.compile(r"diagnos|rerun|holds this failure")  # the diagnosis's own lines, not the capture's
 _OBSERVED = re.compile(r"^repro failed with: (?P<text>.*)$", re.MULTILINE)
 _EXPECTED = re.compile(r"^minify expected:\s+(?P<text>.*)$", re.MULTILINE)
+# reduce's last lines: "reduced X from N to M lines in R runs, S s[ (the budget ran out: ...)]: OUT" and
+# "it fails with FAILURE, and passes without torch.compile"; a refusal is "minify-client reduce: WHY"
+_REDUCED = re.compile(r"^reduced .* from (?P<before>\d+) to (?P<after>\d+) lines in (?P<runs>\d+) runs, "
+                      r"(?P<seconds>[\d.]+) s(?P<unfinished> \(the budget ran out[^)]*\))?: .*$", re.MULTILINE)
+_REDUCED_FAILURE = re.compile(r"^it fails with (?P<failure>.*?),? and passes without torch\.compile$", re.MULTILINE)
+_REDUCE_REFUSAL = re.compile(r"^minify-client reduce: (?P<message>.*)$", re.MULTILINE)
 
 
 @dataclass
@@ -71,6 +87,26 @@ class Step:
     @property
     def failed(self) -> bool:
         return self.exit != "0"
+
+
+@dataclass
+class Reduction:
+    """`minify-client reduce` on the script of a failure nothing captured: what it said, and whether its
+    result, run by itself, still fails the script's way (its own runs are its claim, not our check)."""
+
+    status: str = ""  # "reduced" (exit 0), "refused" (exit 2), "timeout", "error"; "" where it did not run
+    message: str = ""  # reduced: its "it fails with ..."; refused: its reason; error: the last error line
+    lines_before: int | None = None
+    lines_after: int | None = None
+    runs: int | None = None
+    seconds: float | None = None
+    finished: bool = True  # False: the budget ran out, the result is the smallest script so far
+    reduced_failed: int = 0  # fresh runs of `python REDUCED` that failed with the script's exception type
+    reduced_runs: int = 0  # of this many
+    reduced_error: str = ""  # how the last of them ended (the last that failed so, if any)
+    eager_error: str = ""  # how `TORCHDYNAMO_DISABLE=1 python REDUCED` failed ("" where it passed)
+    verified: bool = False  # each run fails with the script's exception type, and it passes without torch.compile
+    verdict: str = ""
 
 
 @dataclass
@@ -90,6 +126,12 @@ class Ours:
     minimal: bool = False
     versions_summary: str = ""  # the version phase's line (report.json), with --torch-envs
     versions: dict[str, str] = field(default_factory=dict)  # torch version -> the repro's outcome there
+    reduction: Reduction = field(default_factory=Reduction)  # nothing captured: the script reduced instead
+
+
+def ours_of(fields: dict) -> Ours:
+    """Ours from its --json record (a run from before the reduce step has no `reduction`: not run)."""
+    return Ours(**{**fields, "reduction": Reduction(**fields.get("reduction") or {})})
 
 
 @dataclass
@@ -217,6 +259,8 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     if not entries:
         ours.diagnosis = diagnosis_of(captures)
         ours.verdict = nothing_captured(ours.capture_note, ours.diagnosis)
+        if limits.reduce_s:
+            run_reduce(case, scratch, result, limits)
         return
     entry = entries[0]
     out = scratch / "ours"
@@ -265,6 +309,105 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     else:
         ours.minimal = True
         ours.verdict = f"minimal repro: {ours.ops_original} -> {ours.ops_final} ops"
+
+
+def run_reduce(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> None:
+    """What a user runs after the capture's diagnosis says no graph holds the failure: `minify-client
+    reduce` on the script. On a copy in the case's folder (reduce writes its candidates beside the
+    script), with an inductor cache of its own (the run's holds the capture's graphs of this script),
+    and its result then run by itself, compiled and not, in fresh processes of our own."""
+    reduction = result.ours.reduction
+    folder = scratch / "reduce"
+    folder.mkdir()
+    script = folder / case.path.name
+    shutil.copyfile(case.path, script)
+    out = folder / f"{case.name}.min.py"
+    step = run_step("reduce", [str(REDUCE_COMMAND), "reduce", str(script), "--out", str(out),
+                               "--budget", f"{limits.reduce_s:g}"],
+                    folder, scratch / "reduce.log", limits.reduce_s + REDUCE_GRACE_S,
+                    {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "reduce-inductor-cache")})
+    result.steps["reduce"] = step
+    read_reduce_log(reduction, step, Path(step.log).read_text(errors="replace"))
+    if reduction.status == "reduced" and not out.exists():
+        reduction.status, reduction.message = "error", f"exit 0 but no {out.name} written"
+    if reduction.status != "reduced":
+        reduction.verdict = reduce_failure_verdict(reduction, step, limits.reduce_s)
+        return
+    check_reduced(out, scratch, result, limits)
+
+
+def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits) -> None:
+    """The reduced script, run by itself: it must fail with the script's exception type each of
+    REDUCED_RUNS times, and pass without torch.compile. Each run gets an empty inductor cache: reduce's
+    candidates share one, and a graph an earlier candidate compiled can be what makes a later one
+    fail (#139789's reduction failed only on a cached graph compiled for other inputs); and more than
+    one run, because reduce keeps a candidate on one run and may delete its `torch.manual_seed`."""
+    reduction = result.ours.reduction
+    expected = failure_kind(result.steps["capture"])
+    runs = []
+    for number in range(1, REDUCED_RUNS + 1):
+        step = run_step(f"reduced_{number}", [PYTHON, out.name], out.parent, scratch / f"reduced-{number}.log",
+                        limits.script_s, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"reduced-cache-{number}")})
+        result.steps[f"reduced_{number}"] = step
+        runs.append(step)
+    eager = run_step("reduced_eager", [PYTHON, out.name], out.parent, scratch / "reduced-eager.log", limits.script_s,
+                     {"TORCHDYNAMO_DISABLE": "1", "TORCHINDUCTOR_CACHE_DIR": str(scratch / "reduced-cache-eager")})
+    result.steps["reduced_eager"] = eager
+    same = [step for step in runs if step.failed and expected and failure_kind(step) == expected]
+    other = [step for step in runs if step not in same]
+    reduction.reduced_failed, reduction.reduced_runs = len(same), len(runs)
+    reduction.reduced_error = (same or other)[-1].error
+    reduction.eager_error = eager.error if eager.failed else ""
+    reduced = (f"script {reduction.lines_before} → {reduction.lines_after} lines in {reduction.runs} runs, "
+               f"{reduction.seconds:.0f} s" + ("" if reduction.finished else " (the budget ran out: its smallest)"))
+    if other:
+        ended = "; ".join(dict.fromkeys(f"fails with {step.error!r}" if step.failed else "passes" for step in other))
+        reduction.verdict = (f"{reduced}, but `python {out.name}` fails with {expected or '?'} in {len(same)} of "
+                             f"{len(runs)} fresh runs (else: {ended})")
+    elif eager.failed:
+        reduction.verdict = f"{reduced}, but it fails with TORCHDYNAMO_DISABLE=1 too ({eager.error or eager.exit})"
+    else:
+        reduction.verified = True
+        reduction.verdict = (f"{reduced}; `python {out.name}` fails with {expected} in each of {len(runs)} fresh "
+                             "runs, and passes with TORCHDYNAMO_DISABLE=1")
+
+
+def read_reduce_log(reduction: Reduction, step: Step, text: str) -> None:
+    """How reduce ended, from its exit and its last lines (they are its whole report: it writes no JSON)."""
+    if step.exit.startswith("timeout"):
+        reduction.status = "timeout"
+    elif step.exit == "0":
+        reduction.status = "reduced"
+    elif step.exit == "2":  # the script passes, or fails without torch.compile too (or a usage error)
+        reduction.status = "refused"
+    else:
+        reduction.status = "error"
+    refusal = _REDUCE_REFUSAL.findall(text)
+    reduction.message = refusal[-1][:600] if refusal else step.error
+    summary, failure = _REDUCED.search(text), _REDUCED_FAILURE.search(text)
+    if reduction.status == "reduced" and summary is None:
+        reduction.status, reduction.message = "error", "exit 0 without its 'reduced ... lines' line"
+    if summary:
+        reduction.lines_before, reduction.lines_after = int(summary["before"]), int(summary["after"])
+        reduction.runs, reduction.seconds = int(summary["runs"]), float(summary["seconds"])
+        reduction.finished = summary["unfinished"] is None
+        reduction.message = failure["failure"][:600] if failure else ""
+
+
+def reduce_failure_verdict(reduction: Reduction, step: Step, budget_s: float) -> str:
+    """Why reduce left no script to check."""
+    if reduction.status == "refused":
+        return f"refused: {reduction.message or step.error}"
+    if reduction.status == "timeout":
+        return f"killed after {step.seconds:.0f} s (its budget {budget_s:g} s): no script written"
+    return f"error (exit {step.exit}): {reduction.message or step.error or 'no error line'}"
+
+
+def failure_kind(step: Step) -> str:
+    """The exception type a failed step raised (its last error line, up to the colon), or its signal."""
+    if step.exit.startswith("SIG") or step.exit.startswith("timeout"):
+        return step.exit
+    return step.error.split(":", 1)[0].strip()
 
 
 def interpreter(env: Path) -> Path:
@@ -342,6 +485,7 @@ class Limits:
     repro_s: float  # a repro.py run
     diagnose: bool = True  # MINIFY_CAPTURE_DIAGNOSE on the capture: a failure nothing captured, rerun to blame a layer
     torch_envs: tuple[Path, ...] = ()  # other torch installations: the script under each, and our version phase
+    reduce_s: float = 0  # minify-client reduce's --budget where nothing is captured; 0: no reduce
 
 
 def run_case(case: Case, work: Path, sides: Sequence[str], limits: Limits) -> CaseResult:
@@ -367,7 +511,7 @@ def load_results(paths: Sequence[Path]) -> tuple[list[str], list[CaseResult]]:
         revisions.append(data["revision"])
         for item in data["results"]:
             steps = {name: Step(**step) for name, step in item.pop("steps").items()}
-            ours, side = Ours(**item.pop("ours")), Torch(**item.pop("torch"))
+            ours, side = ours_of(item.pop("ours")), Torch(**item.pop("torch"))
             if ours.verdict.startswith("nothing captured"):
                 log = Path(steps["capture"].log)  # the whole note where the log is still there
                 ours.capture_note = capture_note_of(capture_notes(log) if log.is_file() else [ours.capture_note])
@@ -395,10 +539,13 @@ def torch_results(path: Path) -> dict[str, Torch]:
 def markdown(results: Sequence[CaseResult], revision: str) -> str:
     """The table and the list of cases that did not end in a minimal repro, with their reasons."""
     ours_ok = sum(result.ours.minimal for result in results)
+    reduced = sum(result.ours.reduction.verified for result in results)
     torch_ok = sum(result.torch.minimal for result in results)
     lines = [
         f"At `{revision}`, torch {torch_version()}, {len(results)} cases: **ours {ours_ok} minimal repros "
-        f"with the same signature, torch's minifier {torch_ok} reproducing repros.**",
+        f"with the same signature, torch's minifier {torch_ok} reproducing repros.**"
+        + (f" Where nothing was captured, {reduced} scripts reduced by `minify-client reduce` (✂️: a smaller "
+           "script that still fails, not a minimal graph)." if reduced else ""),
         "",
         "| case | kind | captured | ours: ops | ours | torch: ops | torch |",
         "|---|---|---|---|---|---|---|",
@@ -407,7 +554,7 @@ def markdown(results: Sequence[CaseResult], revision: str) -> str:
         ours, side = result.ours, result.torch
         ops = f"{ours.ops_original} → {ours.ops_final}" if ours.minimal else "-"
         lines.append(f"| [{result.case}]({result.issue}) | {result.kind} | {'yes' if ours.captured else 'no'} | "
-                     f"{ops} | {'✅' if ours.minimal else '❌'} | "
+                     f"{ops} | {ours_mark(ours)} | "
                      f"{side.ops_final if side.minimal else '-'} | {'✅' if side.minimal else '❌'} |")
     with_versions = [result for result in results if result.script_versions]
     if with_versions:
@@ -420,11 +567,26 @@ def markdown(results: Sequence[CaseResult], revision: str) -> str:
             lines.append(f"| {result.case} | {', '.join(failing) or '-'} | {', '.join(passing) or '-'} | "
                          f"{_cell(result.ours.versions_summary) or '-'} |")
     lines += ["", "Not a minimal repro (ours), and why:", ""]
-    lines += [f"- `{result.case}` ({result.kind}): {_cell(result.ours.verdict)}"
+    lines += [f"- `{result.case}` ({result.kind}): {_cell(ours_reason(result.ours))}"
               for result in results if not result.ours.minimal]
     lines += ["", "Torch's minifier, where it did not end in a reproducing repro:", ""]
     lines += [f"- `{result.case}`: {_cell(result.torch.verdict)}" for result in results if not result.torch.minimal]
     return "\n".join(lines) + "\n"
+
+
+def ours_mark(ours: Ours) -> str:
+    """The ours cell: ✅ a minimal graph repro; ✂️ a reduced script that was checked to fail (nothing
+    captured: a smaller program, not a minimal graph, so it never counts as ✅); else ❌."""
+    if ours.minimal:
+        return "✅"
+    if ours.reduction.verified:
+        return f"✂️ script {ours.reduction.lines_before} → {ours.reduction.lines_after} lines"
+    return "❌"
+
+
+def ours_reason(ours: Ours) -> str:
+    """Why ours is not a minimal repro, and what reduce made of the script where it ran."""
+    return ours.verdict + (f"; reduce: {ours.reduction.verdict}" if ours.reduction.status else "")
 
 
 def _cell(text: str) -> str:
@@ -456,6 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--script-limit", type=float, default=180, help="seconds for one run of a script")
     parser.add_argument("--minify-limit", type=float, default=240, help="seconds for one minifier run")
     parser.add_argument("--repro-limit", type=float, default=120, help="seconds for one repro.py run")
+    parser.add_argument("--reduce-limit", type=float, default=300,
+                        help=f"minify-client reduce's --budget where nothing is captured (its process: "
+                             f"{REDUCE_GRACE_S} s more)")
+    parser.add_argument("--no-reduce", dest="reduce", action="store_false",
+                        help="no minify-client reduce where nothing is captured (the reason alone)")
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each step is CPU-bound)")
     parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print (and --markdown) the table of earlier runs' --json, later files "
@@ -483,7 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         parser.error(f"no case matches {options.cases}")
     limits = Limits(options.script_limit, options.minify_limit, options.repro_limit, options.diagnose,
-                    tuple(path.resolve() for path in options.torch_envs))
+                    tuple(path.resolve() for path in options.torch_envs),
+                    options.reduce_limit if options.reduce else 0)
     work = options.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
@@ -500,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_case(case, work, sides, limits)
         if case.name in earlier:
             result.torch = earlier[case.name]
-        print(f"{case.name}: ours: {result.ours.verdict} | torch: {result.torch.verdict} "
+        print(f"{case.name}: ours: {ours_reason(result.ours)} | torch: {result.torch.verdict} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
         return result
 
