@@ -50,6 +50,11 @@ from minify_client.capture import rerun
 from minify_client.capture.crash import death_signature
 
 DISABLE_ENV = {"TORCHDYNAMO_DISABLE": "1"}
+# Each candidate compiles its own graphs: with inductor's FX graph and AOT autograd caches on, a
+# candidate was judged by a graph an earlier one had compiled for other inputs (pytorch#139789's
+# reduction dropped the call that compiled for separate inputs and kept failing on the cached graph:
+# its result failed in none of 3 fresh runs). The kernel cache (keyed by source) stays.
+INDEPENDENT_RUNS_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 _BLOCK_FIELDS = ("body", "orelse", "finalbody")
 
 
@@ -147,7 +152,7 @@ class ScriptRunner:
                     server.wait()
 
     def _environment(self, compiled: bool) -> dict[str, str]:
-        return rerun.environment({} if compiled else DISABLE_ENV)
+        return rerun.environment({**INDEPENDENT_RUNS_ENV, **({} if compiled else DISABLE_ENV)})
 
     def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a fresh `python` running `path` (None: it timed out)."""
@@ -289,12 +294,15 @@ def _first_kept(pool: ThreadPoolExecutor, jobs: int, current: ast.Module, candid
     failing; `jobs` tried at once. One that reads the same as `current` (an emptied block's `pass`
     deleted and put back) is not tried. Nor is one that reads a name it binds nowhere (its
     definition deleted): it would raise NameError, a failure of its own (`unbound`: the names the
-    script itself reads unbound)."""
+    script itself reads unbound). Nor one that seeds a random generator less (`_seeding_calls`):
+    without its seed a script fails on some runs only, and a reduction that kept it on one run
+    delivered a script that failed in 1 of 3 (pytorch#145466)."""
     seen = {ast.unparse(current)}
+    seeds = _seeding_calls(current)
     while True:
         batch = []
         for tree in candidates:
-            if unbound_names(tree) - unbound:
+            if unbound_names(tree) - unbound or _seeding_calls(tree) < seeds:
                 continue
             text = _valid_source(tree)
             if text is not None and text not in seen:
@@ -307,6 +315,17 @@ def _first_kept(pool: ThreadPoolExecutor, jobs: int, current: ast.Module, candid
         for (tree, _), kept in zip(batch, pool.map(lambda entry: keeps_failing(entry[1]), batch), strict=True):
             if kept:
                 return tree
+
+
+_SEEDING = frozenset({"manual_seed", "seed", "set_rng_state", "manual_seed_all"})
+
+
+def _seeding_calls(tree: ast.AST) -> int:
+    """How many calls in `tree` seed a random generator (`torch.manual_seed(0)`, `random.seed(1)`,
+    `np.random.seed(2)`, `generator.manual_seed(3)`)."""
+    return sum(1 for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+               in _SEEDING)
 
 
 def unbound_names(tree: ast.AST) -> set[str]:

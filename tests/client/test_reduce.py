@@ -232,3 +232,23 @@ def test_an_expression_is_offered_as_each_simpler_part_of_it_outside_the_line_th
     assert not any(line.strip() in ("torch", "return torch") for line in changed)  # never the module
     assert not any(line.startswith("torch.compile(") for line in changed)  # the line that raised stays
     assert sum(1 for _ in _simpler_expressions(tree)) > sum(1 for _ in _simpler_expressions(tree, raising=raising))
+
+
+@pytest.mark.fast
+def test_a_reduction_keeps_the_seed_and_runs_each_candidate_without_graphs_compiled_for_another(
+        tmp_path: Path) -> None:
+    """pytorch#145466's reduction deleted `torch.manual_seed(0)` and delivered a script that failed
+    in 1 of 3 fresh runs; #139789's kept failing on a graph an earlier candidate had put in
+    inductor's FX graph cache, and its result failed in none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from minify_client.reduce import ScriptRunner, _deletions, _first_kept
+
+    tree = ast.parse("import torch\ntorch.manual_seed(0)\nx = torch.randn(3)\ny = x + 1\n")
+    with ThreadPoolExecutor(2) as pool:  # every deletion "keeps failing": what may go, goes
+        while (smaller := _first_kept(pool, 2, tree, _deletions(tree), lambda source: True, set())) is not None:
+            tree = smaller
+    assert ast.unparse(tree) == "import torch\ntorch.manual_seed(0)"
+
+    environment = ScriptRunner(_write(tmp_path, "pass\n"), [], 10.0)._environment(compiled=True)
+    assert environment["TORCHINDUCTOR_FX_GRAPH_CACHE"] == environment["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
