@@ -255,7 +255,8 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
                       functools.partial(_simpler_expressions, raising=expected.raised_at))
             for make_candidates in passes:
                 while time.monotonic() - started < budget_s:
-                    smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound)
+                    smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound,
+                                          deadline=started + budget_s)
                     if smaller is None:
                         break
                     tree, changed = smaller, True
@@ -289,17 +290,20 @@ def _lines(source: str) -> int:
 
 
 def _first_kept(pool: ThreadPoolExecutor, jobs: int, current: ast.Module, candidates: Iterator[ast.Module],
-                keeps_failing: Callable[[str], bool], unbound: set[str]) -> ast.Module | None:
+                keeps_failing: Callable[[str], bool], unbound: set[str], *,
+                deadline: float | None = None) -> ast.Module | None:
     """The first of `candidates` (smaller versions of `current`), in their order, whose script keeps
     failing; `jobs` tried at once. One that reads the same as `current` (an emptied block's `pass`
     deleted and put back) is not tried. Nor is one that reads a name it binds nowhere (its
     definition deleted): it would raise NameError, a failure of its own (`unbound`: the names the
     script itself reads unbound). Nor one that seeds a random generator less (`_seeding_calls`):
     without its seed a script fails on some runs only, and a reduction that kept it on one run
-    delivered a script that failed in 1 of 3 (pytorch#145466)."""
+    delivered a script that failed in 1 of 3 (pytorch#145466). None too once `deadline` (a
+    `time.monotonic()`) has passed: the budget holds inside a pass, whose candidates can take many
+    minutes (a 300 s budget ran to 365 s, and a reduction killed at its process limit wrote nothing)."""
     seen = {ast.unparse(current)}
     seeds = _seeding_calls(current)
-    while True:
+    while deadline is None or time.monotonic() < deadline:
         batch = []
         for tree in candidates:
             if unbound_names(tree) - unbound or _seeding_calls(tree) < seeds:
@@ -315,6 +319,7 @@ def _first_kept(pool: ThreadPoolExecutor, jobs: int, current: ast.Module, candid
         for (tree, _), kept in zip(batch, pool.map(lambda entry: keeps_failing(entry[1]), batch), strict=True):
             if kept:
                 return tree
+    return None
 
 
 _SEEDING = frozenset({"manual_seed", "seed", "set_rng_state", "manual_seed_all"})

@@ -252,3 +252,19 @@ def test_a_reduction_keeps_the_seed_and_runs_each_candidate_without_graphs_compi
 
     environment = ScriptRunner(_write(tmp_path, "pass\n"), [], 10.0)._environment(compiled=True)
     assert environment["TORCHINDUCTOR_FX_GRAPH_CACHE"] == environment["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
+
+
+@pytest.mark.fast
+def test_the_budget_holds_inside_a_pass() -> None:
+    """A pass tried every candidate before the budget was looked at again (a 300 s budget ran to 365 s)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from minify_client.reduce import _deletions, _first_kept
+
+    tree = ast.parse("a = 1\nb = 2\nc = 3\n")
+    tried = []
+    with ThreadPoolExecutor(1) as pool:
+        kept = _first_kept(pool, 1, tree, _deletions(tree), lambda source: tried.append(source) or False, set(),
+                           deadline=time.monotonic() - 1)
+    assert kept is None and tried == []
