@@ -90,13 +90,18 @@ def without_dtype_asserts(gm: Any) -> Any:
     copied = copy.deepcopy(gm)
     # A higher-order op's subgraphs too (a cond's branches, an autocast region's body).
     for module in [module for module in copied.modules() if isinstance(module, torch.fx.GraphModule)]:
-        asserts = [node for node in module.graph.nodes if node.op == "call_function" and not node.users
-                   and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")]
+        asserts = [node for node in module.graph.nodes if is_dtype_assert(node)]
         for node in asserts:
             module.graph.erase_node(node)
         if asserts:
             module.recompile()
     return copied
+
+
+def is_dtype_assert(node: Any) -> bool:
+    """An unused `aten._assert_tensor_metadata` node: the dtype torch.export saw at a `.to()`."""
+    return node.op == "call_function" and not node.users \
+        and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")
 
 
 def fp64_reference(gm: Any, inputs: list[Any]) -> Any:
@@ -372,15 +377,13 @@ def autocast_off() -> contextlib.ExitStack:
 
 
 def autocast_region(autocast: Any) -> contextlib.AbstractContextManager[Any]:
-    """`torch.autocast` as a job spec's `autocast` says (an object with `device` and `dtype`, or a
-    dict), or no region where it is None."""
+    """`torch.autocast` as a job spec's `autocast` says (its `device` and `dtype`), or no region
+    where it is None."""
     import torch
 
     if autocast is None:
         return contextlib.nullcontext()
-    device, dtype = (autocast["device"], autocast["dtype"]) if isinstance(autocast, dict) else \
-        (autocast.device, autocast.dtype)
-    return torch.autocast(device, dtype=getattr(torch, dtype))
+    return torch.autocast(autocast.device, dtype=getattr(torch, autocast.dtype))
 
 
 def gradient_divergence(gm: Any, inputs: list[Any], run_compiled: Callable[..., Any], positions: Sequence[int], *,

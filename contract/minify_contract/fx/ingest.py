@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from minify_contract.accuracy import is_dtype_assert
 from minify_contract.fx.form import (
     META_KIND,
     META_ROLE,
@@ -40,15 +41,6 @@ def flat_graph_from_module(module: fx.GraphModule) -> fx.Graph:
     return _flat_copy(module, {}, {})
 
 
-def _export_assert(node: fx.Node) -> bool:
-    """An `aten._assert_tensor_metadata` torch.export wrote for a `.to()` / `.float()` (the dtype it
-    saw): not the program's (dynamo's graph has none), dropped. It can be wrong about the program:
-    in an autocast region's body (`wrap_with_autocast`) export saw float32 where the region makes
-    bfloat16, and the program failed its own eager run on it."""
-    return node.op == "call_function" and not node.users \
-        and getattr(node.target, "__name__", "").startswith("_assert_tensor_metadata")
-
-
 def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Mapping[Any, Any]) -> fx.Graph:
     """`module`'s graph with minify meta, its subgraphs (get_attr) flattened the same way.
 
@@ -61,7 +53,10 @@ def _flat_copy(module: fx.GraphModule, roles: dict[str, str] | None, ranges: Map
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in module.graph.nodes:
-        if _export_assert(node):
+        # torch.export's dtype asserts are not the program's (dynamo's graph has none), and can be
+        # wrong about it: in an autocast region's body (`wrap_with_autocast`) export saw float32 where
+        # the region makes bfloat16, and the program failed its own eager run on one.
+        if is_dtype_assert(node):
             continue
         if node.op not in ("placeholder", "call_function", "get_attr", "output"):
             raise GraphFormatError(
