@@ -392,3 +392,58 @@ def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
                                       "forked child)"
+
+
+# A C++ compiler that is g++, except that while the flag file exists a kernel build whose source
+# holds the marker constant writes half its library and hangs: a link the sandbox kills midway.
+_STALLING_CXX = """#!/bin/bash
+g++ "$@" || exit $?
+output=""; marked=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) output="$2"; shift ;;
+    *.cpp) grep -q 1234.5 "$1" && marked=1 ;;
+  esac
+  shift
+done
+if [ -e "{flag}" ] && [ -n "$marked" ] && [ "${{output%.so}}" != "$output" ]; then
+  truncate -s 64 "$output"
+  touch "{flag}.stalled"
+  exec sleep 300
+fi
+"""
+
+
+@pytest.mark.inductor
+def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_cache(
+        preloaded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor builds a kernel straight into its place in the compile cache and loads any file it
+    finds there: a child killed mid-link (a timeout, a cancelled candidate) left a truncated library,
+    and a repro.py or any process outside the sandbox with that kernel failed with `ImportError: ...
+    file too short` (CI saw it in a repro.py; a candidate repairs such an entry, `damaged_cache_files`,
+    but only where its failure names it). Builds are now renamed into place whole
+    (sandbox/whole_builds.py): the killed build leaves nothing there, and the next child compiles
+    the kernel and runs it."""
+    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path / "caches"))
+    flag = tmp_path / "stall"
+    cxx = tmp_path / "stalling-g++"
+    cxx.write_text(_STALLING_CXX.format(flag=flag))
+    cxx.chmod(0o755)
+    torch.save({"x": torch.randn(8)}, tmp_path / "values.pt")
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["minify_value"] = "x"
+    graph.output((graph.call_function(torch.ops.aten.sin.default,
+                                      (graph.call_function(torch.ops.aten.mul.Tensor, (x, 1234.5)),)),))
+    spec = JobSpec(backend="inductor", config={"cpp.cxx": str(cxx)})
+    with SandboxPool(tmp_path / "job", tmp_path / "values.pt", spec, parallelism=1, env=ALLOWED) as pool:
+        flag.touch()
+        killed = pool.submit(graph_to_wire(graph), timeout_s=300)
+        assert wait_until(lambda: flag.with_name("stall.stalled").exists(), 180), killed.result(timeout=1)
+        assert pool.cancel(killed)
+        flag.unlink()
+        # What the killed link wrote stays under its own name (`partial-<pid>-...`), which nothing loads.
+        kernels = [library for library in (tmp_path / "caches").rglob("*.so") if not library.name.startswith("partial-")]
+        assert all(kernel.stat().st_size > 64 for kernel in kernels), "a truncated kernel is in the cache"
+        outcome = pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300)
+    assert isinstance(outcome, Passes), outcome

@@ -274,6 +274,10 @@ def _import_compiler_modules() -> None:
     import torch._inductor.cpu_vec_isa
     import torch.export  # noqa: F401
 
+    from .whole_builds import install
+
+    install()  # a child killed mid-link must not leave a truncated kernel in the shared cache
+
 
 def _compile_warm_up_graph(device: Any = "cpu") -> None:
     """Compile (never run) a tiny graph, so children inherit inductor's lazily built state.
