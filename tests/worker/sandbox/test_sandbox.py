@@ -443,7 +443,8 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
         assert pool.cancel(killed)
         flag.unlink()
         # What the killed link wrote stays under its own name (`partial-<pid>-...`), which nothing loads.
-        kernels = [library for library in (tmp_path / "caches").rglob("*.so") if not library.name.startswith("partial-")]
+        kernels = [library for library in (tmp_path / "caches").rglob("*.so")
+                   if not library.name.startswith("partial-")]
         assert all(kernel.stat().st_size > 64 for kernel in kernels), "a truncated kernel is in the cache"
         outcome = pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300)
     assert isinstance(outcome, Passes), outcome
