@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -394,15 +396,17 @@ def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
                                       "forked child)"
 
 
-# A C++ compiler that is g++, except that while the flag file exists a kernel build whose source
-# holds the marker constant writes half its library and hangs: a link the sandbox kills midway.
+# `g++` first on the PATH: the real one, except that while the flag file exists a kernel build
+# whose source holds the marker constant writes half its library and hangs, a link the sandbox
+# kills midway. Inductor's commands name the compiler `g++` either way, so the build keys (and the
+# shared cache's vector-ISA probes and precompiled header) are those of every other test.
 _STALLING_CXX = """#!/bin/bash
-g++ "$@" || exit $?
+{gxx} "$@" || exit $?
 output=""; marked=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) output="$2"; shift ;;
-    *.cpp) grep -q 1234.5 "$1" && marked=1 ;;
+    *.cpp) grep -q {marker} "$1" && marked=1 ;;
   esac
   shift
 done
@@ -424,27 +428,31 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
     but only where its failure names it). Builds are now renamed into place whole
     (sandbox/whole_builds.py): the killed build leaves nothing there, and the next child compiles
     the kernel and runs it."""
-    monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path / "caches"))
+    marker = f"{random.randrange(10**6, 10**7)}.5"  # a kernel no earlier run left in the shared cache
     flag = tmp_path / "stall"
-    cxx = tmp_path / "stalling-g++"
-    cxx.write_text(_STALLING_CXX.format(flag=flag))
+    (tmp_path / "bin").mkdir()
+    cxx = tmp_path / "bin" / "g++"
+    cxx.write_text(_STALLING_CXX.format(gxx=shutil.which("g++"), marker=marker, flag=flag))
     cxx.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     torch.save({"x": torch.randn(8)}, tmp_path / "values.pt")
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     x.meta["minify_value"] = "x"
     graph.output((graph.call_function(torch.ops.aten.sin.default,
-                                      (graph.call_function(torch.ops.aten.mul.Tensor, (x, 1234.5)),)),))
-    spec = JobSpec(backend="inductor", config={"cpp.cxx": str(cxx)})
-    with SandboxPool(tmp_path / "job", tmp_path / "values.pt", spec, parallelism=1, env=ALLOWED) as pool:
+                                      (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
+    caches = compile_cache_dir(tmp_path) / "inductor"
+    with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
+                     env=ALLOWED) as pool:
         flag.touch()
         killed = pool.submit(graph_to_wire(graph), timeout_s=300)
         assert wait_until(lambda: flag.with_name("stall.stalled").exists(), 180), killed.result(timeout=1)
         assert pool.cancel(killed)
         flag.unlink()
-        # What the killed link wrote stays under its own name (`partial-<pid>-...`), which nothing loads.
-        kernels = [library for library in (tmp_path / "caches").rglob("*.so")
-                   if not library.name.startswith("partial-")]
-        assert all(kernel.stat().st_size > 64 for kernel in kernels), "a truncated kernel is in the cache"
+        # The kernel's library, if any (`partial-<pid>-...`, what the killed link wrote, is never loaded).
+        kernels = [source.with_suffix(".so") for source in caches.rglob("*.cpp") if marker in source.read_text()]
+        assert kernels, "the kernel's source is not in the shared cache"
+        assert not any(kernel.exists() and kernel.stat().st_size <= 64 for kernel in kernels), \
+            "a truncated kernel is in the cache"
         outcome = pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300)
     assert isinstance(outcome, Passes), outcome
