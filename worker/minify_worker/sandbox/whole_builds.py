@@ -11,13 +11,15 @@ failure the program does not have.
 `install()` replaces inductor's build step (`codecache._worker_compile_cpp`, the same in torch
 2.11 to 2.15) with one that links to a file of its own beside the target and renames it into place
 once the compiler has finished: a rename is atomic, so the target is either absent or whole. The
-lock, the check for an existing target and the order of builds are inductor's own. Where a
-builder's command does not end with its target as expected, it builds as inductor would.
+lock, the check for an existing target and the order of builds are inductor's own. What a killed
+build wrote (`partial-<pid>-<name>`) is never loaded, and goes at the next build of that target.
+Where a builder's command does not end with its target as expected, it builds as inductor would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -52,6 +54,11 @@ def build_whole(builder: Any) -> None:
         builder.build()
         return
     folder, name = os.path.split(target)
+    # Under inductor's lock for this target no other build of it runs: a partial file of it is a
+    # killed build's, and goes.
+    for left in glob.glob(os.path.join(glob.escape(folder), f"partial-*-{glob.escape(name)}")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(left)
     partial = os.path.join(folder, f"partial-{os.getpid()}-{name}")
     builder._output = output[: -len(target)] + partial
     try:
