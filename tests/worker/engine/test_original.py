@@ -169,14 +169,14 @@ def test_while_the_original_runs_candidates_are_judged_against_the_first_failure
 def test_an_original_that_fails_so_is_the_target_and_calibrates_the_candidates_timeout() -> None:
     job = Job().start()
     job.original.still_fails(Fails(RELU))
-    job.evaluator.original.set_result(Fails(RELU, duration_s=5.0, runs=ORIGINAL_RUNS, failed_runs=ORIGINAL_RUNS))
+    job.evaluator.original.set_result(Fails(RELU, duration_s=10.0, runs=ORIGINAL_RUNS, failed_runs=ORIGINAL_RUNS))
     job.evaluator.empty.set_result(Passes())
 
     assert job.original.settle() is None  # nothing ends or restarts the reduction
 
     assert job.facts.signature == RELU and job.facts.original_state is OriginalState.confirmed
     assert (job.facts.original_runs, job.facts.original_failures, job.facts.flaky) == (3, 3, False)
-    assert job.facts.candidate_timeout_s == TIMEOUT_FACTOR * 5.0 and job.evaluator.timeouts == [20.0]
+    assert job.facts.candidate_timeout_s == TIMEOUT_FACTOR * 10.0 and job.evaluator.timeouts == [40.0]
     assert job.scheduler.remembered == [(ORIGINAL, Fails(RELU))]
     assert job.reduce_phases == 1 and job.milestones()[-1] is Milestone.reproduced
     assert job.original.still_fails(Fails(RELU)) and not job.original.still_fails(Fails(COS))

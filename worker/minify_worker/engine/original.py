@@ -48,7 +48,12 @@ ORIGINAL_RUNS = 3
 # A candidate may take this many times the original's slowest run before it counts as a hang:
 # candidates are smaller, but their compiles can miss caches the original's warmed.
 TIMEOUT_FACTOR = 4.0
-MIN_CANDIDATE_TIMEOUT_S = 10.0
+# At least this long, whatever the original took: a candidate's compile may miss every cache the
+# original hit, and on a loaded machine (a CI box's parallel tests and their compiles) a few seconds'
+# compile takes several times as long. A candidate cut short is judged not to fail, so a floor too
+# low leaves ops in the result on a loaded machine (the floor was 10 s). Hangs are calibrated apart
+# (`HangWatch`); a candidate that hangs where the original does not is rare.
+MIN_CANDIDATE_TIMEOUT_S = 30.0
 DEFAULT_TIMEOUT_FAILURE_S = 60.0
 # A run of the original may take this long unless the spec says otherwise: minutes, not the job's
 # hour, so a hanging compile shows as a hang in minutes.
