@@ -28,8 +28,9 @@ def compile_cache_dir(job_root: Path) -> Path:
 
     Inductor's and triton's caches (and inductor's precompiled headers and CPU ISA probe) are what
     make a warm compile cost a fraction of a cold one; a per-job cache would pay the cold price in
-    every job. Entries are keyed by graph, config and torch version, and failed compiles are never
-    cached, so a shared cache cannot change an outcome. `MINIFY_CACHE_DIR` moves it;
+    every job. Entries are keyed by graph, config and torch version, failed compiles are never
+    cached, and builds are written whole (`whole_builds`: a child killed mid-link leaves no
+    truncated library), so a shared cache cannot change an outcome. `MINIFY_CACHE_DIR` moves it;
     `MINIFY_CACHE_DIR=job` keeps it inside the job's work dir (removed with the job).
     """
     configured = os.environ.get("MINIFY_CACHE_DIR", "")
