@@ -443,7 +443,7 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
                                       (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
     caches = compile_cache_dir(tmp_path) / "inductor"
     with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
-                     env=ALLOWED) as pool:
+                     warm=False, env=ALLOWED) as pool:  # no warm-up compile: the candidates' are the test
         flag.touch()
         killed = pool.submit(graph_to_wire(graph), timeout_s=300)
         assert wait_until(lambda: flag.with_name("stall.stalled").exists(), 180), killed.result(timeout=1)
