@@ -419,15 +419,17 @@ fi
 
 
 @pytest.mark.inductor
+@pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_cache(
-        preloaded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        preloaded: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str) -> None:
     """Inductor builds a kernel straight into its place in the compile cache and loads any file it
     finds there: a child killed mid-link (a timeout, a cancelled candidate) left a truncated library,
     and a repro.py or any process outside the sandbox with that kernel failed with `ImportError: ...
     file too short` (CI saw it in a repro.py; a candidate repairs such an entry, `damaged_cache_files`,
     but only where its failure names it). Builds are now renamed into place whole
     (sandbox/whole_builds.py): the killed build leaves nothing there, and the next child compiles
-    the kernel and runs it."""
+    the kernel and runs it. Forked from this preloaded process, or spawned, where no warm-up ran
+    before the children (the candidate installs it itself)."""
     marker = f"{random.randrange(10**6, 10**7)}.5"  # a kernel no earlier run left in the shared cache
     flag = tmp_path / "stall"
     (tmp_path / "bin").mkdir()
@@ -443,7 +445,7 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
                                       (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
     caches = compile_cache_dir(tmp_path) / "inductor"
     with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
-                     warm=False, env=ALLOWED) as pool:  # no warm-up compile: the candidates' are the test
+                     warm=False, start=start, env=ALLOWED) as pool:  # no warm-up: the candidates' compiles are the test
         flag.touch()
         killed = pool.submit(graph_to_wire(graph), timeout_s=300)
         assert wait_until(lambda: flag.with_name("stall.stalled").exists(), 180), killed.result(timeout=1)

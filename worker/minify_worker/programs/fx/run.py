@@ -73,6 +73,7 @@ from minify_worker.programs.fx.backends import (
     resolve_backend,
     run_compiled,
 )
+from minify_worker.sandbox import whole_builds
 
 # What the loader and the linker say about a half-written binary: a child killed while its
 # compiler wrote into the shared compile cache (a cancelled or timed-out candidate) leaves one.
@@ -179,6 +180,9 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
 
 def _run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path, runs: int) -> Outcome:
     started = time.monotonic()
+    # Builds written whole, also where no warm-up installed it first (a spawned server's first
+    # children, a pool started without warm-up): this child may be killed mid-link.
+    whole_builds.install()
     try:
         apply_inductor_config(spec.config)
         training = spec.failure.training and spec.failure.kind != "accuracy"  # accuracy: judges_gradients
