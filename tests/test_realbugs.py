@@ -88,6 +88,18 @@ def test_integer_wrong_values_from_inductor_end_in_a_minimal_repro(tmp_path: Pat
     assert result.ours.repro_observed == result.ours.repro_expected == "AccuracyError"
 
 
+@pytest.mark.inductor
+def test_two_outputs_inductor_returns_as_one_tensor_end_in_a_minimal_repro(tmp_path: Path) -> None:
+    """#191449: inductor returns an intermediate and a view of it as one tensor, and the program's
+    `resize_` of the view, after a graph break, grows the intermediate too. No graph's values are
+    wrong; the capture sees the two outputs merged (`accuracy.merged_outputs`), the worker judges
+    it so, and repro.py fails with the same key."""
+    result = take("pt_191449_resize_view_of_intermediate", tmp_path)
+    assert result.original_error.startswith("AssertionError: compiled shape (12,) != eager (1,)")
+    assert result.ours.captured and result.ours.minimal, result.ours.verdict
+    assert result.ours.repro_observed == result.ours.repro_expected == "AccuracyError: outputs merged"
+
+
 def test_a_graph_reused_on_aliased_inputs_is_said_and_its_layer_diagnosed(tmp_path: Path) -> None:
     """#139789: dynamo reuses a graph compiled for separate inputs on overlapping views (a missing
     guard on input aliasing); no graph the worker compiles holds that, so nothing is captured, and

@@ -59,6 +59,9 @@ DEFAULT_TOLERANCE = 1e-3
 # The key of wrong values only the inputs a graph writes into show, its outputs agreeing
 # (`written_inputs`): its own signature, so a minimization never drifts into an output's failure.
 WRITTEN_INPUTS_ONLY = "written inputs only"
+# The key of a graph whose compiled outputs are one tensor where eager's are two (`merged_outputs`),
+# the values agreeing: its own signature, as `WRITTEN_INPUTS_ONLY` is.
+OUTPUTS_MERGED = "outputs merged"
 
 
 class AccuracyError(Exception):
@@ -328,7 +331,8 @@ def compare_to_eager(gm: Any, inputs: list[Any], run_compiled: Callable[[list[An
         compiled_inputs = clone_inputs(inputs)
         result = run_compiled(compiled_inputs)
         found = divergence(reference, result, fp64, tolerance=tolerance, strict=strict, gm=gm, inputs=inputs)
-        return found or written_inputs(inputs, eager_inputs, compiled_inputs, tolerance=tolerance)
+        return (found or written_inputs(inputs, eager_inputs, compiled_inputs, tolerance=tolerance)
+                or merged_outputs(reference, result))
 
 
 def gradient_inputs(inputs: Sequence[Any], *, requiring_grad_only: bool) -> list[int]:
@@ -606,6 +610,30 @@ def written_inputs(before: Sequence[Any], eager: Sequence[Any], compiled: Sequen
         if floats is not None or not exact:
             found.append(f"input {position} written by the graph: {_short(expected)} after eager, "
                          f"{_short(got)} compiled")
+    return "; ".join(found) or None
+
+
+def merged_outputs(reference: Any, result: Any) -> str | None:
+    """None unless the compiled graph returned one tensor object at two output positions where
+    eager returned two (`outputs 0 and 1 are one tensor compiled, two eager`). Their values agree,
+    but what the program then does to one changes the other, which eager's do not share as
+    objects: pytorch#191449's graph returned an intermediate and a view of it, inductor returned
+    the intermediate twice, and the program's `resize_` of the view grew the intermediate too
+    (12 elements where eager's result has 1), in eager code after the graph, where no graph's
+    values show it."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    expected, got = tree_leaves(reference), tree_leaves(result)
+    if len(expected) != len(got):
+        return None
+    found = []
+    for later in range(len(got)):
+        for earlier in range(later):
+            if (isinstance(got[later], torch.Tensor) and got[earlier] is got[later]
+                    and expected[earlier] is not expected[later]):
+                found.append(f"outputs {earlier} and {later} are one tensor compiled, two eager")
+                break
     return "; ".join(found) or None
 
 

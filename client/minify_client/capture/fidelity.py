@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from minify_contract.accuracy import ACCURACY_EXC_TYPE, WRITTEN_INPUTS_ONLY
+from minify_contract.accuracy import ACCURACY_EXC_TYPE, OUTPUTS_MERGED, WRITTEN_INPUTS_ONLY
 
 from .torch_hooks import FailedCompile
 
@@ -56,6 +56,8 @@ INTEGER_ONLY = "integer outputs only"
 _INTEGER_PART = re.compile(r"output \d+: ")
 # How `accuracy.written_inputs` says an input the graph wrote into holds other values than eager's.
 _WRITTEN_PART = re.compile(r"input \d+ written by the graph: ")
+# How `accuracy.merged_outputs` says two outputs are one tensor compiled.
+_MERGED_PART = re.compile(r"outputs \d+ and \d+ are one tensor compiled")
 
 
 def accuracy_signature(error: BaseException) -> str:
@@ -70,6 +72,8 @@ def accuracy_signature(error: BaseException) -> str:
         return f"{name}: {INTEGER_ONLY}"
     if name == ACCURACY_EXC_TYPE and parts and all(_WRITTEN_PART.match(part) for part in parts):
         return f"{name}: {WRITTEN_INPUTS_ONLY}"
+    if name == ACCURACY_EXC_TYPE and parts and all(_MERGED_PART.match(part) for part in parts):
+        return f"{name}: {OUTPUTS_MERGED}"
     return name
 
 

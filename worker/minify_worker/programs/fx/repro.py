@@ -595,6 +595,10 @@ def check_accuracy(gm, inputs, result, compiled_inputs=None):
         from accuracy_rules import written_inputs
 
         detail = written_inputs(inputs, eager_inputs, compiled_inputs, tolerance=TOLERANCE)
+    if detail is None:
+        from accuracy_rules import merged_outputs
+
+        detail = merged_outputs(reference, result)
     if detail is not None:
         raise AccuracyError(detail)
     if GRADIENTS:  # a training step's gradients, compiled for training by the backend GRADIENTS names
@@ -678,10 +682,15 @@ def install(expected_signature):
 def wrong_values_signature(error):
     """Wrong values as minify signs them: by the exception's type, an AccuracyError keyed
     'integer outputs only' where every part of its detail is an integer or boolean output's
-    ('output N: ...'), as minify keys the failure only such outputs show."""
+    ('output N: ...'), 'written inputs only' where every part is an input the graph wrote into,
+    'outputs merged' where every part is two outputs that are one tensor compiled, as minify keys
+    the failures only such outputs or inputs show."""
     parts = [part.strip() for part in str(error).split("; ") if part.strip()]
-    if type(error).__name__ == "AccuracyError" and parts and all(re.match(r"output \\d+: ", part) for part in parts):
-        return "AccuracyError: integer outputs only"
+    keys = {"integer outputs only": r"output \\d+: ", "written inputs only": r"input \\d+ written by the graph: ",
+            "outputs merged": r"outputs \\d+ and \\d+ are one tensor compiled"}
+    for key, part_pattern in keys.items():
+        if type(error).__name__ == "AccuracyError" and parts and all(re.match(part_pattern, part) for part in parts):
+            return f"AccuracyError: {key}"
     return type(error).__name__
 '''
 

@@ -48,6 +48,7 @@ from minify_contract import signatures, zero_tensors
 from minify_contract.accuracy import (
     ACCURACY_EXC_TYPE,
     GRADIENT_EXC_TYPE,
+    OUTPUTS_MERGED,
     WRITTEN_INPUTS_ONLY,
     autocast_region,
     clone_input,
@@ -58,6 +59,7 @@ from minify_contract.accuracy import (
     gradient_divergence,
     gradient_inputs,
     integer_divergence,
+    merged_outputs,
     missing_error,
     written_inputs,
 )
@@ -335,6 +337,11 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         if written is not None:  # the outputs agree; an input the graph writes into does not
             return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=WRITTEN_INPUTS_ONLY,
                                              text=f"{ACCURACY_EXC_TYPE}: {written}"),
+                         duration_s=time.monotonic() - run_started)
+        merged = None if detail is not None else merged_outputs(reference, result)
+        if merged is not None:  # the values agree; two outputs are one tensor, eager's two
+            return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=OUTPUTS_MERGED,
+                                             text=f"{ACCURACY_EXC_TYPE}: {merged}"),
                          duration_s=time.monotonic() - run_started)
         if detail is None and positions:
             return _gradients_judged(gm, inputs, compiled, positions, spec, run_started)
