@@ -23,6 +23,12 @@ the script while they run (`.<name>.minify-<n>.py`: its imports and relative pat
 and are removed after; the script itself is never written: the result goes to `<name>.min.py`. The
 reduction repeats its passes until none changes the script, or until `budget_s` runs out (the
 smallest script so far is kept). Comments and formatting are not kept: the result is `ast.unparse`'s.
+
+A failing test reduces the same way (`minify-client reduce tests/test_model.py::test_step`, as pytest
+names it; `test=` here): the file is the script, and each run is that one test under pytest from a
+candidate beside the file (`_minify_<name>_<pid>_<n>.py`: pytest imports it as a module, with the
+folder's conftest.py), its failure recorded by `rerun`'s plugin with the test file's line that raised;
+the result (`<name>_min.py`, a name pytest can import) is a test file whose test still fails so.
 """
 
 from __future__ import annotations
@@ -107,12 +113,16 @@ def same_failure(expected: Run, observed: Run) -> bool:
 class ScriptRunner:
     """Runs a script's text as `script` would run (beside it, as `__main__`), with or without
     torch.compile, each run in a process of its own: a child forked from a server that imported
-    torch once (`rerun.serve`, one per mode and job; `preload`), else a fresh `python`."""
+    torch once (`rerun.serve`, one per mode and job; `preload`), else a fresh `python`. With `test`
+    (a test's name in `script`, as pytest's node id has it after `::`), the text is a test file and
+    a run is that one test under pytest (`args` are pytest's), beside the file, so its conftest.py
+    and imports hold."""
 
     def __init__(self, script: Path, args: list[str], timeout_s: float, *, preload: list[str] | None = None,
-                 jobs: int = 1) -> None:
+                 jobs: int = 1, test: str | None = None) -> None:
         self.script = script.resolve()
         self.args = args
+        self.test = test
         self.timeout_s = timeout_s
         self.preload = preload or []
         self._counter = itertools.count()
@@ -128,7 +138,10 @@ class ScriptRunner:
         with self._lock:
             self.runs += 1
             number = next(self._counter)
-        path = self.script.with_name(f".{self.script.stem}.minify-{os.getpid()}-{number}.py")
+        # A test file's candidate is imported by pytest as a module: its name must be one.
+        name = (f"_minify_{self.script.stem}_{os.getpid()}_{number}.py" if self.test
+                else f".{self.script.stem}.minify-{os.getpid()}-{number}.py")
+        path = self.script.with_name(name)
         handle, out = tempfile.mkstemp(prefix="minify-reduce-", suffix=".json")
         os.close(handle)
         try:
@@ -152,13 +165,22 @@ class ScriptRunner:
                     server.wait()
 
     def _environment(self, compiled: bool) -> dict[str, str]:
-        return rerun.environment({**INDEPENDENT_RUNS_ENV, **({} if compiled else DISABLE_ENV)})
+        # A test file's candidates write no bytecode (pytest's rewritten asserts) beside the user's.
+        quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if self.test else {}
+        return rerun.environment({**INDEPENDENT_RUNS_ENV, **quiet, **({} if compiled else DISABLE_ENV)})
+
+    def _argv(self, path: Path) -> list[str]:
+        """What `rerun.main` runs for the candidate at `path`: the script, or the one test in it."""
+        if self.test is None:
+            return [str(path), *self.args]
+        return ["--pytest", f"{path}::{self.test}", "-p", "minify_client.capture.rerun", "-p", "no:cacheprovider",
+                "-q", "-x", "-W", "ignore::pytest.PytestAssertRewriteWarning", *self.args]
 
     def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a fresh `python` running `path` (None: it timed out)."""
         env = {**self._environment(compiled), rerun.OUT_ENV: out}
         try:
-            done = subprocess.run([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, str(path), *self.args],
+            done = subprocess.run([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, *self._argv(path)],
                                   cwd=self.script.parent, env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   timeout=self.timeout_s, check=False)
@@ -178,7 +200,8 @@ class ScriptRunner:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, text=True)
             assert server.stdin is not None and server.stdout is not None
-            request = {"script": str(path), "args": self.args, "out": out, "timeout_s": self.timeout_s}
+            request = {"script": str(path), "args": self.args, "argv": self._argv(path), "out": out,
+                       "timeout_s": self.timeout_s}
             server.stdin.write(json.dumps(request) + "\n")
             server.stdin.flush()
             answer = server.stdout.readline()
@@ -204,15 +227,20 @@ def _ended(returncode: int, out: Path) -> Run:
 
 def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None, *, jobs: int = 2,
                   timeout_s: float | None = None, budget_s: float = 1800.0,
-                  on_progress: Callable[[str], None] | None = None) -> Reduced:
+                  on_progress: Callable[[str], None] | None = None, test: str | None = None) -> Reduced:
     """Reduce `script` (run with `args`) to the smallest script that still fails the same way and
-    passes without torch.compile. Raises `ReduceRefused` when the script passes, or fails without
-    torch.compile too; `SyntaxError` when it is not Python."""
+    passes without torch.compile; with `test`, the test file `script` to the smallest in which that
+    test (its name as pytest's node id has it after `::`; `args` are pytest's) still fails so. Raises
+    `ReduceRefused` when the script passes, or fails without torch.compile too; `SyntaxError` when it
+    is not Python."""
     path = Path(script)
     tree = ast.parse(path.read_text(), filename=str(path))
     started = time.monotonic()
     say = on_progress or (lambda text: None)
-    runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=_preloaded(tree), jobs=jobs)
+    preload = _preloaded(tree)
+    if test is not None and preload:
+        preload.append("pytest")
+    runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=preload, jobs=jobs, test=test)
     try:
         return _reduce(path, tree, runner, jobs=jobs, timeout_s=timeout_s, budget_s=budget_s, say=say,
                        started=started)
@@ -575,8 +603,9 @@ DESCRIPTION = ("Write the smallest script that still fails the way SCRIPT does u
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, on `parser`."""
-    parser.add_argument("script", type=Path, help="the failing Python script")
-    parser.add_argument("args", nargs="*", help="its arguments")
+    parser.add_argument("script", help="the failing Python script, or a failing test as pytest names it "
+                                       "(FILE::TEST, FILE::CLASS::TEST[PARAMS])")
+    parser.add_argument("args", nargs="*", help="its arguments (pytest's, for a test; after --)")
     parser.add_argument("--out", type=Path, help="where to write the result (default: beside SCRIPT, <name>.min.py)")
     parser.add_argument("--jobs", type=int, default=2, help="scripts run at once (default 2)")
     parser.add_argument("--timeout", type=float,
@@ -586,17 +615,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the command for parsed `args`; its exit status (2: the script cannot be reduced)."""
-    script: Path = args.script
-    out: Path = args.out or script.with_name(f"{script.stem}.min.py")
+    file, _, test = str(args.script).partition("::")
+    script = Path(file)
+    # A test file's result must import as a module for pytest to run it: `test_x_min.py`.
+    out: Path = args.out or script.with_name(f"{script.stem}_min.py" if test else f"{script.stem}.min.py")
     try:
         reduced = reduce_script(script, args.args, jobs=args.jobs, timeout_s=args.timeout, budget_s=args.budget,
-                                on_progress=lambda text: print(text, file=sys.stderr, flush=True))
+                                on_progress=lambda text: print(text, file=sys.stderr, flush=True), test=test or None)
     except (OSError, SyntaxError, ReduceRefused) as error:
         print(f"minify-client reduce: {error}", file=sys.stderr)
         return 2
     out.write_text(reduced.source)
     ending = "" if reduced.finished else " (the budget ran out: the smallest so far)"
-    print(f"reduced {script} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
+    target = f"{script}::{test}" if test else str(script)
+    print(f"reduced {target} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
           f"{reduced.seconds:.0f} s{ending}: {out}\nit fails with {reduced.failure.describe()}, "
           "and passes without torch.compile")
     return 0

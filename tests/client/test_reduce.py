@@ -286,3 +286,64 @@ def test_the_fork_servers_import_what_torch_compile_will_unless_the_script_touch
                     "import os\nos.putenv('TORCHDYNAMO_VERBOSE', '1')\n"):
         assert _preloaded(ast.parse(setting + compiles)) == []
     assert _preloaded(ast.parse("import numpy\nprint(numpy.ones(2))\n")) == []
+
+
+FAILING_TEST = '''import math
+
+import torch
+
+WEIGHTS = torch.ones(8)
+
+
+def make(op):
+    def apply(x, y):
+        return op(x, y)
+
+    return apply
+
+
+def helper():
+    return math.sqrt(2)
+
+
+def test_closures_compile_like_eager():
+    add, mul = make(torch.Tensor.__add__), make(torch.Tensor.__mul__)
+    x, y = torch.tensor(6.0), torch.tensor(3.0)
+    print("scale", helper() * WEIGHTS.sum())
+    expected = (add(x, y), mul(x, y))
+    actual = (torch.compile(add, dynamic=True, backend="eager")(x, y),
+              torch.compile(mul, dynamic=True, backend="eager")(x, y))
+    assert all(torch.equal(a, e) for a, e in zip(actual, expected)), "compiled differs from eager"
+
+
+def test_weights():
+    assert WEIGHTS.sum() == 8
+'''
+
+
+def test_a_failing_test_named_as_pytest_names_it_is_reduced_to_a_test_that_still_fails(tmp_path: Path) -> None:
+    """`minify-client reduce FILE::TEST`: pytorch#197811 (dynamo reuses the first closure's graph for
+    the second) in a test file beside another test and helpers it does not need. Each run is that
+    one test under pytest; the result is a test file whose test fails the same way under pytest and
+    passes without torch.compile, the user's file untouched and nothing left beside it."""
+    from minify_client.reduce import main
+
+    (tmp_path / "conftest.py").write_text("")  # the folder's own, as a suite has
+    test_file = _write(tmp_path, FAILING_TEST, "test_closures.py")
+    before = test_file.read_text()
+
+    assert main([f"{test_file}::test_closures_compile_like_eager", "--jobs", "2"]) == 0
+
+    result = tmp_path / "test_closures_min.py"
+    source = result.read_text()
+    assert "__add__" in source and "__mul__" in source and "def test_closures_compile_like_eager" in source
+    assert "math" not in source and "def test_weights" not in source and "helper" not in source
+    assert test_file.read_text() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["conftest.py", "test_closures.py",
+                                                                "test_closures_min.py"]
+    pytest_run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", result.name]
+    failing = subprocess.run(pytest_run, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1 and "AssertionError" in failing.stdout, failing.stdout[-2000:]
+    passing = subprocess.run(pytest_run, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "TORCHDYNAMO_DISABLE": "1"})
+    assert passing.returncode == 0, passing.stdout[-2000:]

@@ -69,13 +69,13 @@ _NEXT: dict[Layer, str] = {
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped). No graph holds such a failure, so there is nothing for minify to shrink. "
               "Next: TORCH_LOGS=guards,recompiles,graph_code shows what dynamo traced and guarded; `minify-client "
-              "reduce SCRIPT` shrinks a script to the smallest that still fails so; report it to PyTorch (module: "
+              "reduce {reduce}` shrinks it to the smallest that still fails so; report it to PyTorch (module: "
               "dynamo) with this test or script as the repro.",
     "aot_autograd": "it passes with backend 'eager' and fails with 'aot_eager' (dynamo and AOT autograd, no "
                     "compiler), so AOT autograd is to blame: functionalization, or its runtime wrappers (input "
                     "mutations written back, aliased inputs and outputs rebuilt as views), which are in no graph. "
-                    "Next: TORCH_LOGS=aot_graphs shows its graphs; {aot_capture}`minify-client reduce SCRIPT` "
-                    "shrinks a script to the smallest that still fails so; report it to PyTorch (module: "
+                    "Next: TORCH_LOGS=aot_graphs shows its graphs; {aot_capture}`minify-client reduce {reduce}` "
+                    "shrinks it to the smallest that still fails so; report it to PyTorch (module: "
                     "aotdispatch) with this test or script as the repro.",
     "backend": "it passes with backends 'eager' and 'aot_eager' and fails with yours, so your backend's compiled "
                "code is to blame, though no graph was captured: the failure is not an error while compiling. "
@@ -248,11 +248,14 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
     else:
         differently = (f" (with {last.setting} it fails differently: {last.signature})"
                        if last.outcome == "fails differently" else "")
-        text = f"minify: no graph captured holds this failure ({signature}); {_next_step(layer)}{differently}"
+        # A test by its node id, as `reduce` takes it (a script's name here is not its path).
+        target = test if "::" in test else "SCRIPT"
+        text = (f"minify: no graph captured holds this failure ({signature}); {_next_step(layer, target)}"
+                f"{differently}")
     return Diagnosis(test=test, signature=signature, layer=layer, message=text, reruns=reruns)
 
 
-def _next_step(layer: Layer) -> str:
+def _next_step(layer: Layer, reduce_target: str = "SCRIPT") -> str:
     """The layer's next step, naming only the capture options this run did not have on already (the
     user's run and the diagnosis share the process: its environment is the run's)."""
     accuracy = os.environ.get(ACCURACY_ENV) == "1"
@@ -278,7 +281,8 @@ def _next_step(layer: Layer) -> str:
                        "error or warning the compiled code did not raise)")
     if not crash_capture:
         options.append("MINIFY_CAPTURE_CRASH=1 captures one whose run kills the process")
-    return _NEXT[layer].format(aot_capture=aot_capture, backend_capture="; ".join(options) + "; ")
+    return _NEXT[layer].format(aot_capture=aot_capture, backend_capture="; ".join(options) + "; ",
+                               reduce=reduce_target)
 
 
 def _found_none() -> str:

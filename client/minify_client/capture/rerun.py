@@ -11,7 +11,9 @@ script that raised (`reduce` holds a smaller script to the same statement).
   minify_client.capture.rerun script.py args...`, which imports the whole client first): the script
   as `python script.py` runs it (runpy, as `__main__`, its argv and exit code);
 - `pytest -p minify_client.capture.rerun NODEID`: the test's error, as a plugin (no test that
-  passes writes anything: the parent reads pytest's exit status).
+  passes writes anything: the parent reads pytest's exit status), and `raised_at`, the line of the
+  test's file that raised; `python -c BY_PATH .../rerun.py --pytest NODEID -p
+  minify_client.capture.rerun ...` runs it so (`reduce` on a test).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def read_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
     if report.when == "call" and call.excinfo is not None:
-        record(call.excinfo.value)
+        path = getattr(node, "path", None)  # the test's file: `raised_at` is its line that raised
+        record(call.excinfo.value, str(path) if path is not None else None)
 
 
 def serve(modules: list[str]) -> int:
@@ -105,6 +108,7 @@ def serve(modules: list[str]) -> int:
     record written to `out`), wait for it (killed once past `timeout_s`), and answer on stdout with
     a JSON line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
     server itself runs nothing else: every run starts from the same state."""
+    import gc
     import importlib
     import signal
     import time
@@ -114,6 +118,11 @@ def serve(modules: list[str]) -> int:
             importlib.import_module(name)
         except Exception:  # the script's own run will say so
             pass
+    if "pytest" in modules:
+        _import_pytest_plugins()
+    # Every child inherits what is here: its collections (pytest runs three as it ends) need not
+    # walk torch's objects again (gc.freeze: what a server that forks is meant to do).
+    gc.freeze()
     answers = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
@@ -137,6 +146,19 @@ def serve(modules: list[str]) -> int:
     return 0
 
 
+def _import_pytest_plugins() -> None:
+    """The plugins pytest loads at every start (its `pytest11` entry points: 0.8 s a run here, most
+    of it importing them and rewriting their asserts), imported once in the server instead; pytest
+    then finds them imported (its warning that it cannot rewrite them is silenced by the runs)."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="pytest11"):
+        try:
+            entry.load()
+        except Exception:  # pytest will say so in the run
+            pass
+
+
 def _run_forked(request: dict[str, Any]) -> None:
     """In a child of `serve`: run the request's script, then end with its exit code."""
     code = 1
@@ -146,7 +168,7 @@ def _run_forked(request: dict[str, Any]) -> None:
             os.dup2(quiet, stream)
         os.environ[OUT_ENV] = request["out"]
         os.chdir(os.path.dirname(request["script"]))
-        code = main([request["script"], *request["args"]])
+        code = main(request.get("argv") or [request["script"], *request["args"]])
     finally:
         os._exit(code if isinstance(code, int) else 1)
 
@@ -154,6 +176,10 @@ def _run_forked(request: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve"]:
         return serve(argv[1:])
+    if argv[:1] == ["--pytest"]:  # `--pytest NODEID ARGS...`: one test, its failure recorded by this plugin
+        import pytest
+
+        return int(pytest.main(argv[1:]))
     script, *args = argv
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -197,6 +197,17 @@ def test_the_next_step_names_only_the_capture_options_the_run_did_not_have_on(
     assert "module: aotdispatch" in aot and "{" not in aot
 
 
+def test_the_next_step_names_a_test_to_reduce_by_its_node_id_and_a_script_as_script() -> None:
+    """`minify-client reduce` takes a test as pytest names it: the diagnosis of a test says that
+    command for it; a script's (named here by a sanitized name, not its path) says SCRIPT."""
+    test = "tests/test_model.py::test_step[cpu]"
+    dynamo = _verdict(test, "AssertionError", _reruns("passes", "fails the same way")).message
+    aot = _verdict(test, "AssertionError", _reruns("passes", "passes", "fails the same way")).message
+    script = _verdict("repro_py", "AssertionError", _reruns("passes", "fails the same way")).message
+    assert f"`minify-client reduce {test}` shrinks it" in dynamo and f"`minify-client reduce {test}`" in aot
+    assert "`minify-client reduce SCRIPT` shrinks it" in script and "{" not in dynamo + aot + script
+
+
 @pytest.mark.parametrize("aot_level", [False, True])
 def test_a_check_that_could_not_judge_a_graph_is_never_called_finding_none_wrong(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, aot_level: bool) -> None:
