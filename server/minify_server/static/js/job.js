@@ -90,6 +90,7 @@ export function renderJob(root, id) {
   let finishedShown = false;
   let lastMessage = "";
   let lastGraphCode = "";
+  let lastSpecShown = "";
   const live = { elapsed: 0, at: performance.now(), running: false };
   const progress = {
     phase: "", nodes_original: null, nodes_current: null, checks_total: 0, checks_cached: 0,
@@ -259,6 +260,12 @@ export function renderJob(root, id) {
     if (result?.sandbox_start) {
       rows.push(["Sandbox", result.sandbox_start === "fork" ? "forked from the warm worker" : "started a fresh Python"]);
     }
+    // Rebuilt only when something in it changed: a job's every update re-rendered it, and a click
+    // on its bug link that landed while the link was being replaced went nowhere.
+    const shown = JSON.stringify(rows.map(([name, value]) =>
+      [name, value instanceof Node ? [value.textContent, value.getAttribute?.("href")] : value ?? "–"]));
+    if (shown === lastSpecShown) return;
+    lastSpecShown = shown;
     specList.replaceChildren(...rows.flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value ?? "–")]));
   }
 
