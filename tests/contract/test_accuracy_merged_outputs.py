@@ -35,10 +35,11 @@ def test_objects_eager_also_returns_once_or_that_stay_apart_are_not_said() -> No
 
 
 @pytest.mark.inductor
-def test_inductor_merges_every_view_that_changes_nothing_with_its_base() -> None:
-    """The family, in one compiled graph: each view that changes nothing comes back as its base's
-    object; `flatten` of a 1-D tensor is its base eagerly too (not said), `unsqueeze` a view of its
-    own compiled as eagerly (not said)."""
+def test_the_rule_says_exactly_the_views_inductor_returned_as_their_base() -> None:
+    """The family, in one compiled graph: torch 2.11's and 2.13's inductor return each view that
+    changes nothing as its base's object (2.15's keeps them apart: then nothing is said); `flatten`
+    of a 1-D tensor is its base eagerly too, and `unsqueeze` is a view of its own compiled as
+    eagerly: neither is ever said with the base."""
     def views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         base = x + 1
         return (base, base.view(-1), base.reshape(base.shape), base[...], base.view_as(base),
@@ -46,8 +47,12 @@ def test_inductor_merges_every_view_that_changes_nothing_with_its_base() -> None
 
     torch._dynamo.reset()
     x = torch.zeros(3)
-    found = merged_outputs(views(x.clone()), torch.compile(views)(x.clone()))
-    assert found is not None
-    merged = {part.split(" are ")[0] for part in found.split("; ")}
-    assert {f"outputs 0 and {position}" for position in (1, 2, 3, 4, 5)} <= merged
-    assert not any(part.endswith(" and 7") for part in merged)  # the unsqueezed view stays its own
+    eager, compiled = views(x.clone()), torch.compile(views)(x.clone())
+    found = merged_outputs(eager, compiled) or ""
+    said = {part.split(" are ")[0] for part in found.split("; ") if part}
+    for position in range(1, 8):
+        merged = compiled[0] is compiled[position] and eager[0] is not eager[position]
+        assert (f"outputs 0 and {position}" in said) == merged, (position, found)
+    assert "outputs 0 and 6" not in said and "outputs 0 and 7" not in said
+    if torch.__version__ < "2.14":  # seen with pytorch#191449 here (2.11, 2.13): the whole family merged
+        assert {f"outputs 0 and {position}" for position in range(1, 6)} <= said
