@@ -200,8 +200,7 @@ class ScriptRunner:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, text=True)
             assert server.stdin is not None and server.stdout is not None
-            request = {"script": str(path), "args": self.args, "argv": self._argv(path), "out": out,
-                       "timeout_s": self.timeout_s}
+            request = {"script": str(path), "argv": self._argv(path), "out": out, "timeout_s": self.timeout_s}
             server.stdin.write(json.dumps(request) + "\n")
             server.stdin.flush()
             answer = server.stdout.readline()
@@ -606,7 +605,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script", help="the failing Python script, or a failing test as pytest names it "
                                        "(FILE::TEST, FILE::CLASS::TEST[PARAMS])")
     parser.add_argument("args", nargs="*", help="its arguments (pytest's, for a test; after --)")
-    parser.add_argument("--out", type=Path, help="where to write the result (default: beside SCRIPT, <name>.min.py)")
+    parser.add_argument("--out", type=Path, help="where to write the result (default: beside SCRIPT, <name>.min.py; "
+                                                 "for a test, <name>_min.py)")
     parser.add_argument("--jobs", type=int, default=2, help="scripts run at once (default 2)")
     parser.add_argument("--timeout", type=float,
                         help="seconds one run may take (default: 3x the first run, at least 30)")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,15 @@ WRITTEN_INPUTS_ONLY = "written inputs only"
 # The key of a graph whose compiled outputs are one tensor where eager's are two (`merged_outputs`),
 # the values agreeing: its own signature, as `WRITTEN_INPUTS_ONLY` is.
 OUTPUTS_MERGED = "outputs merged"
+# The key of wrong values only integer or boolean outputs show (`divergence`'s `output N: ...` parts).
+INTEGER_ONLY = "integer outputs only"
+# How each keyed failure's detail reads, part by part (the parts "; "-joined): the words of
+# `divergence` for an integer output, `written_inputs`, `merged_outputs`.
+_KEYED_PARTS = {
+    INTEGER_ONLY: re.compile(r"output \d+: "),
+    WRITTEN_INPUTS_ONLY: re.compile(r"input \d+ written by the graph: "),
+    OUTPUTS_MERGED: re.compile(r"outputs \d+ and \d+ are one tensor compiled"),
+}
 
 
 class AccuracyError(Exception):
@@ -611,6 +621,18 @@ def written_inputs(before: Sequence[Any], eager: Sequence[Any], compiled: Sequen
             found.append(f"input {position} written by the graph: {_short(expected)} after eager, "
                          f"{_short(got)} compiled")
     return "; ".join(found) or None
+
+
+def detail_key(detail: str) -> str:
+    """The key of the wrong values an `AccuracyError`'s `detail` describes, as the worker keys
+    them: `INTEGER_ONLY`, `WRITTEN_INPUTS_ONLY` or `OUTPUTS_MERGED` where every part of it is of
+    that one kind, else "" (floating-point outputs, or kinds mixed). The capture signs its
+    failures by it (`fidelity.accuracy_signature`), and so does repro.py (this module beside it)."""
+    parts = [part.strip() for part in detail.split("; ") if part.strip()]
+    for key, part in _KEYED_PARTS.items():
+        if parts and all(part.match(each) for each in parts):
+            return key
+    return ""
 
 
 def merged_outputs(reference: Any, result: Any) -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from minify_contract import accuracy
+
 SignatureKind = Literal["compile_error", "runtime_error", "accuracy", "crash", "timeout", "oom"]
 
 
@@ -41,7 +43,8 @@ class Signature:
 
 # The key of an accuracy failure only integer or boolean outputs show (floating-point ones pass): it
 # is not the same failure as one a floating-point output shows, so neither drifts into the other.
-INTEGER_ONLY = "integer outputs only"
+# The contract's, which the capture and repro.py key by too (`accuracy.detail_key`).
+INTEGER_ONLY = accuracy.INTEGER_ONLY
 
 
 @dataclass(frozen=True)

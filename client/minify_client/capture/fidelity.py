@@ -30,7 +30,8 @@ into each other; a capture that signed #175966's wrong int64 values plain `Accur
 job whose original failed "not with the signature the spec gives", which ended `not_reproducible`.
 Wrong values only the inputs a graph writes into show, its outputs agreeing (a wrong write-back of
 an input mutation), are keyed `AccuracyError: written inputs only` (`accuracy.written_inputs`,
-`accuracy.WRITTEN_INPUTS_ONLY`), as the worker keys them.
+`accuracy.WRITTEN_INPUTS_ONLY`), as the worker keys them, and so are two outputs that are one
+tensor compiled (`accuracy.merged_outputs`, `OUTPUTS_MERGED`): `accuracy.detail_key`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from minify_contract.accuracy import ACCURACY_EXC_TYPE, OUTPUTS_MERGED, WRITTEN_INPUTS_ONLY
+from minify_contract.accuracy import ACCURACY_EXC_TYPE, detail_key
 
 from .torch_hooks import FailedCompile
 
@@ -50,31 +51,16 @@ _PARTITIONER = "torch/_functorch/partitioners.py"
 _AOT_AUTOGRAD = "torch/_functorch/_aot_autograd/"
 _BACKWARD = (("torch/autograd/__init__.py", "grad"), ("torch/autograd/graph.py", "_engine_run_backward"))
 
-# The worker's key of wrong values only integer or boolean outputs show (minify_worker.outcomes,
-# which the client does not import), and how `accuracy.integer_divergence` says each of them.
-INTEGER_ONLY = "integer outputs only"
-_INTEGER_PART = re.compile(r"output \d+: ")
-# How `accuracy.written_inputs` says an input the graph wrote into holds other values than eager's.
-_WRITTEN_PART = re.compile(r"input \d+ written by the graph: ")
-# How `accuracy.merged_outputs` says two outputs are one tensor compiled.
-_MERGED_PART = re.compile(r"outputs \d+ and \d+ are one tensor compiled")
-
 
 def accuracy_signature(error: BaseException) -> str:
     """The signature of the wrong values an `AccuracyError` describes, as the worker's report
-    writes it: `AccuracyError: integer outputs only` when every part of its detail is an integer
-    or boolean output's (`accuracy.divergence` joins the floating-point outputs' detail, torch's
-    words, and the integer ones', each `output N: ...`, with "; "), else `AccuracyError`. Other
-    errors by their type (`GradientError`)."""
+    writes it: keyed by `accuracy.detail_key` (`AccuracyError: integer outputs only` when every
+    part of its detail is an integer or boolean output's, `accuracy.divergence` joining the
+    floating-point outputs' detail, torch's words, and the integer ones', each `output N: ...`,
+    with "; "), else `AccuracyError`. Other errors by their type (`GradientError`)."""
     name = type(error).__name__
-    parts = [part.strip() for part in str(error).split("; ") if part.strip()]
-    if name == ACCURACY_EXC_TYPE and parts and all(_INTEGER_PART.match(part) for part in parts):
-        return f"{name}: {INTEGER_ONLY}"
-    if name == ACCURACY_EXC_TYPE and parts and all(_WRITTEN_PART.match(part) for part in parts):
-        return f"{name}: {WRITTEN_INPUTS_ONLY}"
-    if name == ACCURACY_EXC_TYPE and parts and all(_MERGED_PART.match(part) for part in parts):
-        return f"{name}: {OUTPUTS_MERGED}"
-    return name
+    key = detail_key(str(error)) if name == ACCURACY_EXC_TYPE else ""
+    return f"{name}: {key}" if key else name
 
 
 def unreproducible(failed: FailedCompile, lowering_error: str) -> str:

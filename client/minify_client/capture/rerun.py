@@ -103,8 +103,9 @@ def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
 
 def serve(modules: list[str]) -> int:
     """A fork server for many runs of scripts (`minify_client.reduce`): import `modules` once (torch
-    costs seconds a run), then for each request read from stdin, a JSON line `{"script", "args",
-    "out", "timeout_s"}`, fork a child that runs the script as `main` does (its output discarded, its
+    costs seconds a run), then for each request read from stdin, a JSON line `{"script", "argv",
+    "out", "timeout_s"}`, fork a child that runs `main(argv)` from the script's folder (the script,
+    or `--pytest NODEID ...`; its output discarded, its
     record written to `out`), wait for it (killed once past `timeout_s`), and answer on stdout with
     a JSON line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
     server itself runs nothing else: every run starts from the same state."""
@@ -168,7 +169,7 @@ def _run_forked(request: dict[str, Any]) -> None:
             os.dup2(quiet, stream)
         os.environ[OUT_ENV] = request["out"]
         os.chdir(os.path.dirname(request["script"]))
-        code = main(request.get("argv") or [request["script"], *request["args"]])
+        code = main(request["argv"])
     finally:
         os._exit(code if isinstance(code, int) else 1)
 
