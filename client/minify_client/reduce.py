@@ -267,28 +267,37 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
         runner.timeout_s = max(30.0, 3 * (time.monotonic() - first))
     say(f"reduce: {path.name} fails with {expected.describe()}; it passes without torch.compile")
 
+    verdicts: dict[str, bool] = {}  # a program tried once is not run again: another pass may write it too
+
     def keeps_failing(candidate: str) -> bool:
-        if not same_failure(expected, runner.run(candidate)):
-            return False
-        return not _fails_or_hangs(runner.run(candidate, compiled=False))
+        if candidate not in verdicts:
+            verdicts[candidate] = (same_failure(expected, runner.run(candidate))
+                                   and not _fails_or_hangs(runner.run(candidate, compiled=False)))
+        return verdicts[candidate]
 
     lines_before = _lines(source)
     unbound = unbound_names(tree)
     finished = False
+    passes = (_deletions, _unwrapped_blocks, _smaller_integers,
+              functools.partial(_simpler_expressions, raising=expected.raised_at))
+    # The passes take turns until each has had its turn on the script as it stands: a pass that
+    # changed it ended with none of its candidates kept, so it is done until another pass changes it.
+    # (Going round again from the first pass repeated the last changing pass's every candidate.)
+    done, turn = 0, 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while time.monotonic() - started < budget_s:
+            make_candidates = passes[turn % len(passes)]
+            turn += 1
             changed = False
-            passes = (_deletions, _unwrapped_blocks, _smaller_integers,
-                      functools.partial(_simpler_expressions, raising=expected.raised_at))
-            for make_candidates in passes:
-                while time.monotonic() - started < budget_s:
-                    smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound,
-                                          deadline=started + budget_s)
-                    if smaller is None:
-                        break
-                    tree, changed = smaller, True
-                    say(f"reduce: {lines_before} → {_lines(ast.unparse(tree))} lines, {runner.runs} runs")
-            if not changed:
+            while time.monotonic() - started < budget_s:
+                smaller = _first_kept(pool, jobs, tree, make_candidates(tree), keeps_failing, unbound,
+                                      deadline=started + budget_s)
+                if smaller is None:
+                    break
+                tree, changed = smaller, True
+                say(f"reduce: {lines_before} → {_lines(ast.unparse(tree))} lines, {runner.runs} runs")
+            done = 1 if changed else done + 1
+            if done == len(passes) and time.monotonic() - started < budget_s:
                 finished = True
                 break
     reduced = ast.unparse(tree) + "\n"

@@ -254,6 +254,41 @@ def test_a_reduction_keeps_the_seed_and_runs_each_candidate_without_graphs_compi
     assert environment["TORCHINDUCTOR_FX_GRAPH_CACHE"] == environment["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
 
 
+class _CountingRunner:
+    """A stand-in for the runs only: a program "fails under the compiler" while it still calls
+    `boom()`. The passes' schedule is what is under test."""
+
+    def __init__(self) -> None:
+        self.timeout_s, self.runs, self.programs = 1.0, 0, []
+
+    def run(self, source: str, *, compiled: bool = True) -> Run:
+        self.runs += 1
+        if compiled:
+            self.programs.append(source.strip())
+        fails = compiled and "boom()" in source
+        return Run(failed=fails, signature="RuntimeError: boom" if fails else None,
+                   raised_at="boom()" if fails else None)
+
+
+@pytest.mark.fast
+def test_no_program_is_run_twice_and_the_passes_stop_once_each_has_had_its_turn_unchanged(
+        tmp_path: Path) -> None:
+    """The passes went round again from the first after any change, repeating the last changing
+    pass's every candidate on the same script: 103 runs for the failing test's reduction below, 70
+    without the repeats, and the same result."""
+    import time
+
+    from minify_client.reduce import _reduce
+
+    source = "import os\nx = [1, 2, 3]\nif len(x) > 2:\n    y = 40 + 2\n    boom()\nprint(x)\n"
+    runner = _CountingRunner()
+    reduced = _reduce(tmp_path / "script.py", ast.parse(source), runner, jobs=1, timeout_s=1.0,  # type: ignore[arg-type]
+                      budget_s=60.0, say=lambda text: None, started=time.monotonic())
+
+    assert reduced.finished and reduced.source == "boom()\n"
+    assert len(runner.programs) == len(set(runner.programs))
+
+
 @pytest.mark.fast
 def test_the_budget_holds_inside_a_pass() -> None:
     """A pass tried every candidate before the budget was looked at again (a 300 s budget ran to 365 s)."""
