@@ -460,3 +460,32 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
     assert isinstance(outcome, Passes), outcome
     # The next build of the kernel removed what the killed one left.
     assert not [left for kernel in kernels for left in kernel.parent.glob(f"partial-*-{kernel.name}")]
+
+
+@pytest.mark.inductor
+def test_a_truncated_kernel_another_process_left_in_the_shared_cache_is_rebuilt_not_taken_for_the_bug(
+        preloaded: None, tmp_path: Path) -> None:
+    """The cache is the machine's: a process outside the sandbox (a repro.py, a user's own run under
+    the same cache dir) killed mid-link, or a full disk, can still leave a truncated kernel where
+    inductor looks, and every candidate needing it would fail with `ImportError: ... file too
+    short`, a failure of the machine taken for the program's. The candidate that meets it removes
+    that entry (only inside the compile caches, `damaged_cache_files`) and compiles again, once."""
+    marker = f"{random.randrange(10**6, 10**7)}.25"  # a kernel no earlier run left in the shared cache
+    torch.save({"x": torch.randn(8)}, tmp_path / "values.pt")
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["minify_value"] = "x"
+    graph.output((graph.call_function(torch.ops.aten.cos.default,
+                                      (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
+    caches = compile_cache_dir(tmp_path) / "inductor"
+    with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
+                     env=ALLOWED) as pool:
+        assert isinstance(pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300), Passes)
+        kernels = [source.with_suffix(".so") for source in caches.rglob("*.cpp") if marker in source.read_text()]
+        assert [kernel for kernel in kernels if kernel.exists()], "the kernel's library is not in the shared cache"
+        for kernel in kernels:
+            if kernel.exists():
+                os.truncate(kernel, 64)
+        outcome = pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300)
+    assert isinstance(outcome, Passes), outcome
+    assert all(kernel.stat().st_size > 64 for kernel in kernels if kernel.exists())
