@@ -500,7 +500,8 @@ def _simpler_expressions(tree: ast.Module, raising: str | None = None) -> Iterat
     """`tree` with one expression replaced by a part of it, outermost first: a method call by what
     it is called on (`x.nonzero().sum()` is `x.nonzero()`), a call by one of its arguments
     (`torch.relu(x)` is `x`) or less one keyword argument, an operation by an operand (`a + b`,
-    `-a`, `a and b`, `b if c else a`), a subscript by what it subscripts. A module's function is
+    `-a`, `a and b`, `b if c else a`), a subscript by what it subscripts, a list, tuple or set
+    literal by a half of it or, short, by itself less one element. A module's function is
     never replaced by the module (`torch.relu(x)` is not `torch`), nor is anything in the line that
     raised (`raising`: the failure is held to that line's text, which any change there breaks)."""
     modules = _imported_names(tree)
@@ -510,10 +511,11 @@ def _simpler_expressions(tree: ast.Module, raising: str | None = None) -> Iterat
         if raising is not None and lines.get(id(holders[index])) == raising:
             continue
         node = _slot(holders[index], field, position)
-        for which in range(len(_parts(node, modules))):
+        shorten = not _unpacked(holders[index], field)
+        for which in range(len(_parts(node, modules, shorten=shorten))):
             smaller = copy.deepcopy(tree)
             parent = list(ast.walk(smaller))[index]
-            replacement = _parts(_slot(parent, field, position), modules)[which]
+            replacement = _parts(_slot(parent, field, position), modules, shorten=shorten)[which]
             if position is None:
                 setattr(parent, field, replacement)
             else:
@@ -552,8 +554,16 @@ def _slot(holder: ast.AST, field: str, position: int | None) -> ast.expr:
     return value if position is None else value[position]
 
 
-def _parts(node: ast.expr, modules: set[str]) -> list[ast.expr]:
-    """The simpler expressions `node` may be replaced by (fresh copies): see `_simpler_expressions`."""
+def _unpacked(holder: ast.AST, field: str) -> bool:
+    """Whether `holder`'s `field` is unpacked into names (`a, b = (x, y)`): a shorter literal there
+    could only fail to unpack."""
+    return isinstance(holder, ast.Assign) and field == "value" and \
+        any(isinstance(target, (ast.Tuple, ast.List)) for target in holder.targets)
+
+
+def _parts(node: ast.expr, modules: set[str], *, shorten: bool = True) -> list[ast.expr]:
+    """The simpler expressions `node` may be replaced by (fresh copies): see `_simpler_expressions`;
+    a literal's shorter versions only with `shorten`."""
     parts: list[ast.expr] = []
     if isinstance(node, ast.Call):
         receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
@@ -574,7 +584,22 @@ def _parts(node: ast.expr, modules: set[str]) -> list[ast.expr]:
         parts += [node.body, node.orelse]
     elif isinstance(node, ast.Subscript):
         parts.append(node.value)
+    elif shorten and isinstance(node, (ast.List, ast.Tuple, ast.Set)) and len(node.elts) >= 2 \
+            and not isinstance(getattr(node, "ctx", None), ast.Store) \
+            and not any(isinstance(element, ast.Starred) for element in node.elts):
+        elements = node.elts
+        middle = (len(elements) + 1) // 2
+        shorter = [elements[:middle], elements[middle:]]
+        if 3 <= len(elements) <= _FEWEST_ELEMENTS_ONE_BY_ONE:
+            shorter += [elements[:position] + elements[position + 1:] for position in range(len(elements))]
+        context = {"ctx": node.ctx} if isinstance(node, (ast.List, ast.Tuple)) else {}
+        parts += [type(node)(elts=chosen, **context) for chosen in shorter]
     return [copy.deepcopy(part) for part in parts]
+
+
+# A list, tuple or set literal this long or shorter is also offered less each one of its elements;
+# any literal, either half of it (a shape `[2, 3, 64, 64]`, a data array the failure needs a few of).
+_FEWEST_ELEMENTS_ONE_BY_ONE = 8
 
 
 def _imported_names(tree: ast.AST) -> set[str]:

@@ -235,6 +235,27 @@ def test_an_expression_is_offered_as_each_simpler_part_of_it_outside_the_line_th
 
 
 @pytest.mark.fast
+def test_a_literal_is_offered_shorter_unless_it_is_unpacked() -> None:
+    """pytorch#198056's reduction (NumPy's int8 cumsum, traced by dynamo) kept all seven elements
+    of its array literal, their values made 1: a list, tuple or set literal is offered as either
+    half and, when short, less each one element; one unpacked into names (`a, b = (x, y)`) and an
+    assignment's own targets are not, a shorter one could only fail to unpack."""
+    source = ("import numpy as np\n"
+              "a, b = (1, 2)\n"
+              "x = np.array([5, 6, 7, 8, 9], dtype=np.int8)\n"
+              "shape = (a, b, 3)\n"
+              "assert x.cumsum()[-1] == 35\n")
+    tree = ast.parse(source)
+    changed = {line for candidate in _simpler_expressions(tree, raising="assert x.cumsum()[-1] == 35")
+               for line in ast.unparse(candidate).splitlines() if line not in ast.unparse(tree).splitlines()}
+
+    assert {"x = np.array([5, 6, 7], dtype=np.int8)", "x = np.array([8, 9], dtype=np.int8)"} <= changed
+    assert "x = np.array([5, 6, 8, 9], dtype=np.int8)" in changed  # less one element
+    assert {"shape = (a, b)", "shape = (3,)", "shape = (a, 3)"} <= changed
+    assert not any(line.startswith(("a, b =", "a =", "b =", "(a, b) =")) for line in changed)
+
+
+@pytest.mark.fast
 def test_a_reduction_keeps_the_seed_and_runs_each_candidate_without_graphs_compiled_for_another(
         tmp_path: Path) -> None:
     """pytorch#145466's reduction deleted `torch.manual_seed(0)` and delivered a script that failed
