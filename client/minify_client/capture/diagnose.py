@@ -67,7 +67,9 @@ _NEXT: dict[Layer, str] = {
               "PyTorch (module: export) with this test or script as the repro.",
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
-              "effect it dropped). No graph holds such a failure, so there is nothing for minify to shrink. "
+              "effect it dropped, a NumPy or Python call it turned into torch ops that follow other rules, as "
+              "NumPy's result dtypes: the graph then computes what dynamo wrote, compiled or not). No graph "
+              "holds such a failure, so there is nothing for minify to shrink. "
               "Next: TORCH_LOGS=guards,recompiles,graph_code shows what dynamo traced and guarded; `minify-client "
               "reduce {reduce}` shrinks it to the smallest that still fails so; report it to PyTorch (module: "
               "dynamo) with this test or script as the repro.",
