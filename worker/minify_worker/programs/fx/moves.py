@@ -30,7 +30,7 @@ asks for it.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch.fx as fx
 
@@ -365,7 +365,6 @@ def bisect_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidat
     proposals = _Proposals(graph, context)
     groups = _op_groups(graph)
     kinds = _kinds(graph)
-    by_name = {node.name: node for node in graph.nodes}
     quarters = []
     for half in _balanced_kind_halves(kinds):
         members = {op for kind in half for op in kinds[kind]}
@@ -374,9 +373,9 @@ def bisect_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidat
         for index, part in enumerate(parts):
             where = "" if len(parts) == 1 else (" (first half by position)" if index == 0 else
                                                 " (second half by position)")
-            cost = sum(1 for op in part if _library_calls(g.target_name(by_name[op].target)))
-            quarters.append((cost, len(quarters), part, f"keep the ops of kinds {_names(half)}{where}"))
-    for _, _, part, description in sorted(quarters, key=lambda quarter: quarter[:2]):
+            quarters.append((part, f"keep the ops of kinds {_names(half)}{where}"))
+    cost = _library_call_count(graph)
+    for part, description in sorted(quarters, key=lambda quarter: cost(quarter[0])):  # stable: graph order among equals
         yield from _extracted(graph, part, groups, proposals, description)
 
 
@@ -391,11 +390,17 @@ def probe_kinds(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate
 
 def bisect_ranges(graph: fx.Graph, context: StrategyContext) -> Iterator[Candidate]:
     """Keep the first half of the ops in graph order, then the second (results crossing become
-    inputs and outputs)."""
+    inputs and outputs); the half with fewer `_LIBRARY_CALLS` ops first, as `bisect_kinds` orders."""
     proposals = _Proposals(graph, context)
     groups = _op_groups(graph)
-    for half in _halves(list(groups)):
+    for half in sorted(_halves(list(groups)), key=_library_call_count(graph)):
         yield from _extracted(graph, half, groups, proposals, f"keep ops {half[0]} to {half[-1]}")
+
+
+def _library_call_count(graph: fx.Graph) -> Callable[[list[str]], int]:
+    """How many of a cut's ops (names in `graph`) are `_LIBRARY_CALLS`: about what its compile costs."""
+    by_name = {node.name: node for node in graph.nodes}
+    return lambda cut: sum(1 for op in cut if _library_calls(g.target_name(by_name[op].target)))
 
 
 OPENING_STRATEGIES: list[Strategy] = [
