@@ -6,7 +6,8 @@ checks:   a compiled (fullgraph) function calling an identity Linear(3, 3); afte
           [2., 2., 2.]; compiled gives [1., 1., 1.] (no recompile, the hook never runs)
 fails on: 2.13.0+cpu (checked here); the issue: nightly 2024 (aot_eager), open
 kind:     wrong values (float)
-feature:  dynamo guards on nn.Module hooks (backward pre-hook added after compilation), training (backward), no graph holds the bug
+feature:  dynamo guards on nn.Module hooks (backward pre-hook added after compilation), training (backward),
+          no graph holds the bug
 """
 
 import torch

@@ -2,7 +2,8 @@
 
 issue:    https://github.com/pytorch/pytorch/issues/198056
 checks:   compiled `np.cumsum(a)` of an int8 ndarray [-128, -100, -3, 0, 5, 100, 127] equals NumPy's
-          [-128, -228, -231, -231, -226, -126, 1] (int64); compiled returns int8 values that wrapped ([-128, 28, 25, ...])
+          [-128, -228, -231, -231, -226, -126, 1] (int64); compiled returns int8 values that wrapped
+          ([-128, 28, 25, ...])
 fails on: 2.13.0+cpu (checked here); the issue: 2.14.0 and nightly (backend="eager" is enough)
 kind:     wrong values (integer)
 feature:  dynamo NumPy tracing (torch._numpy result-type rules for small integer dtypes), no inductor needed
