@@ -79,7 +79,7 @@ class Run:
 
     def describe(self) -> str:
         if self.timed_out:
-            return "timed out"
+            return "ran past its time bound"
         if not self.failed:
             return "passes"
         return f"{self.signature}" + (f" at `{self.raised_at}`" if self.raised_at else "")
@@ -99,7 +99,10 @@ class Reduced:
 
 
 def same_failure(expected: Run, observed: Run) -> bool:
-    """Whether `observed` fails the way `expected` does (see the module's docstring)."""
+    """Whether `observed` fails the way `expected` does (see the module's docstring); a hang
+    (`expected.timed_out`, `--hang`) is kept by running past the bound again."""
+    if expected.timed_out:
+        return observed.timed_out
     if not observed.failed or observed.timed_out or expected.signature is None or observed.signature is None:
         return False
     if expected.raised_at != observed.raised_at:
@@ -226,12 +229,17 @@ def _ended(returncode: int, out: Path) -> Run:
 
 def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None, *, jobs: int = 2,
                   timeout_s: float | None = None, budget_s: float = 1800.0,
-                  on_progress: Callable[[str], None] | None = None, test: str | None = None) -> Reduced:
+                  on_progress: Callable[[str], None] | None = None, test: str | None = None,
+                  hang_s: float | None = None) -> Reduced:
     """Reduce `script` (run with `args`) to the smallest script that still fails the same way and
     passes without torch.compile; with `test`, the test file `script` to the smallest in which that
-    test (its name as pytest's node id has it after `::`; `args` are pytest's) still fails so. Raises
-    `ReduceRefused` when the script passes, or fails without torch.compile too; `SyntaxError` when it
-    is not Python."""
+    test (its name as pytest's node id has it after `::`; `args` are pytest's) still fails so. With
+    `hang_s`, the failure kept is a run past `hang_s` seconds under torch.compile (a compile or a
+    program that hangs), and without torch.compile each run must end, passing, within them. Raises
+    `ReduceRefused` when the script passes (ends, with `hang_s`), or fails without torch.compile
+    too; `SyntaxError` when it is not Python."""
+    if hang_s is not None:
+        timeout_s = hang_s
     path = Path(script)
     tree = ast.parse(path.read_text(), filename=str(path))
     started = time.monotonic()
@@ -242,30 +250,34 @@ def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None,
     runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=preload, jobs=jobs, test=test)
     try:
         return _reduce(path, tree, runner, jobs=jobs, timeout_s=timeout_s, budget_s=budget_s, say=say,
-                       started=started)
+                       started=started, hang=hang_s is not None)
     finally:
         runner.close()
 
 
 def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, timeout_s: float | None,
-            budget_s: float, say: Callable[[str], None], started: float) -> Reduced:
+            budget_s: float, say: Callable[[str], None], started: float, hang: bool = False) -> Reduced:
     # The script as the candidates are written (ast.unparse: one statement a line, no comments) is
     # what the failure is held to: the statement that raised is compared by its text.
     source = ast.unparse(tree) + "\n"
     first = time.monotonic()
     expected = runner.run(source)
-    if not expected.failed:
+    if hang and not expected.timed_out:
+        raise ReduceRefused(f"{path} ends within {runner.timeout_s:g} s under torch.compile ({expected.describe()}): "
+                            "there is no hang to keep")
+    if not hang and not expected.failed:
         as_written = runner.run(path.read_text()).failed
         written = " once rewritten as the reduction writes it (ast.unparse)" if as_written else ""
         raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
-                            "failure to keep")
+                            "failure to keep (a script that hangs under torch.compile: --hang SECONDS)")
     eager = runner.run(source, compiled=False)
     if _fails_or_hangs(eager):
         raise ReduceRefused(f"{path} fails without torch.compile too (TORCHDYNAMO_DISABLE=1: {eager.describe()}): "
                             "the failure is the script's own, not the compiler's; nothing to reduce it against")
     if timeout_s is None:  # a run may take longer than the original's, not much longer
         runner.timeout_s = max(30.0, 3 * (time.monotonic() - first))
-    say(f"reduce: {path.name} fails with {expected.describe()}; it passes without torch.compile")
+    say(f"reduce: {path.name} runs past {runner.timeout_s:g} s under torch.compile; it ends within them without it"
+        if hang else f"reduce: {path.name} fails with {expected.describe()}; it passes without torch.compile")
 
     verdicts: dict[str, bool] = {}  # a program tried once is not run again: another pass may write it too
 
@@ -642,8 +654,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="where to write the result (default: beside SCRIPT, <name>.min.py; "
                                                  "for a test, <name>_min.py)")
     parser.add_argument("--jobs", type=int, default=2, help="scripts run at once (default 2)")
-    parser.add_argument("--timeout", type=float,
-                        help="seconds one run may take (default: 3x the first run, at least 30)")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--timeout", type=float,
+                       help="seconds one run may take (default: 3x the first run, at least 30); a run past it counts "
+                            "as not failing")
+    bound.add_argument("--hang", type=float, metavar="SECONDS",
+                       help="the failure to keep is a hang: SCRIPT runs past SECONDS under torch.compile (it is "
+                            "stopped then) and ends within them without it")
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds for the whole reduction (default 1800)")
 
 
@@ -655,7 +672,8 @@ def run_command(args: argparse.Namespace) -> int:
     out: Path = args.out or script.with_name(f"{script.stem}_min.py" if test else f"{script.stem}.min.py")
     try:
         reduced = reduce_script(script, args.args, jobs=args.jobs, timeout_s=args.timeout, budget_s=args.budget,
-                                on_progress=lambda text: print(text, file=sys.stderr, flush=True), test=test or None)
+                                on_progress=lambda text: print(text, file=sys.stderr, flush=True), test=test or None,
+                                hang_s=args.hang)
     except (OSError, SyntaxError, ReduceRefused) as error:
         print(f"minify-client reduce: {error}", file=sys.stderr)
         return 2
@@ -663,8 +681,9 @@ def run_command(args: argparse.Namespace) -> int:
     ending = "" if reduced.finished else " (the budget ran out: the smallest so far)"
     target = f"{script}::{test}" if test else str(script)
     print(f"reduced {target} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
-          f"{reduced.seconds:.0f} s{ending}: {out}\nit fails with {reduced.failure.describe()}, "
-          "and passes without torch.compile")
+          f"{reduced.seconds:.0f} s{ending}: {out}\n" + (
+              f"it runs past {args.hang:g} s under torch.compile, and ends within them without it" if args.hang else
+              f"it fails with {reduced.failure.describe()}, and passes without torch.compile"))
     return 0
 
 

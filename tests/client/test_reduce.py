@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.reduce import Run, _simpler_expressions, reduce_script, same_failure
+from minify_client.reduce import ReduceRefused, Run, _simpler_expressions, reduce_script, same_failure
 
 COMPILED_ONLY = 'os.environ.get("TORCHDYNAMO_DISABLE") != "1"'
 
@@ -77,6 +77,21 @@ value = expected
 if {COMPILED_ONLY}:
     value += 1
 assert value == expected
+'''
+
+
+# A compile that never ends, "under the compiler" only (pytorch#148073's lowering doubles its work
+# with each step of a chain): the failure `--hang` keeps.
+HANG = f'''import os
+import time
+
+sizes = [4, 8, 16]
+doubled = [size * 2 for size in sizes]
+print("working on", doubled)
+if {COMPILED_ONLY}:
+    while True:
+        time.sleep(0.05)
+print("done")
 '''
 
 
@@ -160,6 +175,24 @@ def test_the_command_writes_the_result_where_it_is_told(tmp_path: Path) -> None:
     assert out.is_file() and not (tmp_path / "script.min.py").exists()
 
 
+def test_a_hang_is_reduced_to_what_keeps_it_running_past_the_bound_and_a_script_that_ends_is_refused(
+        tmp_path: Path) -> None:
+    """`--hang SECONDS` (the corpus's pytorch#148073, a compile that never returns, had no bound on
+    reduce's first run: the reduction was killed with nothing written). Each run is stopped at the
+    bound; a candidate is kept when it runs past it under the compiler and ends, passing, within
+    it without."""
+    script = _write(tmp_path, HANG)
+    reduced = reduce_script(script, hang_s=1.0)
+
+    assert reduced.finished and reduced.failure.timed_out
+    assert "while True" in reduced.source and "TORCHDYNAMO_DISABLE" in reduced.source
+    assert "doubled" not in reduced.source and "print" not in reduced.source
+    with pytest.raises(ReduceRefused, match=r"ends within 1 s under torch\.compile"):
+        reduce_script(_write(tmp_path, "print('quick')\n", "quick.py"), hang_s=1.0)
+    with pytest.raises(ReduceRefused, match=r"without torch\.compile too"):
+        reduce_script(_write(tmp_path, "while True:\n    pass\n", "always.py"), hang_s=1.0)
+
+
 def test_the_same_failure_is_the_same_statement_and_kind() -> None:
     wrong = Run(failed=True, signature="AssertionError: compiled N != eager N", raised_at="assert a == b")
     assert same_failure(wrong, Run(failed=True, signature="AssertionError: compiled [N] != eager [N]",
@@ -170,6 +203,8 @@ def test_the_same_failure_is_the_same_statement_and_kind() -> None:
     error = Run(failed=True, signature="KeyError: 'c'", raised_at="value = lookup['c']")
     assert not same_failure(error, Run(failed=True, signature="KeyError: 'd'", raised_at="value = lookup['c']"))
     assert not same_failure(error, Run(failed=False, timed_out=True))
+    hang = Run(failed=False, timed_out=True)  # `--hang`: kept by running past the bound again
+    assert same_failure(hang, Run(failed=False, timed_out=True)) and not same_failure(hang, error)
 
 
 def test_a_dynamo_bug_is_reduced_to_its_two_closures(tmp_path: Path) -> None:
