@@ -161,3 +161,26 @@ def test_a_compile_inside_an_autocast_region_is_captured_with_the_region_and_its
     captures = tmp_path / "pt_179804_autocast_disabled_backward" / "captures"
     entry = json.loads((captures / "captures.json").read_text())["captures"][0]
     assert json.loads((captures / entry["spec"]).read_text())["autocast"] == {"device": "cpu", "dtype": "bfloat16"}
+
+
+def test_a_hang_reduction_is_read_and_its_result_held_to_running_past_the_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `kind: hang` case (pytorch#148073): the runner reads `reduce --hang`'s report, and holds the
+    reduced script to running past `HANG_S` under torch.compile in each fresh run (stopped there) and
+    ending without it; before, a hang's report was not read and its runs were bounded by nothing of
+    theirs."""
+    reduction = runner.Reduction()
+    log = ("reduce: x.py runs past 60 s under torch.compile; it ends within them without it\n"
+           "reduced x.py from 25 to 13 lines in 28 runs, 494 s (the budget ran out: the smallest so far): x.min.py\n"
+           "it runs past 60 s under torch.compile, and ends within them without it\n")
+    runner.read_reduce_log(reduction, runner.Step(command="reduce", log="", exit="0"), log)
+    assert (reduction.status, reduction.lines_after, reduction.finished) == ("reduced", 13, False)
+    assert reduction.message == "runs past 60 s under torch.compile"
+
+    monkeypatch.setattr(runner, "HANG_S", 1.0)
+    out = tmp_path / "x.min.py"
+    out.write_text("import os\nwhile os.environ.get('TORCHDYNAMO_DISABLE') != '1':\n    pass\n")
+    result = runner.CaseResult(case="x", issue="", kind="hang", feature="")
+    result.ours.reduction = reduction
+    runner.check_reduced(out, tmp_path, result, runner.Limits(script_s=30, minify_s=30, repro_s=30), hang=True)
+    assert reduction.verified and reduction.reduced_failed == runner.REDUCED_RUNS, reduction.verdict

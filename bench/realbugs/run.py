@@ -61,16 +61,22 @@ REDUCE_COMMAND = Path(PYTHON).with_name("minify-client")  # beside the venv's py
 # its process gets this much more than the budget before it is killed
 REDUCE_GRACE_S = 120
 REDUCED_RUNS = 3  # fresh runs of a reduced script that must all fail (a failure reduce kept on one run may be luck)
+# A `kind: hang` case's failure: a run past this many seconds under torch.compile (`reduce --hang`); its
+# reduced script is held to it too.
+HANG_S = 60.0
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit|Unsupported|Failed)\b.*$")
 _OUR_NOTE = re.compile(r"^minify: .*$")
 _DIAGNOSIS_NOTE = re.compile(r"diagnos|rerun|holds this failure")  # the diagnosis's own lines, not the capture's
 _OBSERVED = re.compile(r"^repro failed with: (?P<text>.*)$", re.MULTILINE)
 _EXPECTED = re.compile(r"^minify expected:\s+(?P<text>.*)$", re.MULTILINE)
 # reduce's last lines: "reduced X from N to M lines in R runs, S s[ (the budget ran out: ...)]: OUT" and
-# "it fails with FAILURE, and passes without torch.compile"; a refusal is "minify-client reduce: WHY"
+# "it fails with FAILURE, and passes without torch.compile" (a hang's: "it runs past N s under torch.compile,
+# and ends within them without it"); a refusal is "minify-client reduce: WHY"
 _REDUCED = re.compile(r"^reduced .* from (?P<before>\d+) to (?P<after>\d+) lines in (?P<runs>\d+) runs, "
                       r"(?P<seconds>[\d.]+) s(?P<unfinished> \(the budget ran out[^)]*\))?: .*$", re.MULTILINE)
-_REDUCED_FAILURE = re.compile(r"^it fails with (?P<failure>.*?),? and passes without torch\.compile$", re.MULTILINE)
+_REDUCED_FAILURE = re.compile(r"^it (?:fails with (?P<failure>.*?),? and passes without torch\.compile|"
+                              r"(?P<hang>runs past \S+ s under torch\.compile), and ends within them without it)$",
+                              re.MULTILINE)
 _REDUCE_REFUSAL = re.compile(r"^minify-client reduce: (?P<message>.*)$", re.MULTILINE)
 
 
@@ -322,8 +328,9 @@ def run_reduce(case: Case, scratch: Path, result: CaseResult, limits: Limits) ->
     script = folder / case.path.name
     shutil.copyfile(case.path, script)
     out = folder / f"{case.name}.min.py"
+    hang = ["--hang", f"{HANG_S:g}"] if case.kind == "hang" else []
     step = run_step("reduce", [str(REDUCE_COMMAND), "reduce", str(script), "--out", str(out),
-                               "--budget", f"{limits.reduce_s:g}"],
+                               "--budget", f"{limits.reduce_s:g}", *hang],
                     folder, scratch / "reduce.log", limits.reduce_s + REDUCE_GRACE_S,
                     {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "reduce-inductor-cache")})
     result.steps["reduce"] = step
@@ -333,21 +340,23 @@ def run_reduce(case: Case, scratch: Path, result: CaseResult, limits: Limits) ->
     if reduction.status != "reduced":
         reduction.verdict = reduce_failure_verdict(reduction, step, limits.reduce_s)
         return
-    check_reduced(out, scratch, result, limits)
+    check_reduced(out, scratch, result, limits, hang=bool(hang))
 
 
-def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits) -> None:
+def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits, *, hang: bool = False) -> None:
     """The reduced script, run by itself: it must fail with the script's exception type each of
     REDUCED_RUNS times, and pass without torch.compile. Each run gets an empty inductor cache: reduce's
     candidates share one, and a graph an earlier candidate compiled can be what makes a later one
     fail (#139789's reduction failed only on a cached graph compiled for other inputs); and more than
-    one run, because reduce keeps a candidate on one run and may delete its `torch.manual_seed`."""
+    one run, because reduce keeps a candidate on one run and may delete its `torch.manual_seed`. With
+    `hang`, each run must run past `HANG_S` (it is stopped there)."""
     reduction = result.ours.reduction
-    expected = failure_kind(result.steps["capture"])
+    limit_s = HANG_S if hang else limits.script_s
+    expected = f"timeout after {HANG_S:.0f} s" if hang else failure_kind(result.steps["capture"])
     runs = []
     for number in range(1, REDUCED_RUNS + 1):
         step = run_step(f"reduced_{number}", [PYTHON, out.name], out.parent, scratch / f"reduced-{number}.log",
-                        limits.script_s, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"reduced-cache-{number}")})
+                        limit_s, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"reduced-cache-{number}")})
         result.steps[f"reduced_{number}"] = step
         runs.append(step)
     eager = run_step("reduced_eager", [PYTHON, out.name], out.parent, scratch / "reduced-eager.log", limits.script_s,
@@ -391,7 +400,7 @@ def read_reduce_log(reduction: Reduction, step: Step, text: str) -> None:
         reduction.lines_before, reduction.lines_after = int(summary["before"]), int(summary["after"])
         reduction.runs, reduction.seconds = int(summary["runs"]), float(summary["seconds"])
         reduction.finished = summary["unfinished"] is None
-        reduction.message = failure["failure"][:600] if failure else ""
+        reduction.message = (failure["failure"] or failure["hang"])[:600] if failure else ""
 
 
 def reduce_failure_verdict(reduction: Reduction, step: Step, budget_s: float) -> str:
