@@ -180,7 +180,7 @@ def run_step(name: str, command: list[str], cwd: Path, log: Path, limit_s: float
     step.seconds = round(time.monotonic() - started, 1)
     text = log.read_text(errors="replace")
     if code is None:
-        step.exit = f"timeout after {limit_s:.0f} s"
+        step.exit = timeout_exit(limit_s)
         step.error = step.exit
     elif code < 0:
         step.exit = signal.Signals(-code).name
@@ -189,6 +189,11 @@ def run_step(name: str, command: list[str], cwd: Path, log: Path, limit_s: float
         step.exit = str(code)
         step.error = last_error_line(text) if code else ""
     return step
+
+
+def timeout_exit(limit_s: float) -> str:
+    """A step's `exit` when `run_step` stopped it at `limit_s`."""
+    return f"timeout after {limit_s:.0f} s"
 
 
 def last_error_line(text: str) -> str:
@@ -352,7 +357,7 @@ def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits, 
     `hang`, each run must run past `HANG_S` (it is stopped there)."""
     reduction = result.ours.reduction
     limit_s = HANG_S if hang else limits.script_s
-    expected = f"timeout after {HANG_S:.0f} s" if hang else failure_kind(result.steps["capture"])
+    expected = timeout_exit(HANG_S) if hang else failure_kind(result.steps["capture"])
     runs = []
     for number in range(1, REDUCED_RUNS + 1):
         step = run_step(f"reduced_{number}", [PYTHON, out.name], out.parent, scratch / f"reduced-{number}.log",

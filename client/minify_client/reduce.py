@@ -268,8 +268,9 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
     if not hang and not expected.failed:
         as_written = runner.run(path.read_text()).failed
         written = " once rewritten as the reduction writes it (ast.unparse)" if as_written else ""
+        hint = " (a script that hangs under torch.compile: --hang SECONDS)" if expected.timed_out else ""
         raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
-                            "failure to keep (a script that hangs under torch.compile: --hang SECONDS)")
+                            f"failure to keep{hint}")
     eager = runner.run(source, compiled=False)
     if _fails_or_hangs(eager):
         raise ReduceRefused(f"{path} fails without torch.compile too (TORCHDYNAMO_DISABLE=1: {eager.describe()}): "

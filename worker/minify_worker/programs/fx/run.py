@@ -335,24 +335,23 @@ def _run_for_accuracy(gm: fx.GraphModule, inputs: list[Any], backend: Backend, s
         written = None if detail is not None else written_inputs(inputs, eager_inputs, compiled_inputs,
                                                                  tolerance=tolerance)
         if written is not None:  # the outputs agree; an input the graph writes into does not
-            return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=WRITTEN_INPUTS_ONLY,
-                                             text=f"{ACCURACY_EXC_TYPE}: {written}"),
-                         duration_s=time.monotonic() - run_started)
+            return _wrong_values(written, WRITTEN_INPUTS_ONLY, time.monotonic() - run_started)
         merged = None if detail is not None else merged_outputs(reference, result)
         if merged is not None:  # the values agree; two outputs are one tensor, eager's two
-            return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=OUTPUTS_MERGED,
-                                             text=f"{ACCURACY_EXC_TYPE}: {merged}"),
-                         duration_s=time.monotonic() - run_started)
+            return _wrong_values(merged, OUTPUTS_MERGED, time.monotonic() - run_started)
         if detail is None and positions:
             return _gradients_judged(gm, inputs, compiled, positions, spec, run_started)
         if detail is None:
             return Passes(duration_s=duration)
-        key = "" if floats is not None else INTEGER_ONLY
-        signature = Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key,
-                              text=f"{ACCURACY_EXC_TYPE}: {detail}")
-        return Fails(signature=signature, duration_s=duration)
+        return _wrong_values(detail, "" if floats is not None else INTEGER_ONLY, duration)
 
     return repeated(run_once, runs, compile_s, _stops(spec.device))
+
+
+def _wrong_values(detail: str, key: str, duration_s: float) -> Fails:
+    """An accuracy job's failure: `AccuracyError: detail`, keyed `key` (the contract's keys)."""
+    return Fails(signature=Signature(kind="accuracy", exc_type=ACCURACY_EXC_TYPE, key=key,
+                                     text=f"{ACCURACY_EXC_TYPE}: {detail}"), duration_s=duration_s)
 
 
 def _gradients_judged(gm: fx.GraphModule, inputs: list[Any], compiled: Any, positions: list[int], spec: JobSpec,
