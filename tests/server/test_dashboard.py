@@ -125,10 +125,15 @@ def test_a_job_submitted_through_the_page_is_followed_live_to_a_downloadable_rep
 
     # Live: the chart gains points redraw by redraw as events arrive, and the node count falls.
     page.wait_for_selector("#job-status [data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+    page.wait_for_selector("#copy-bug-report")
+    page.evaluate("window.reportButton = document.querySelector('#copy-bug-report')")
     with service.client() as client:
         # The culprit phase follows the delivered result and rewrites repro.py's header: the page follows it.
         report = wait_for_culprit(client, job_id, timeout_s=JOB_TIMEOUT_MS / 1000)["result"]
     page.wait_for_selector("#culprit-card:not(.pending):not([hidden])")
+    # The result card was drawn anew when the phase ended; a click then (its "Copied") lands on the
+    # button the user sees: the redraw keeps the one button.
+    assert page.evaluate("document.querySelector('#copy-bug-report') === window.reportButton")
     redraws = page.evaluate("window.chartRedraws")
     points = [redraw["points"] for redraw in redraws]
     nodes = [redraw["nodes"] for redraw in redraws if redraw["nodes"] is not None]

@@ -122,6 +122,12 @@ export function renderJob(root, id) {
   const failureHeading = h("h2", {}, "Failure being preserved");
 
   const resultSection = h("section", { class: "card", id: "result", hidden: true });
+  // One button for the page's life: the result card is drawn anew whenever a later phase ends, and
+  // a click's "Copied" must land on the button the user sees, not on one the redraw took away.
+  let reproText = Promise.resolve(null);
+  const bugReport = copyButton(async () => bugReportMarkdown(job, await reproText.catch(() => null)), "Copy as bug report");
+  bugReport.id = "copy-bug-report";
+  bugReport.title = "the signature, repro.py and the environment as one Markdown block, for a PyTorch issue";
   const environmentList = h("dl", { class: "spec", id: "environment" });
   const environmentCard = h("section", { class: "card", id: "environment-card", hidden: true },
     h("div", { class: "card-head" }, h("h2", {}, "Environment"),
@@ -635,9 +641,7 @@ export function renderJob(root, id) {
     const repro = names.includes("repro.py")
       ? api(`${base}/artifacts/repro.py`, { raw: true }).then((response) => response.text()) : Promise.resolve(null);
     repro.catch(() => {}); // not unhandled: the repro.py slot below shows the error
-    const bugReport = copyButton(async () => bugReportMarkdown(job, await repro.catch(() => null)), "Copy as bug report");
-    bugReport.id = "copy-bug-report";
-    bugReport.title = "the signature, repro.py and the environment as one Markdown block, for a PyTorch issue";
+    reproText = repro;
     // A job that delivered no result still has its report to download.
     const heading = job.status === "succeeded" ? "Result" : "Report";
     const parts = [h("div", { class: "card-head" }, h("h2", {}, heading), result.signature ? bugReport : null)];
