@@ -437,20 +437,20 @@ def fail_on_relu_unless_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> 
 
 
 def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Takes 7 s to compile a graph with relu, then runs it as eager: slow, but no hang, so a
+    """Takes 4 s to compile a graph with relu, then runs it as eager: slow, but no hang, so a
     hang guessed from a shorter timeout must not stand (tests/worker/engine/test_engine_limits.py)."""
     if has_op(gm, "relu"):
-        time.sleep(7)
+        time.sleep(4)
     return _eager(gm)
 
 
 def slow_on_relu_slowest_when_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """As `slow_on_relu`, but the whole program (sin, relu and cos together) takes 30 s: the
+    """As `slow_on_relu`, but the whole program (sin, relu and cos together) takes 20 s: the
     reduction ends on a guessed hang while the original still runs, and the result, given a
-    longer timeout, passes (about 18 s in on a quiet box: the original outlasts it with room for
-    a loaded one)."""
+    longer timeout, passes (about 8 s in on a quiet box: the original outlasts it by the 12 s it
+    did when every time here was longer)."""
     if has_op(gm, "relu"):
-        time.sleep(30 if has_op(gm, "sin") and has_op(gm, "cos") else 7)
+        time.sleep(20 if has_op(gm, "sin") and has_op(gm, "cos") else 4)
     return _eager(gm)
 
 

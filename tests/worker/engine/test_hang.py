@@ -113,6 +113,15 @@ def test_the_calibrated_timeout_is_never_below_the_floor() -> None:
     assert watched.shortened == [MIN_HANG_TIMEOUT_S]
 
 
+def test_a_calibration_s_candidate_floor_replaces_the_default_floor() -> None:
+    watched = Watched(state="known", calibration=HangCalibration(candidate_min_s=1.5))
+
+    watched.watch.observe(["op"], Passes(duration_s=0.1))
+    watched.watch.observe(["op"], Passes(duration_s=0.2))
+
+    assert watched.shortened == [1.5]
+
+
 def test_without_a_hang_passing_runs_are_kept_but_change_no_timeout() -> None:
     watched = Watched(state=None)
 

@@ -2,7 +2,8 @@
 
 When the failure is a hang, passing runs calibrate the candidates' timeout: a candidate that runs
 `HANG_TIMEOUT_FACTOR` times longer than the slowest passing run hangs (never less than
-`MIN_HANG_TIMEOUT_S`), so each hanging candidate costs seconds instead of the original's bound.
+`HangCalibration.candidate_min_s`, by default `MIN_HANG_TIMEOUT_S`), so each hanging candidate costs
+seconds instead of the original's bound.
 With no timeout given, the original itself is not waited out: once it ran `HangCalibration`'s
 multiple of what passing runs predict for its size it is guessed a hang, candidates are judged
 against that guess, and the minimal result is confirmed at the end with a longer timeout.
@@ -44,6 +45,7 @@ class HangCalibration:
     `HANG_TIMEOUT_FACTOR` times the slowest passing run. The minimal result is confirmed at the end
     with `confirm_factor` times the slowest passing run (at least `confirm_min_s`): it must still be
     running then, else the reduction starts again from the original and waits for its outcome.
+    `candidate_min_s` is the floor of the candidates' calibrated timeout, whatever told the hang.
     Tests scale the floors down.
     """
 
@@ -51,6 +53,7 @@ class HangCalibration:
     original_min_s: float = 30.0
     confirm_factor: float = 10.0
     confirm_min_s: float = 60.0
+    candidate_min_s: float = MIN_HANG_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class HangWatch:
         durations = [seconds for _, seconds in self.passes]
         if len(durations) < passes_needed:
             return
-        self._shorten(round(max(MIN_HANG_TIMEOUT_S, HANG_TIMEOUT_FACTOR * max(durations)), 2))
+        self._shorten(round(max(self.calibration.candidate_min_s, HANG_TIMEOUT_FACTOR * max(durations)), 2))
 
     def poll(self, judged_otherwise: bool, adopt: Callable[[TimedOut], Signature | None]) -> None:
         """While the scheduler waits: guess that the original hangs once it ran `HangCalibration`'s
