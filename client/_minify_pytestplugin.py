@@ -20,8 +20,10 @@ def capture_requested() -> bool:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """MINIFY_CAPTURE_CRASH=1: the run supervised, so a crash in compiled code leaves its capture."""
-    if capture_requested() and os.environ.get("MINIFY_CAPTURE_CRASH") == "1":
+    """MINIFY_CAPTURE_CRASH=1 or MINIFY_CAPTURE_HANG=SECONDS: the run supervised, so a crash in
+    compiled code, or a compile that hangs, leaves its capture."""
+    supervised = os.environ.get("MINIFY_CAPTURE_CRASH") == "1" or os.environ.get("MINIFY_CAPTURE_HANG", "").strip()
+    if capture_requested() and supervised:
         from minify_client.pytest_plugin import supervise
 
         return supervise(config)

@@ -9,7 +9,9 @@ patched once torch has been imported by the suite; before that, nothing of torch
 
 With `MINIFY_CAPTURE_CRASH=1` the run is supervised (`pytest_cmdline_main`): pytest runs again as
 a child of this process, and a compiled graph whose first run kills it still leaves its capture
-(capture/crash.py); this process then ends as the child did. With `MINIFY_CAPTURE_DIAGNOSE=1`, a
+(capture/crash.py); this process then ends as the child did. `MINIFY_CAPTURE_HANG=SECONDS` too, and
+a compile or first run that lasts past SECONDS is stopped and captured as a hang (exit 124). With
+`MINIFY_CAPTURE_DIAGNOSE=1`, a
 test that failed after compiling something and left no capture is rerun at the end of the session
 to say which layer of torch.compile is to blame (capture/diagnose.py), in the summary.
 """
@@ -44,18 +46,25 @@ def supervise(config: pytest.Config) -> int | None:
     """MINIFY_CAPTURE_CRASH=1: run this pytest command again as a supervised child and end as it
     did, after adopting what it left pending if it died (None: run here, as usual). A pytest run
     in-process (`pytest.main()`) is not re-run: its pending captures wait for the next session."""
-    if not crash.requested() or crash.supervised():
+    try:
+        wanted = crash.supervision_requested()
+    except crash.BadHangLimit as error:
+        raise pytest.UsageError(str(error)) from None
+    if not wanted or crash.supervised():
         return None
     command = _pytest_command(config)
     if command is None:
         return None
     session = CaptureSession.from_environment()
     session.adopt()  # what earlier runs left
-    pid, returncode = crash.supervise(command, cwd=config.invocation_params.dir)
-    for entry in session.adopt(pid=pid, returncode=returncode):
+    pid, returncode = crash.supervise(command, cwd=config.invocation_params.dir,
+                                      directory=session.directory, hang_s=session.hang)
+    adopted = session.adopt(pid=pid, returncode=returncode)
+    for entry in adopted:
         session.begin(entry.tests[0] if entry.tests else "run")
-        print(f"{session.describe(entry)} (the test process died: {entry.signature})", file=sys.stderr)
-    return crash.end_like(returncode)
+        ended = "the test process hung" if entry.kind == "hang" else f"the test process died: {entry.signature}"
+        print(f"{session.describe(entry)} ({ended})", file=sys.stderr)
+    return crash.end_like(returncode, hung=any(entry.kind == "hang" for entry in adopted))
 
 
 def _pytest_command(config: pytest.Config) -> list[str] | None:
@@ -131,8 +140,8 @@ class CapturePlugin:
                               timeout_s=diagnose.rerun_timeout_s(seconds))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.session.crash:
-            self.session.adopt()  # an xdist worker that died in a compiled graph: its pending captures
+        if self.session.guards_first_runs:
+            self.session.adopt()  # an xdist worker that died or hung in a compiled graph: its pending captures
         if self._refused:
             terminalreporter.write_sep("-", "minify: failures dynamo raised before anything compiled")
             for test, note in self._refused:

@@ -5,9 +5,10 @@ capture every failing torch.compile graph and aoti_compile_and_package call it m
 
 With `--crash` (or MINIFY_CAPTURE_CRASH=1) the script runs in a child process that this one
 supervises, so a compiled graph that kills it still leaves its capture (capture/crash.py); this
-process then ends as the child did. With `--diagnose` (or MINIFY_CAPTURE_DIAGNOSE=1), a failing
-script that compiled something and left no capture is rerun to say which layer is to blame
-(capture/diagnose.py).
+process then ends as the child did. With `--hang SECONDS` (or MINIFY_CAPTURE_HANG) the same, and a
+compile or first run that lasts past SECONDS is stopped and captured as a hang (exit 124). With
+`--diagnose` (or MINIFY_CAPTURE_DIAGNOSE=1), a failing script that compiled something and left no
+capture is rerun to say which layer is to blame (capture/diagnose.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also capture a compiled graph whose first run kills the process (a segfault, an "
                              "abort): the script runs in a supervised child; each graph is exported before its "
                              "first run")
+    parser.add_argument("--hang", type=float, metavar="SECONDS",
+                        help="also capture a graph whose compile or first run lasts longer than SECONDS (a compile "
+                             "that never returns): the script runs in a supervised child, each graph is exported "
+                             "before its compile, and one that hangs is stopped (its Python stack printed) and "
+                             "captured as a timeout")
     parser.add_argument("--diagnose", action="store_true",
                         help="when the script fails after compiling something and no graph was captured, rerun it "
                              "with torch.compile off, then backends eager and aot_eager, to say which layer is to "
@@ -54,9 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MINIFY_CAPTURE_ACCURACY"] = "1"
     if options.crash:
         os.environ[crash.CRASH_ENV] = "1"
+    if options.hang is not None:
+        os.environ[crash.HANG_ENV] = f"{options.hang:g}"
     if options.diagnose:
         os.environ[diagnose.DIAGNOSE_ENV] = "1"
-    if crash.requested() and not crash.supervised():
+    try:
+        supervised = crash.supervision_requested()
+    except crash.BadHangLimit as error:
+        parser.error(str(error))
+    if supervised and not crash.supervised():
         return _supervise(sys.argv[1:] if argv is None else argv, safe_name(options.script))
     session = CaptureSession.from_environment()
     session.start()
@@ -120,10 +132,12 @@ def _supervise(argv: list[str], name: str) -> int:
     session = CaptureSession.from_environment()
     session.begin(name)
     session.adopt()  # what earlier runs left
-    pid, returncode = crash.supervise([sys.executable, "-m", "minify_client.capture", *argv])
-    for entry in session.adopt(pid=pid, returncode=returncode):
+    pid, returncode = crash.supervise([sys.executable, "-m", "minify_client.capture", *argv],
+                                      directory=session.directory, hang_s=session.hang)
+    adopted = session.adopt(pid=pid, returncode=returncode)
+    for entry in adopted:
         print(session.describe(entry), file=sys.stderr)
-    return crash.end_like(returncode)
+    return crash.end_like(returncode, hung=any(entry.kind == "hang" for entry in adopted))
 
 
 def _exit_code(code: object) -> int:

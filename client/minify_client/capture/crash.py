@@ -18,6 +18,14 @@ that kills the process (a generated kernel that segfaults, glibc aborting on a h
   run without the runner) are adopted by the next session that starts in DIR, with no signature
   (the job takes the one its original run dies with).
 
+A hang (opt-in, `MINIFY_CAPTURE_HANG=SECONDS` or the runner's `--hang SECONDS`): each graph is also
+written as a pending capture before dynamo hands it to the backend (`phase` "compile"; the first
+run's guard as above follows). The supervisor watches the pending folders of every process
+writing into DIR (an xdist worker's too): one whose compile or first run has lasted past SECONDS
+is stopped, its Python stack first dumped to its stderr (faulthandler, SIGUSR2), then killed, and
+its folder, marked `stopped.json`, becomes a capture of `failure.kind = "timeout"` (`hung`). A
+program the supervisor itself stopped ends with 124, as `timeout(1)` does.
+
 The parent imports no torch: it runs the program, waits, and moves files.
 """
 
@@ -34,6 +42,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +60,46 @@ SUPERVISED_ENV = "MINIFY_CAPTURE_SUPERVISED"
 PENDING = ".pending"
 _META = "pending.json"
 _counter = itertools.count()
+_dumps_stack = False  # this process dumps its stack on SIGUSR2 (`dump_stack_on_request`)
+
+
+HANG_ENV = "MINIFY_CAPTURE_HANG"
+_STOPPED = "stopped.json"  # in a pending folder: the supervisor stopped its process as a hang
+# How often a supervisor watching for hangs looks at the pending folders, and how long a stopped
+# process has to dump its stack before it is killed.
+_WATCH_S = 0.5
+_DUMP_S = 1.0
+HUNG_EXIT = 124  # a supervised program stopped as a hang ends like this, as timeout(1) does
+MAX_HANG_S = 7 * 24 * 3600
 
 
 def requested() -> bool:
     return os.environ.get(CRASH_ENV) == "1"
+
+
+class BadHangLimit(ValueError):
+    """MINIFY_CAPTURE_HANG holds no usable number of seconds."""
+
+
+def hang_limit() -> float | None:
+    """MINIFY_CAPTURE_HANG's seconds: a compile or first run that lasts longer is stopped and
+    captured as a hang (None: unset)."""
+    raw = os.environ.get(HANG_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise BadHangLimit(f"{HANG_ENV}={raw!r}: give the seconds a compile may take before it counts as a "
+                           "hang, e.g. 600") from None
+    if not 0 < seconds <= MAX_HANG_S:
+        raise BadHangLimit(f"{HANG_ENV}={raw!r}: the seconds must be more than 0 and at most {MAX_HANG_S}")
+    return seconds
+
+
+def supervision_requested() -> bool:
+    """A crash-safe or hang-watching capture: the program runs as a supervised child."""
+    return requested() or hang_limit() is not None
 
 
 def supervised() -> bool:
@@ -65,16 +110,20 @@ class CompiledCodeDied(Exception):
     """Stands for the failure while a pending capture is written: the process has not died yet."""
 
 
+class CompileHung(Exception):
+    """Stands for the failure while a compile's pending capture is written: it has not hung yet."""
+
+
 def watch_compiled(compiled: Callable[..., Any], listeners: Sequence[Any],
                    describe: Callable[[Sequence[Any]], Any]) -> Callable[..., Any]:
     """What torch_hooks' dynamo hook returns for a graph that compiled: `compiled` itself, or, when
-    a listener guards first runs (`crash` set), a wrapper that calls `before_first_run` (with
+    a listener guards first runs (`guards_first_runs`: crash or hang set), a wrapper that calls `before_first_run` (with
     `describe(args)`: the FailedCompile of that run) and `after_first_run` around the first call.
     Every listener with `on_compiled` hears that a graph compiled."""
     for listener in listeners:
         if hasattr(listener, "on_compiled"):
             listener.on_compiled()
-    guards = [listener for listener in listeners if getattr(listener, "crash", False)]
+    guards = [listener for listener in listeners if getattr(listener, "guards_first_runs", False)]
     if not guards:
         return compiled
     lock = threading.Lock()
@@ -97,6 +146,19 @@ def watch_compiled(compiled: Callable[..., Any], listeners: Sequence[Any],
     return run
 
 
+def watch_compile(listeners: Sequence[Any], describe: Callable[[], Any]) -> list[tuple[Any, Any]]:
+    """Before a compile: each listener that watches compiles for hangs (`hang` set) writes the
+    graph about to compile as a pending capture (`before_compile(describe)`). Returns what
+    `compile_ended` takes once the compile returned or raised."""
+    return [(listener, listener.before_compile(describe)) for listener in listeners
+            if getattr(listener, "hang", None)]
+
+
+def compile_ended(pending: Sequence[tuple[Any, Any]]) -> None:
+    for listener, written in pending:
+        listener.after_compile(written)
+
+
 @dataclass(frozen=True)
 class Pending:
     """A pending capture as `pending.json` describes it."""
@@ -109,16 +171,28 @@ class Pending:
     backend: str
     static_reason: str | None
     program: str = "program.pt2"  # the program file in `folder`: program.pt2, or program.json (program_file)
+    phase: str = "first run"  # what the process was doing when it wrote it: "compile" or "first run"
+    started: float = 0.0  # time.time() when it was written
+    dumps_stack: bool = False  # its process dumps its Python stack on SIGUSR2
+
+    def stopped(self) -> dict[str, Any] | None:
+        """What the supervisor wrote when it stopped this process as a hang (None: it did not)."""
+        try:
+            return dict(json.loads((self.folder / _STOPPED).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
 
 
-def write_pending(directory: Path, program: Any, *, test: str, key: str, level: str, backend: str) -> Path:
+def write_pending(directory: Path, program: Any, *, test: str, key: str, level: str, backend: str,
+                  phase: str = "first run") -> Path:
     """Write `program` (failed_graph.Program) as a pending capture under `directory/.pending`."""
     folder = directory / PENDING / f"{os.getpid()}-{next(_counter)}"
     folder.mkdir(parents=True, exist_ok=True)
     written = write_program(program.program, program.args, program.kwargs, folder, "program")
     (folder / "spec.json").write_text(written.described_by(program.spec).model_dump_json(indent=2) + "\n")
     meta = {"pid": os.getpid(), "test": test, "key": key, "level": level, "backend": backend,
-            "static_reason": program.static_reason, "program": written.name}
+            "static_reason": program.static_reason, "program": written.name, "phase": phase,
+            "started": time.time(), "dumps_stack": _dumps_stack}
     temporary = folder / f"{_META}.tmp"
     temporary.write_text(json.dumps(meta) + "\n")
     temporary.replace(folder / _META)  # last: a folder without it was never complete
@@ -183,7 +257,9 @@ def pending(directory: Path) -> Iterator[Pending]:
             meta = json.loads((folder / _META).read_text())
             yield Pending(folder=folder, pid=int(meta["pid"]), test=str(meta["test"]), key=str(meta["key"]),
                           level=str(meta["level"]), backend=str(meta["backend"]),
-                          static_reason=meta.get("static_reason"), program=str(meta.get("program", "program.pt2")))
+                          static_reason=meta.get("static_reason"), program=str(meta.get("program", "program.pt2")),
+                          phase=str(meta.get("phase", "first run")), started=float(meta.get("started", 0.0)),
+                          dumps_stack=bool(meta.get("dumps_stack", False)))
         except (OSError, ValueError, KeyError, TypeError):
             if not _alive(_pid_of(folder)):  # died while writing it: nothing to adopt
                 drop(folder)
@@ -234,22 +310,71 @@ def adopted_key(key: str, signature: str | None) -> str:
     return hashlib.sha256(f"{key} {signature}".encode()).hexdigest()[:16]
 
 
-def move_into(entry: Pending, destination: Path, name: str, signature: str | None) -> None:
+def move_into(entry: Pending, destination: Path, name: str, signature: str | None, *, hung: bool = False) -> None:
     """Make the pending folder the capture `destination/<name>.pt2` (`<name>.json` for a
-    program.json) + spec.json + inputs.pt, the spec's failure signature set to `signature`."""
+    program.json) + spec.json + inputs.pt, the spec's failure signature set to `signature`; a
+    `hung` one's failure is a timeout (no signature: the worker's hang watch times it)."""
     spec = json.loads((entry.folder / "spec.json").read_text())
-    spec.setdefault("failure", {})["kind"] = "crash"
-    spec["failure"]["signature"] = signature
+    failure = spec.setdefault("failure", {})
+    failure["kind"] = "timeout" if hung else "crash"
+    failure["signature"] = None if hung else signature
     (entry.folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     (entry.folder / entry.program).rename(entry.folder / f"{name}{Path(entry.program).suffix}")
     (entry.folder / _META).unlink()
+    (entry.folder / _STOPPED).unlink(missing_ok=True)
     entry.folder.rename(destination)
 
 
-def supervise(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+def stop_hung(directory: Path, hang_s: float, *, now: float | None = None) -> list[Pending]:
+    """Stop every live process whose pending compile or first run under `directory` has lasted
+    past `hang_s`: mark its folder (`stopped.json`), ask it for its Python stack (SIGUSR2, where its
+    session handed that signal to faulthandler: `dumps_stack`), then kill it. Returns the entries stopped."""
+    now = time.time() if now is None else now
+    stopped: list[Pending] = []
+    for entry in pending(directory):
+        lasted = now - entry.started
+        if entry.started <= 0 or lasted <= hang_s or entry.stopped() is not None or not _alive(entry.pid):
+            continue
+        marker = {"phase": entry.phase, "lasted_s": round(lasted, 1), "bound_s": hang_s}
+        (entry.folder / _STOPPED).write_text(json.dumps(marker) + "\n")
+        then = "its Python stack, then it is stopped" if entry.dumps_stack else "it is stopped"
+        print(f"minify: the {entry.phase} of a compiled graph in process {entry.pid} has lasted {lasted:.0f} s, "
+              f"past {HANG_ENV}={hang_s:g}: a hang; {then}", file=sys.stderr, flush=True)
+        stopped.append(entry)
+    if stopped:
+        asked = [entry for entry in stopped if entry.dumps_stack]
+        for entry in asked:
+            _signal(entry.pid, signal.SIGUSR2)
+        if asked:
+            time.sleep(_DUMP_S)
+        for entry in stopped:
+            _signal(entry.pid, signal.SIGKILL)
+    return stopped
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:  # it ended meanwhile
+        pass
+
+
+def dump_stack_on_request() -> None:
+    """In a hang-watching child: SIGUSR2 dumps every thread's Python stack to stderr (C-level, so
+    it works inside a compile that never returns to the interpreter). A program that handles
+    SIGUSR2 itself keeps its handler."""
+    global _dumps_stack
+    if signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+        _dumps_stack = True
+
+
+def supervise(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
+              directory: Path | None = None, hang_s: float | None = None) -> tuple[int, int]:
     """Run `command` as a child with SUPERVISED_ENV set and wait for it: (its pid, its returncode,
     -N for a signal). Ctrl-C reaches the child from the terminal, so it is ignored here meanwhile;
-    SIGTERM and SIGHUP sent to this process are passed on."""
+    SIGTERM and SIGHUP sent to this process are passed on. With `hang_s`, the pending captures in
+    `directory` are watched meanwhile and a process hung past it stopped (`stop_hung`)."""
     environment = {**os.environ, SUPERVISED_ENV: str(os.getpid())}
     child = subprocess.Popen(list(command), cwd=cwd, env=environment)
     forwarded = {signal.SIGTERM: None, signal.SIGHUP: None}
@@ -261,7 +386,12 @@ def supervise(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = No
     for signum in forwarded:
         forwarded[signum] = signal.signal(signum, forward)
     try:
-        returncode = child.wait()
+        while True:
+            try:
+                returncode = child.wait(timeout=_WATCH_S if hang_s and directory is not None else None)
+                break
+            except subprocess.TimeoutExpired:
+                stop_hung(directory, hang_s)  # type: ignore[arg-type]
     finally:
         signal.signal(signal.SIGINT, previous_int)
         for signum, handler in forwarded.items():
@@ -269,10 +399,13 @@ def supervise(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = No
     return child.pid, returncode
 
 
-def end_like(returncode: int) -> int:
+def end_like(returncode: int, *, hung: bool = False) -> int:
     """This process's exit status for a child that ended with `returncode`: the same code, or, for
     a child killed by a signal, this process killed by it too (faulthandler first switched off,
-    so a dump of this process's own stack does not follow the child's)."""
+    so a dump of this process's own stack does not follow the child's); `HUNG_EXIT` for a child
+    the supervisor stopped as a hang."""
+    if hung and returncode == -signal.SIGKILL:
+        return HUNG_EXIT
     if returncode >= 0:
         return returncode
     sys.stdout.flush()

@@ -67,13 +67,14 @@ class CaptureSession:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *, submit_to: str | None = None,
                  token: str | None = None, level: Level = "dynamo", accuracy: bool = False,
-                 crash: bool = False) -> None:
+                 crash: bool = False, hang: float | None = None) -> None:
         self.directory = Path(directory) if directory is not None else DEFAULT_CAPTURE_DIR
         self.submit_to = submit_to
         self.token = token
         self.level: Level = level
         self.accuracy = accuracy
         self.crash = crash  # guard each compiled graph's first run (capture/crash.py)
+        self.hang = hang  # seconds: also each compile; the supervisor stops what lasts longer (crash.py)
         self.entries: dict[str, Entry] = {}
         self.compiled = False  # a graph compiled since this session started
         self._test = "run"
@@ -85,23 +86,32 @@ class CaptureSession:
     def from_environment(cls) -> CaptureSession:
         """MINIFY_CAPTURE_DIR (default ./minify-captures); submitted to MINIFY_SERVER when no
         directory is named (as `capture_failures` does); MINIFY_CAPTURE_LEVEL=aot;
-        MINIFY_CAPTURE_ACCURACY=1; MINIFY_CAPTURE_CRASH=1."""
+        MINIFY_CAPTURE_ACCURACY=1; MINIFY_CAPTURE_CRASH=1; MINIFY_CAPTURE_HANG=SECONDS (a value that is
+        no number of seconds raises `crash.BadHangLimit`)."""
         directory = os.environ.get("MINIFY_CAPTURE_DIR")
         submit_to = os.environ.get("MINIFY_SERVER") if not directory else None
         level = "aot" if os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot" else "dynamo"
         return cls(directory, submit_to=submit_to, token=os.environ.get("MINIFY_TOKEN"), level=level,
-                   accuracy=os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1", crash=crash.requested())
+                   accuracy=os.environ.get("MINIFY_CAPTURE_ACCURACY") == "1", crash=crash.requested(),
+                   hang=crash.hang_limit())
+
+    @property
+    def guards_first_runs(self) -> bool:
+        """Each compiled graph's first run is written as a pending capture first (crash or hang)."""
+        return self.crash or self.hang is not None
 
     def start(self) -> None:
-        """Listen to torch's compiler calls (imports torch's dynamo and inductor); with `crash`,
-        first adopt what crashed processes left pending in the directory."""
-        if self.crash:
+        """Listen to torch's compiler calls (imports torch's dynamo and inductor); with `crash` or
+        `hang`, first adopt what crashed or hung processes left pending in the directory."""
+        if self.guards_first_runs:
             self.adopt()
+        if self.hang is not None and crash.supervised():
+            crash.dump_stack_on_request()
         add_listener(self)
 
     def stop(self) -> None:
         remove_listener(self)
-        if self.crash:
+        if self.guards_first_runs:
             crash.drop_own(self.directory)
 
     def on_compiled(self) -> None:
@@ -109,6 +119,19 @@ class CaptureSession:
 
     def before_first_run(self, describe: Callable[[], FailedCompile]) -> Path | None:
         """Write the graph about to run for the first time as a pending capture (crash.py)."""
+        return self._write_pending(describe, "first run")
+
+    def after_first_run(self, folder: Path | None) -> None:
+        crash.drop(folder)
+
+    def before_compile(self, describe: Callable[[], FailedCompile]) -> Path | None:
+        """Write the graph about to be compiled as a pending capture (`hang`: crash.py)."""
+        return self._write_pending(describe, "compile")
+
+    def after_compile(self, folder: Path | None) -> None:
+        crash.drop(folder)
+
+    def _write_pending(self, describe: Callable[[], FailedCompile], phase: str) -> Path | None:
         try:
             failed = describe()
             crash.check_savable(failed.inputs or [])
@@ -116,17 +139,16 @@ class CaptureSession:
             program = exported(failed, {"failure": {"kind": "crash", "signature": None},
                                         **({"config": threads} if threads else {})})
             return crash.write_pending(self.directory, program, test=self._test, key=capture_key(failed),
-                                       level=failed.level, backend=failed.backend)
+                                       level=failed.level, backend=failed.backend, phase=phase)
         except Exception as error:  # the run goes on unguarded; said once, not per graph
             if not self._guard_failed:
                 said = str(error) if isinstance(error, crash.UnsavableInputs) else f"{type(error).__name__}: {error}"
-                logger.warning("minify: cannot guard a compiled graph's first run for crashes (%s); "
-                               "a crash there would leave no capture", said)
+                watched = "crashes and hangs" if self.hang is not None and self.crash else (
+                    "hangs" if self.hang is not None else "crashes")
+                logger.warning("minify: cannot guard a compiled graph's %s for %s (%s); one there would leave "
+                               "no capture", phase, watched, said)
                 self._guard_failed = True
             return None
-
-    def after_first_run(self, folder: Path | None) -> None:
-        crash.drop(folder)
 
     def adopt(self, *, pid: int | None = None, returncode: int | None = None) -> list[Entry]:
         """Turn the pending captures of processes that died into captures: those of `pid` (the
@@ -151,13 +173,19 @@ class CaptureSession:
         return adopted
 
     def _adopt_one(self, pending: crash.Pending, signature: str | None) -> Entry:
-        key = crash.adopted_key(pending.key, signature)
+        stopped = pending.stopped()
+        if stopped is not None:  # the supervisor stopped it as a hang: how it died is its doing
+            signature = None
+            said = f"hang: its {pending.phase} lasted past {float(stopped.get('bound_s') or 0):g} s"
+        else:
+            said = signature or "crash (how the process died is unknown)"
+        key = crash.adopted_key(pending.key, "hang" if stopped is not None else signature)
         entry = self.entries.get(key)
         if entry is None:
             name = self._free_name(safe_name(pending.test))
-            crash.move_into(pending, self.directory / name, name, signature)
-            entry = Entry(name=name, key=key, level=pending.level, kind="crash", backend=pending.backend,
-                          signature=signature or "crash (how the process died is unknown)",
+            crash.move_into(pending, self.directory / name, name, signature, hung=stopped is not None)
+            entry = Entry(name=name, key=key, level=pending.level, kind="hang" if stopped is not None else "crash",
+                          backend=pending.backend, signature=said,
                           chain=[signature] if signature else [],
                           program=f"{name}/{name}{Path(pending.program).suffix}", spec=f"{name}/spec.json",
                           inputs=f"{name}/inputs.pt",
@@ -205,8 +233,12 @@ class CaptureSession:
         where = self.directory / Path(entry.program).parent
         first = f" (first hit by {entry.tests[0]})" if entry.tests and entry.tests[0] != self._test else ""
         job = f"; submitted as minify job {entry.job} ({entry.dashboard})" if entry.job else ""
-        what = (f"the {entry.level} graph whose first run killed the process ({entry.signature})"
-                if entry.kind == "crash" else f"the failing {entry.level} graph ({entry.signature})")
+        if entry.kind == "crash":
+            what = f"the {entry.level} graph whose first run killed the process ({entry.signature})"
+        elif entry.kind == "hang":
+            what = f"the {entry.level} graph that hung ({entry.signature})"
+        else:
+            what = f"the failing {entry.level} graph ({entry.signature})"
         return (f"minify: captured {what} in {where}{first}{job}; "
                 f"submit with: minify-client submit-captures {self.directory}")
 

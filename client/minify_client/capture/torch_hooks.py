@@ -255,6 +255,11 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
         graph = _copy_graph(gm)
         grad_enabled = torch.is_grad_enabled()
+        # Watched for hangs: the graph is written before its compile, dropped once it ends (crash.py).
+        watched_compile = crash.watch_compile(list(_listeners), lambda: FailedCompile(
+            level="dynamo", error=crash.CompileHung("the graph's compile"), backend=backend_name(self.compiler_fn),
+            config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
+            symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
         try:
             compiled = original(self, gm, example_inputs)
         except Exception as error:
@@ -264,6 +269,8 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
                     symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
             raise
+        finally:
+            crash.compile_ended(watched_compile)
         gradients, running = None, compiled
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
             if _check_accuracy(self.compiler_fn, _module(gm, graph), example_inputs, compiled):

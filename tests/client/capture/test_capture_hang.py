@@ -1,0 +1,184 @@
+"""Hang capture (capture/crash.py, `--hang SECONDS` / MINIFY_CAPTURE_HANG): a compile that never
+returns, or a compiled graph's first run that never returns, is stopped by the supervisor once it
+has lasted past the bound, its Python stack printed, and captured as a timeout that the worker's
+engine minimizes; a program that does not hang runs as it would without the capture; a bound that
+is no number of seconds is refused before anything runs.
+
+The hangs are real: test backends that sleep forever while compiling a graph with relu
+(tests.support.backends.hang_on_relu) or in its first run (dying_backends.hang_at_run_on_relu).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minify_client.capture import crash
+from minify_contract.models import JobSpec, JobState
+from minify_worker.engine import HangCalibration, minify
+from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from tests.support.graphs import ops_of
+from tests.support.subprocesses import run_clean
+
+REPO = Path(__file__).resolve().parents[3]
+SUITE = REPO / "tests" / "crash_suite"
+BOUND_S = "2"
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from tests.support import backends, dying_backends
+
+    backend = backends.hang_on_relu if sys.argv[1] == "compile" else dying_backends.hang_at_run_on_relu
+    print("sin", torch.compile(torch.sin, backend=backend)(torch.ones(2)).tolist(), flush=True)
+    torch.compile(lambda x: torch.tanh(torch.relu(x) * 2), backend=backend)(torch.randn(4, 3))
+    print("survived", flush=True)
+""")
+
+
+def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return run_clean(command, cwd, timeout_s=300, **extra)
+
+
+def _only_entry(directory: Path) -> dict:
+    entries = json.loads((directory / "captures.json").read_text())["captures"]
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def _no_pending(directory: Path) -> None:
+    assert not list((directory / crash.PENDING).glob("*")), "a pending capture was left behind"
+
+
+def _capture_hang(tmp_path: Path, where: str) -> dict:
+    """`python -m minify_client.capture --hang 2` of SCRIPT hanging `where`: checks what the runner
+    said and wrote, returns the capture's entry."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    started = time.monotonic()
+    captured = _run([sys.executable, "-m", "minify_client.capture", "--hang", BOUND_S, "--dir", "caps",
+                     "script.py", where], tmp_path)
+    assert captured.returncode == crash.HUNG_EXIT, captured.stderr[-3000:]
+    assert time.monotonic() - started < 120  # stopped at the bound, not waited out
+    assert "sin [" in captured.stdout and "survived" not in captured.stdout
+    assert f"has lasted 2 s, past {crash.HANG_ENV}=2: a hang" in captured.stderr
+    assert "in backend" in captured.stderr or "in run" in captured.stderr  # its stack, where it hung
+    entry = _only_entry(tmp_path / "caps")
+    phase = "compile" if where == "compile" else "first run"
+    assert (entry["kind"], entry["signature"], entry["tests"]) == (
+        "hang", f"hang: its {phase} lasted past 2 s", ["script.py"])
+    assert "graph that hung" in captured.stderr
+    spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
+    assert (spec["failure"]["kind"], spec["failure"]["signature"]) == ("timeout", None)
+    backend = "backends:hang_on_relu" if where == "compile" else "dying_backends:hang_at_run_on_relu"
+    assert spec["backend"] == f"tests.support.{backend}"
+    assert "relu" in ops_of(torch.export.load(tmp_path / "caps" / entry["program"]).graph)
+    _no_pending(tmp_path / "caps")
+    return entry
+
+
+def test_a_compile_that_never_returns_is_captured_and_minimized_as_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = _capture_hang(tmp_path, "compile")
+    spec = {**json.loads((tmp_path / "caps" / entry["spec"]).read_text()), "culprit": False, "versions": False,
+            "shrink": False, "limits": {"parallelism": 2}}
+    # The engine in this process, as the RQ worker runs it; its hang calibration's floors scaled down
+    # (tests/worker/engine/test_engine_limits.py has the defaults' tests).
+    monkeypatch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
+    done = minify(tmp_path / "caps" / entry["program"], JobSpec.model_validate(spec), tmp_path / "out",
+                  inputs=tmp_path / "caps" / entry["inputs"],
+                  hang=HangCalibration(original_min_s=2.0, confirm_min_s=6.0))
+    assert done.status is JobState.succeeded, done.reason
+    assert done.report.signature == "TimedOut"
+    assert ops_of(torch.export.load(tmp_path / "out" / "minimized.pt2").graph) == ["relu"]
+
+
+def test_a_first_run_that_never_returns_is_captured_as_a_hang(tmp_path: Path) -> None:
+    _capture_hang(tmp_path, "run")
+
+
+def test_the_pytest_plugin_stops_a_test_whose_compile_hangs_and_captures_it(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_hang.py"), "-v"]
+    captured = _run(command, REPO, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"), MINIFY_CAPTURE_HANG=BOUND_S)
+    assert captured.returncode == crash.HUNG_EXIT, captured.stderr[-3000:]
+    assert "test_compiles_and_runs PASSED" in captured.stdout
+    entry = _only_entry(tmp_path / "caps")
+    assert (entry["kind"], entry["tests"]) == ("hang", ["case_hang.py::test_compile_hangs"])
+    assert "(the test process hung)" in captured.stderr
+    _no_pending(tmp_path / "caps")
+
+
+def test_a_program_that_ends_within_the_bound_runs_as_without_the_capture(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import sys
+        import torch
+        print(torch.compile(lambda x: torch.relu(x) + 1, backend="eager")(torch.ones(2)).tolist())
+        sys.exit(4)
+    """))
+    done = _run([sys.executable, "-m", "minify_client.capture", "--hang", "60", "--dir", "caps", "script.py"],
+                tmp_path)
+    assert done.returncode == 4 and "[2.0, 2.0]" in done.stdout, done.stderr[-3000:]
+    assert not (tmp_path / "caps" / "captures.json").exists()
+    _no_pending(tmp_path / "caps")
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "1e9"])
+def test_a_bound_that_is_no_number_of_seconds_is_refused_before_anything_runs(tmp_path: Path, value: str) -> None:
+    (tmp_path / "script.py").write_text("open('ran', 'w').close()\n")
+    by_runner = _run([sys.executable, "-m", "minify_client.capture", "--dir", "caps", "script.py"], tmp_path,
+                     MINIFY_CAPTURE_HANG=value)
+    assert by_runner.returncode == 2 and f"MINIFY_CAPTURE_HANG={value!r}" in by_runner.stderr, by_runner.stderr
+    (tmp_path / "test_it.py").write_text("def test_it():\n    open('ran', 'w').close()\n")
+    by_plugin = _run([sys.executable, "-m", "pytest", "-p", "minify_client.pytest_plugin", "test_it.py"], tmp_path,
+                     MINIFY_CAPTURE_DIR="caps", MINIFY_CAPTURE_HANG=value)
+    assert by_plugin.returncode == pytest.ExitCode.USAGE_ERROR, by_plugin.stdout + by_plugin.stderr
+    assert f"MINIFY_CAPTURE_HANG={value!r}" in by_plugin.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_watch_stops_only_processes_past_the_bound(tmp_path: Path) -> None:
+    """stop_hung on real processes: one whose pending compile started long ago is stopped and its
+    folder marked; one within the bound, and a folder of a process already gone, are left."""
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        now = time.time()
+        folders = {name: _pending_folder(tmp_path, pid, started)
+                   for name, pid, started in (("hung", hung.pid, now - 100), ("busy", busy.pid, now - 1),
+                                              ("gone", 2**22 + 7, now - 100))}
+        stopped = crash.stop_hung(tmp_path, 30.0, now=now)
+        assert [entry.pid for entry in stopped] == [hung.pid]
+        assert hung.wait(timeout=30) == -9  # killed at once: it never asked for a stack dump (SIGUSR2)
+        assert busy.poll() is None
+        marker = json.loads((folders["hung"] / "stopped.json").read_text())
+        assert marker == {"phase": "compile", "lasted_s": 100.0, "bound_s": 30.0}
+        assert not (folders["busy"] / "stopped.json").exists()
+    finally:
+        for process in (hung, busy):
+            process.kill()
+            process.wait()
+
+
+def _pending_folder(directory: Path, pid: int, started: float) -> Path:
+    folder = directory / crash.PENDING / f"{pid}-0"
+    folder.mkdir(parents=True)
+    (folder / "pending.json").write_text(json.dumps({
+        "pid": pid, "test": "t", "key": "k", "level": "dynamo", "backend": "b", "static_reason": None,
+        "program": "program.pt2", "phase": "compile", "started": started}))
+    return folder
+
+
+def test_a_bound_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(crash.HANG_ENV, "90")
+    assert crash.hang_limit() == 90.0 and crash.supervision_requested()
+    monkeypatch.delenv(crash.HANG_ENV)
+    monkeypatch.delenv(crash.CRASH_ENV, raising=False)
+    assert crash.hang_limit() is None and not crash.supervision_requested()
+    assert os.environ.get(crash.HANG_ENV) is None
