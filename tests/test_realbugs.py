@@ -169,6 +169,9 @@ def test_a_hang_reduction_is_read_and_its_result_held_to_running_past_the_bound(
     reduced script to running past `HANG_S` under torch.compile in each fresh run (stopped there) and
     ending without it; before, a hang's report was not read and its runs were bounded by nothing of
     theirs."""
+    # The capture first watches for it (MINIFY_CAPTURE_HANG, tests/client/capture/test_capture_hang.py).
+    assert runner.capture_env(CASES["pt_148073_doubling_chain_compile_hang"], diagnose=False) == {
+        "MINIFY_CAPTURE_HANG": "60"}
     reduction = runner.Reduction()
     log = ("reduce: x.py runs past 60 s under torch.compile; it ends within them without it\n"
            "reduced x.py from 25 to 13 lines in 28 runs, 494 s (the budget ran out: the smallest so far): x.min.py\n"

@@ -7,11 +7,13 @@ Per case (bench/realbugs/pt_*.py), each step a whole process with its own time l
 
 1. capture: `python -m minify_client.capture --dir CAPTURES script.py`, with `MINIFY_CAPTURE_ACCURACY=1`
    where the script compares values (wrong values, missing error), `MINIFY_CAPTURE_CRASH=1` where it
-   dies (the opt-ins a user reaches for after seeing that failure);
+   dies, `MINIFY_CAPTURE_HANG=HANG_S` where it hangs (the opt-ins a user reaches for after seeing that
+   failure);
 2. ours: `minify-worker minify CAPTURE.pt2 --spec spec.json --inputs inputs.pt --out OUT` (the capture's
    own spec and inputs; the version and culprit phases off, they do not change the repro);
 3. `python OUT/repro.py`: it must fail, and its "repro failed with:" line must equal its
-   "minify expected:" line (the same signature); a crash must die by the same signal;
+   "minify expected:" line (the same signature); a crash must die by the same signal; a hang's must
+   still be running at HANG_S;
 4. reduce, where step 1 captured nothing (instead of 2 and 3): `minify-client reduce SCRIPT --out OUT
    --budget LIMIT` on a copy of the script in the case's folder, what a user runs after the capture's
    diagnosis; then `python OUT` must fail with the script's exception type in each of 3 runs (each
@@ -211,6 +213,8 @@ def capture_env(case: Case, diagnose: bool) -> dict[str, str]:
         env["MINIFY_CAPTURE_ACCURACY"] = "1"
     elif case.kind == "crash":
         env["MINIFY_CAPTURE_CRASH"] = "1"
+    elif case.kind == "hang":
+        env["MINIFY_CAPTURE_HANG"] = f"{HANG_S:g}"
     return env
 
 
@@ -304,14 +308,20 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     if ours.status != "succeeded":
         ours.verdict = f"{ours.status}: {ours.reason}"[:300]
         return
-    step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log", limits.repro_s,
-                    own_op_module_env(case))
+    # A hang's repro.py must still be running at HANG_S (it is stopped there), as the script was.
+    hang = case.kind == "hang"
+    step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log",
+                    HANG_S if hang else limits.repro_s, own_op_module_env(case))
     result.steps["ours_repro"] = step
     repro_text = Path(step.log).read_text(errors="replace")
     observed, expected = _OBSERVED.search(repro_text), _EXPECTED.search(repro_text)
     ours.repro_observed = observed["text"].strip() if observed else step.error
     ours.repro_expected = expected["text"].strip() if expected else ours.signature
-    if not step.failed:
+    if hang:
+        ours.minimal = step.exit == timeout_exit(HANG_S)
+        ours.verdict = (f"minimal repro: {ours.ops_original} -> {ours.ops_final} ops (repro.py runs past {HANG_S:g} s)"
+                        if ours.minimal else f"repro.py ends within {HANG_S:g} s ({step.exit}): no hang")
+    elif not step.failed:
         ours.verdict = "repro.py passes"
     elif step.exit.startswith("SIG") and step.exit not in ours.signature:
         ours.verdict = f"repro.py dies by {step.exit}, the signature is {ours.signature}"
