@@ -76,7 +76,8 @@ _EXPECTED = re.compile(r"^minify expected:\s+(?P<text>.*)$", re.MULTILINE)
 # and ends within them without it"); a refusal is "minify-client reduce: WHY"
 _REDUCED = re.compile(r"^reduced .* from (?P<before>\d+) to (?P<after>\d+) lines in (?P<runs>\d+) runs, "
                       r"(?P<seconds>[\d.]+) s(?P<unfinished> \(the budget ran out[^)]*\))?: .*$", re.MULTILINE)
-_REDUCED_FAILURE = re.compile(r"^it (?:fails with (?P<failure>.*?),? and passes without torch\.compile|"
+_REDUCED_FAILURE = re.compile(r"^it (?:fails with (?P<failure>.*?),? and passes without torch\.compile"
+                              r"(?P<export> or torch\.export \(the module run as it is\))?|"
                               r"(?P<hang>runs past \S+ s under torch\.compile), and ends within them without it)$",
                               re.MULTILINE)
 _REDUCE_REFUSAL = re.compile(r"^minify-client reduce: (?P<message>.*)$", re.MULTILINE)
@@ -115,6 +116,8 @@ class Reduction:
     eager_error: str = ""  # how `TORCHDYNAMO_DISABLE=1 python REDUCED` failed ("" where it passed)
     verified: bool = False  # each run fails with the script's exception type, and it passes without torch.compile
     verdict: str = ""
+    # reduce held it to passing with torch.export handing back the module as well (a failure inside export)
+    without_export: bool = False
 
 
 @dataclass
@@ -374,8 +377,14 @@ def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits, 
                         limit_s, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"reduced-cache-{number}")})
         result.steps[f"reduced_{number}"] = step
         runs.append(step)
-    eager = run_step("reduced_eager", [PYTHON, out.name], out.parent, scratch / "reduced-eager.log", limits.script_s,
-                     {"TORCHDYNAMO_DISABLE": "1", "TORCHINDUCTOR_CACHE_DIR": str(scratch / "reduced-cache-eager")})
+    # A failure inside torch.export passes once export hands back the module as it is (rerun.py does so).
+    reference = ([PYTHON, "-m", "minify_client.capture.rerun", out.name] if reduction.without_export
+                 else [PYTHON, out.name])
+    without = {"MINIFY_RERUN_EAGER_EXPORT": "1"} if reduction.without_export else {}
+    eager = run_step("reduced_eager", reference, out.parent, scratch / "reduced-eager.log", limits.script_s,
+                     {"TORCHDYNAMO_DISABLE": "1", "TORCHINDUCTOR_CACHE_DIR": str(scratch / "reduced-cache-eager"),
+                      **without})
+    disabled = "TORCHDYNAMO_DISABLE=1" + (" and torch.export run eagerly" if without else "")
     result.steps["reduced_eager"] = eager
     same = [step for step in runs if step.failed and expected and failure_kind(step) == expected]
     other = [step for step in runs if step not in same]
@@ -389,11 +398,11 @@ def check_reduced(out: Path, scratch: Path, result: CaseResult, limits: Limits, 
         reduction.verdict = (f"{reduced}, but `python {out.name}` fails with {expected or '?'} in {len(same)} of "
                              f"{len(runs)} fresh runs (else: {ended})")
     elif eager.failed:
-        reduction.verdict = f"{reduced}, but it fails with TORCHDYNAMO_DISABLE=1 too ({eager.error or eager.exit})"
+        reduction.verdict = f"{reduced}, but it fails with {disabled} too ({eager.error or eager.exit})"
     else:
         reduction.verified = True
         reduction.verdict = (f"{reduced}; `python {out.name}` fails with {expected} in each of {len(runs)} fresh "
-                             "runs, and passes with TORCHDYNAMO_DISABLE=1")
+                             f"runs, and passes with {disabled}")
 
 
 def read_reduce_log(reduction: Reduction, step: Step, text: str) -> None:
@@ -416,6 +425,7 @@ def read_reduce_log(reduction: Reduction, step: Step, text: str) -> None:
         reduction.runs, reduction.seconds = int(summary["runs"]), float(summary["seconds"])
         reduction.finished = summary["unfinished"] is None
         reduction.message = (failure["failure"] or failure["hang"])[:600] if failure else ""
+        reduction.without_export = bool(failure and failure["export"])
 
 
 def reduce_failure_verdict(reduction: Reduction, step: Step, budget_s: float) -> str:

@@ -76,6 +76,7 @@ class Run:
     signature: str | None = None  # "Type: key" (signatures.signature_line), or the signal's name
     raised_at: str | None = None  # the script's statement that raised
     timed_out: bool = False
+    raised_in: str | None = None  # the torch module the script called when it raised ("torch.export")
 
     def describe(self) -> str:
         if self.timed_out:
@@ -96,6 +97,7 @@ class Reduced:
     runs: int
     seconds: float
     finished: bool  # False: the budget ran out before the passes stopped changing the script
+    passes_without: str = "torch.compile"  # what the reference runs left out (torch.export too, for its failure)
 
 
 def same_failure(expected: Run, observed: Run) -> bool:
@@ -136,6 +138,9 @@ class ScriptRunner:
                 self._servers[compiled].put(None)  # started when first used
         self._lock = threading.Lock()
         self.runs = 0
+        # The reference runs (without torch.compile) also run torch.export eagerly (`export_eagerly`):
+        # set once the script is found to fail inside torch.export with torch.compile off.
+        self.eager_export = False
 
     def run(self, source: str, *, compiled: bool = True) -> Run:
         with self._lock:
@@ -179,9 +184,13 @@ class ScriptRunner:
         return ["--pytest", f"{path}::{self.test}", "-p", "minify_client.capture.rerun", "-p", "no:cacheprovider",
                 "-q", "-x", "-W", "ignore::pytest.PytestAssertRewriteWarning", *self.args]
 
+    def _settings(self, compiled: bool) -> dict[str, str]:
+        """What one run sets beyond its server's environment."""
+        return {rerun.EAGER_EXPORT_ENV: "1"} if self.eager_export and not compiled else {}
+
     def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a fresh `python` running `path` (None: it timed out)."""
-        env = {**self._environment(compiled), rerun.OUT_ENV: out}
+        env = {**self._environment(compiled), **self._settings(compiled), rerun.OUT_ENV: out}
         try:
             done = subprocess.run([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, *self._argv(path)],
                                   cwd=self.script.parent, env=env, stdin=subprocess.DEVNULL,
@@ -198,12 +207,14 @@ class ScriptRunner:
         server = servers.get()
         try:
             if server is None or server.poll() is not None:
+                modules = self.preload if compiled else [name for name in self.preload if name not in _COMPILED_ONLY]
                 server = subprocess.Popen([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, "--serve",
-                                           *self.preload], cwd=self.script.parent, env=self._environment(compiled),
+                                           *modules], cwd=self.script.parent, env=self._environment(compiled),
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, text=True)
             assert server.stdin is not None and server.stdout is not None
-            request = {"script": str(path), "argv": self._argv(path), "out": out, "timeout_s": self.timeout_s}
+            request = {"script": str(path), "argv": self._argv(path), "out": out, "timeout_s": self.timeout_s,
+                       "settings": self._settings(compiled)}
             server.stdin.write(json.dumps(request) + "\n")
             server.stdin.flush()
             answer = server.stdout.readline()
@@ -224,7 +235,7 @@ def _ended(returncode: int, out: Path) -> Run:
             return Run(failed=True, signature=death_signature(returncode))
         return Run(failed=returncode != 0, signature=f"ExitStatus: {returncode}" if returncode else None)
     return Run(failed=bool(written.get("failed")), signature=written.get("signature"),
-               raised_at=written.get("raised_at"))
+               raised_at=written.get("raised_at"), raised_in=written.get("raised_in"))
 
 
 def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None, *, jobs: int = 2,
@@ -272,13 +283,24 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
         raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
                             f"failure to keep{hint}")
     eager = runner.run(source, compiled=False)
+    without = "torch.compile"
+    if _fails_or_hangs(eager) and not hang and _inside_export(eager):
+        # torch.export is the compiler here: the script calls it, and TORCHDYNAMO_DISABLE leaves it on.
+        runner.eager_export = True
+        eager_export = runner.run(source, compiled=False)
+        if _fails_or_hangs(eager_export):
+            raise ReduceRefused(
+                f"{path} fails inside torch.export with torch.compile off ({eager.describe()}), and also with "
+                f"torch.export handing back the module to run as it is ({eager_export.describe()}): the failure "
+                "is the script's own, not the compiler's; nothing to reduce it against")
+        eager, without = eager_export, "torch.compile or torch.export (the module run as it is)"
     if _fails_or_hangs(eager):
         raise ReduceRefused(f"{path} fails without torch.compile too (TORCHDYNAMO_DISABLE=1: {eager.describe()}): "
                             "the failure is the script's own, not the compiler's; nothing to reduce it against")
     if timeout_s is None:  # a run may take longer than the original's, not much longer
         runner.timeout_s = max(30.0, 3 * (time.monotonic() - first))
     say(f"reduce: {path.name} runs past {runner.timeout_s:g} s under torch.compile; it ends within them without it"
-        if hang else f"reduce: {path.name} fails with {expected.describe()}; it passes without torch.compile")
+        if hang else f"reduce: {path.name} fails with {expected.describe()}; it passes without {without}")
 
     verdicts: dict[str, bool] = {}  # a program tried once is not run again: another pass may write it too
 
@@ -315,12 +337,15 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
                 break
     reduced = ast.unparse(tree) + "\n"
     return Reduced(source=reduced, failure=expected, lines_before=lines_before, lines_after=_lines(reduced),
-                   runs=runner.runs, seconds=time.monotonic() - started, finished=finished)
+                   runs=runner.runs, seconds=time.monotonic() - started, finished=finished, passes_without=without)
 
 
 # What a script's first torch.compile imports (dynamo, inductor's compiler): 1.4 of a run's 1.8 s
 # here for a script that compiles with the eager backend, and the same in every run.
 _COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+# What it imports only with the compiler on: with TORCHDYNAMO_DISABLE=1 torch.compile imports dynamo
+# and never inductor's compiler, so the servers of the runs without it leave it out (1 s of each start).
+_COMPILED_ONLY = ("torch._inductor.compile_fx",)
 
 
 def _preloaded(tree: ast.Module) -> list[str]:
@@ -355,6 +380,14 @@ def _names_the_environment(node: ast.AST) -> bool:
 
 
 _ENVIRONMENT = frozenset({"environ", "environb", "putenv", "unsetenv"})
+
+
+_EXPORT_MODULES = ("torch.export", "torch._export")
+
+
+def _inside_export(run: Run) -> bool:
+    """Whether `run` failed inside torch.export (the script's call into torch was one of export's)."""
+    return run.raised_in is not None and run.raised_in.startswith(_EXPORT_MODULES)
 
 
 def _fails_or_hangs(run: Run) -> bool:
@@ -684,7 +717,7 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"reduced {target} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
           f"{reduced.seconds:.0f} s{ending}: {out}\n" + (
               f"it runs past {args.hang:g} s under torch.compile, and ends within them without it" if args.hang else
-              f"it fails with {reduced.failure.describe()}, and passes without torch.compile"))
+              f"it fails with {reduced.failure.describe()}, and passes without {reduced.passes_without}"))
     return 0
 
 

@@ -63,8 +63,10 @@ _NEXT: dict[Layer, str] = {
               "calls itself and which that setting does not turn off: torch.export is to blame, not torch.compile "
               "(an internal error there is export's bug; a UserError or Unsupported is export asking the program "
               "to change). No graph was exported, so there is nothing for minify to shrink. Next: export with "
-              "strict=False (no dynamo tracing) tells dynamo's tracing from export's own passes; report it to "
-              "PyTorch (module: export) with this test or script as the repro.",
+              "strict=False (no dynamo tracing) tells dynamo's tracing from export's own passes; `minify-client "
+              "reduce {reduce}` shrinks it to the smallest that still fails so and passes with torch.export "
+              "handing back the module as it is; report it to PyTorch (module: export) with this test or script "
+              "as the repro.",
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped, a NumPy or Python call it turned into torch ops that follow other rules, as "

@@ -29,6 +29,10 @@ from typing import Any
 from minify_contract import signatures
 
 OUT_ENV = "MINIFY_RERUN_OUT"
+# Set in a run where torch.export.export must not trace: it hands back the module to run as it is
+# (`reduce`'s reference run for a failure inside torch.export, which TORCHDYNAMO_DISABLE leaves on).
+EAGER_EXPORT_ENV = "MINIFY_RERUN_EAGER_EXPORT"
+_EXPORT_ENTRY_POINTS = ("export", "export_for_training", "draft_export")
 # Runs this file as `__main__` from its path, its arguments after it: no package of the client is
 # imported (this module needs only minify_contract's signatures).
 BY_PATH = "import os, runpy, sys; sys.path[0] = os.getcwd(); runpy.run_path(sys.argv.pop(1), run_name='__main__')"
@@ -37,7 +41,38 @@ BY_PATH = "import os, runpy, sys; sys.path[0] = os.getcwd(); runpy.run_path(sys.
 # What a rerun leaves out of the user's environment: the capture's own switches (a rerun captures
 # nothing), pytest's per-test variables, and torch's settings that the rerun itself chooses.
 _NOT_INHERITED = ("MINIFY_CAPTURE", "MINIFY_SERVER", "PYTEST_XDIST", "PYTEST_CURRENT_TEST", "TORCH_BISECT",
-                  "TORCHDYNAMO_DISABLE", OUT_ENV)
+                  "TORCHDYNAMO_DISABLE", OUT_ENV, EAGER_EXPORT_ENV)
+
+
+class EagerExport:
+    """What torch.export.export gives a run with EAGER_EXPORT_ENV set: the module it was handed, run
+    as it is (`module()`, or called), in place of a traced program. A script that goes further
+    with the program (saving it, reading its graph) fails there, and so is not reduced against this."""
+
+    def __init__(self, module: Any, args: Any = (), kwargs: Any = None) -> None:
+        self._module = module
+        self.example_inputs = (tuple(args or ()), dict(kwargs or {}))
+
+    def module(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module
+
+    def run_decompositions(self, *args: Any, **kwargs: Any) -> EagerExport:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+
+def export_eagerly() -> None:
+    """torch.export's entry points, for the rest of this process, hand back `EagerExport`s."""
+    import torch.export
+
+    def export(module: Any, args: Any = (), kwargs: Any = None, *rest: Any, **options: Any) -> EagerExport:
+        return EagerExport(module, args, kwargs)
+
+    for name in _EXPORT_ENTRY_POINTS:
+        if hasattr(torch.export, name):
+            setattr(torch.export, name, export)
 
 
 def environment(settings: dict[str, str]) -> dict[str, str]:
@@ -104,7 +139,8 @@ def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
 def serve(modules: list[str]) -> int:
     """A fork server for many runs of scripts (`minify_client.reduce`): import `modules` once (torch
     costs seconds a run), then for each request read from stdin, a JSON line `{"script", "argv",
-    "out", "timeout_s"}`, fork a child that runs `main(argv)` from the script's folder (the script,
+    "out", "timeout_s", "settings"}` (`settings`: that run's own environment variables), fork a
+    child that runs `main(argv)` from the script's folder (the script,
     or `--pytest NODEID ...`; its output discarded, its
     record written to `out`), wait for it (killed once past `timeout_s`), and answer on stdout with
     a JSON line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
@@ -168,6 +204,7 @@ def _run_forked(request: dict[str, Any]) -> None:
         for stream in (0, 1, 2):
             os.dup2(quiet, stream)
         os.environ[OUT_ENV] = request["out"]
+        os.environ.update(request.get("settings") or {})
         os.chdir(os.path.dirname(request["script"]))
         code = main(request["argv"])
     finally:
@@ -177,6 +214,8 @@ def _run_forked(request: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve"]:
         return serve(argv[1:])
+    if os.environ.get(EAGER_EXPORT_ENV) == "1":
+        export_eagerly()
     if argv[:1] == ["--pytest"]:  # `--pytest NODEID ARGS...`: one test, its failure recorded by this plugin
         import pytest
 
