@@ -4,7 +4,7 @@ original still runs; the original's verdict follows it into report.json (`origin
 `confirmed`, or `not_reproduced` with what the original did, the result kept). Without a known
 failure the job waits for the verdict as before.
 
-Real engine, real sandbox children; the test backends make the whole program slow (8 s) while its
+Real engine, real sandbox children; the test backends make the whole program slow (5 s, `WHOLE_PROGRAM_S`) while its
 parts fail at once, so the order of events is the point of each test.
 """
 
@@ -77,7 +77,7 @@ def test_a_known_failure_is_delivered_before_the_originals_verdict_which_then_co
     assert result.report.reason is None and result.report.signature == delivered[0].report.signature
     assert result.report.phase_s["original"] > 0
     assert report_json(tmp_path)["original_state"] == "confirmed"
-    # The delivered result came before the whole program's 8 s compile ended.
+    # The delivered result came before the whole program's 5 s compile ended.
     confirmed = next(event for event in events if event.milestone is Milestone.original_confirmed)
     assert delivered[0].report.elapsed_s < confirmed.elapsed_s
 
@@ -89,7 +89,7 @@ def test_a_known_failure_is_delivered_before_the_originals_verdict_which_then_co
 def test_an_original_that_contradicts_a_shown_failure_leaves_the_result_and_says_so(
         tmp_path: Path, test_backends_allowed: None, backend: str, given: str, minimal: list[str],
         original_did: str) -> None:
-    # A candidate fails with the given signature while the whole program (8 s) does not: whenever
+    # A candidate fails with the given signature while the whole program (5 s) does not: whenever
     # the verdict comes, before the delivery or after it, the minimal program is kept.
     result, _, events = run(tmp_path, backend, {"signature": given})
 

@@ -96,7 +96,7 @@ def restarted(events: list[ProgressEvent]) -> bool:
 
 
 def test_a_given_signature_is_the_target_from_the_first_check(tmp_path: Path, test_backends_allowed: None) -> None:
-    # The original takes 8 s to fail on relu; a candidate with cos and no relu fails at once with a
+    # The original takes 5 s to fail on relu; a candidate with cos and no relu fails at once with a
     # ValueError. Without a signature that first failure is the guess, and the original's outcome
     # restarts the reduction; with the original's signature given, no candidate is judged wrongly.
     program = save_cos_sin_relu(tmp_path)
