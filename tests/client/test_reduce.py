@@ -81,16 +81,16 @@ assert value == expected
 
 
 # A compile that never ends, "under the compiler" only (pytorch#148073's lowering doubles its work
-# with each step of a chain): the failure `--hang` keeps.
+# with each step of a chain): the failure `--hang` keeps. It waits rather than spins: a loop's body
+# is deleted to `pass` while it still hangs, and every later hanging run then spun a core to its bound.
 HANG = f'''import os
-import time
+import threading
 
 sizes = [4, 8, 16]
 doubled = [size * 2 for size in sizes]
 print("working on", doubled)
 if {COMPILED_ONLY}:
-    while True:
-        time.sleep(0.05)
+    threading.Event().wait()
 print("done")
 '''
 
@@ -185,12 +185,12 @@ def test_a_hang_is_reduced_to_what_keeps_it_running_past_the_bound_and_a_script_
     reduced = reduce_script(script, hang_s=1.0)
 
     assert reduced.finished and reduced.failure.timed_out
-    assert "while True" in reduced.source and "TORCHDYNAMO_DISABLE" in reduced.source
+    assert "threading.Event().wait()" in reduced.source and "TORCHDYNAMO_DISABLE" in reduced.source
     assert "doubled" not in reduced.source and "print" not in reduced.source
     with pytest.raises(ReduceRefused, match=r"ends within 1 s under torch\.compile"):
         reduce_script(_write(tmp_path, "print('quick')\n", "quick.py"), hang_s=1.0)
     with pytest.raises(ReduceRefused, match=r"without torch\.compile too"):
-        reduce_script(_write(tmp_path, "while True:\n    pass\n", "always.py"), hang_s=1.0)
+        reduce_script(_write(tmp_path, "import threading\nthreading.Event().wait()\n", "always.py"), hang_s=1.0)
 
 
 def test_the_same_failure_is_the_same_statement_and_kind() -> None:
