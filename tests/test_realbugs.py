@@ -182,7 +182,9 @@ def test_a_hang_reduction_is_read_and_its_result_held_to_running_past_the_bound(
 
     monkeypatch.setattr(runner, "HANG_S", 1.0)
     out = tmp_path / "x.min.py"
-    out.write_text("import os\nwhile os.environ.get('TORCHDYNAMO_DISABLE') != '1':\n    pass\n")
+    # Waits, where #148073's compile spins: each of the runs below would spin a core to the bound.
+    out.write_text("import os\nimport threading\nif os.environ.get('TORCHDYNAMO_DISABLE') != '1':\n"
+                   "    threading.Event().wait()\n")
     result = runner.CaseResult(case="x", issue="", kind="hang", feature="")
     result.ours.reduction = reduction
     runner.check_reduced(out, tmp_path, result, runner.Limits(script_s=30, minify_s=30, repro_s=30), hang=True)
