@@ -271,7 +271,8 @@ FORK_ORIGIN = textwrap.dedent("""
     def run_some() -> dict:
         with SandboxPool(workdir, workdir / "values.pt", JobSpec(backend=sys.argv[2]), parallelism=2,
                          env=ALLOWED) as pool:
-            futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=5) for op in ("abs", "sin", "tanh")}
+            # tanh hangs until this timeout (the server times each child, however long the server took to start).
+            futures = {op: pool.submit(graph_to_wire(chain_graph(op)), timeout_s=2) for op in ("abs", "sin", "tanh")}
             config = pool.call("tests.support.calls:inductor_config_values", {"keys": ["compile_threads"]})
             kinds = {op: future.result().kind for op, future in futures.items()}
             return {"start": pool.start_method, **config, **kinds}
@@ -279,7 +280,7 @@ FORK_ORIGIN = textwrap.dedent("""
     def kill_one_holding_tqdms_lock() -> dict:
         with SandboxPool(workdir, None, JobSpec(backend="eager"), env=ALLOWED) as pool:
             try:
-                pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=3)
+                pool.call("tests.support.calls:hold_tqdm_lock", timeout_s=1.5)
                 killed = "not killed"
             except SandboxCallError as error:
                 killed = f"killed: {error}"
