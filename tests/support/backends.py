@@ -449,6 +449,19 @@ def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...,
     return _eager(gm)
 
 
+def slow_on_relu_alone_hang_with_tanh(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Never ends compiling a graph with relu and tanh; takes 3 s to compile relu alone (a graph of
+    that one op), and no time for anything else: the smallest program past a short timeout (relu
+    alone) is slow, not hung, and must not stand as the hang, while every other passing run is fast,
+    so the candidates' calibrated timeout stays short (tests/worker/engine/test_hang_bound.py)."""
+    if has_op(gm, "relu"):
+        while has_op(gm, "tanh"):
+            time.sleep(3600)
+        if sum(node.op == "call_function" for node in gm.graph.nodes) == 1:
+            time.sleep(3)
+    return _eager(gm)
+
+
 def slow_on_relu_slowest_when_whole(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """As `slow_on_relu`, but the whole program (sin, relu and cos together) takes 20 s: the
     reduction ends on a guessed hang while the original still runs, and the result, given a

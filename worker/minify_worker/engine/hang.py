@@ -149,6 +149,26 @@ class HangWatch:
                   f"{self.calibration.original_factor:g}x what passing runs predict for its size "
                   f"({expected_s:.1f} s): judged a hang for now, to be confirmed on the result")
 
+    def hold_to_bound(self, result: Any, bound_s: float, *,
+                      wait_for: Callable[[list[Future[Outcome]]], None]) -> tuple[float, float] | None:
+        """The reduction ended on a known hang, its candidates judged by the calibrated timeout,
+        shorter than `bound_s`, the one the original was judged by: run the smallest program,
+        `result`, with `bound_s`. Still running then (or failing otherwise): None, it stands. Done
+        before: it is slow, not hung (a compile whose time grows with the program, pytorch#148073,
+        runs past any short bound once the program is big enough): its run calibrates the timeout
+        again, and returns (how long it ran, the candidates' new timeout: `HANG_TIMEOUT_FACTOR`
+        times that, at most `bound_s`)."""
+        assert self._evaluator is not None
+        run = self._evaluator.submit(result, timeout_s=bound_s)
+        wait_for([run])
+        outcome = run.result()
+        if not isinstance(outcome, Passes):
+            return None
+        self.passes.append((self._count_ops(result), outcome.duration_s))
+        raised_s = max(self.calibration.candidate_min_s, HANG_TIMEOUT_FACTOR * outcome.duration_s)
+        timeout_s = round(min(bound_s, raised_s), 2)
+        return outcome.duration_s, timeout_s
+
     def confirm(self, result: Any, guess: Signature, *, remaining_s: float,
                 wait_for: Callable[[list[Future[Outcome]]], None]) -> Outcome | Refuted:
         """The reduction ended on the guessed hang `guess` while the original still runs: run the

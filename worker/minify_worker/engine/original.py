@@ -139,6 +139,8 @@ class OriginalRun:
                                   passes, on_accept=on_accept)
             if not self.defers_verdict(self.facts.best):
                 self.settle()  # a graph that offered no candidate at all never asked for it
+                if self._ending is None and self.contradiction is None:
+                    self._ending = self._hold_hang_to_bound()
         except Stopped:
             if self._ending is None:
                 raise
@@ -280,6 +282,35 @@ class OriginalRun:
             # Hangs decided by a guessed hang's short timeout may be slow candidates: run them again.
             cut_short = self.facts.candidate_timeout_s
             self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < cut_short)
+
+    def _hold_hang_to_bound(self) -> Restart | None:
+        """A hang the original showed, reduced with candidates judged by the calibrated timeout:
+        the result must still hang at the bound the original was judged by (`HangWatch.hold_to_bound`;
+        a guessed hang was confirmed so already, and a timeout the spec gives is the user's own).
+        One that ends within it is a slow program, not a hang: the candidates' timeout is raised to a
+        multiple of its run, what the shorter timeout decided is forgotten, and the reduction starts
+        again from the original (`Restart`)."""
+        target, best, timeout_s = self.facts.signature, self.facts.best, self.facts.candidate_timeout_s
+        if (target is None or target.kind != "timeout" or best is None or best is self.graph or timeout_s is None
+                or self.hang_watch.confirm_timeout_s is not None or self.spec.limits.candidate_timeout_s):
+            return None
+        bound_s = self.original_timeout()
+        if timeout_s >= bound_s:
+            return None
+        assert self.scheduler is not None
+        self._say(Milestone.hang_confirming, f"holding the hang to the original's bound: the result "
+                  f"({self.program.count_ops(best)} ops) runs with a {bound_s:g} s timeout")
+        held = self.hang_watch.hold_to_bound(best, bound_s, wait_for=self._wait_for)
+        if held is None:
+            return None
+        ran_s, raised_s = held
+        self.facts.candidate_timeout_s = raised_s
+        self.evaluator.set_timeout(raised_s)
+        self.scheduler.forget(lambda earlier: isinstance(earlier, TimedOut) and earlier.after_s < raised_s)
+        reason = (f"the result ran {ran_s:.1f} s and ended within the original's {bound_s:g} s: slow, not hung; "
+                  f"reducing again from the original, candidates judged at {raised_s:g} s")
+        self._say(Milestone.hang_refuted, reason)
+        return Restart(reason)
 
     def _shorten_timeout(self, timeout_s: float) -> None:
         """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""
