@@ -412,6 +412,7 @@ def end_like(returncode: int, *, hung: bool = False) -> int:
     sys.stderr.flush()
     if faulthandler.is_enabled():
         faulthandler.disable()
-    signal.signal(-returncode, signal.SIG_DFL)
+    if -returncode not in (signal.SIGKILL, signal.SIGSTOP):  # their handlers cannot be set: always the default
+        signal.signal(-returncode, signal.SIG_DFL)
     os.kill(os.getpid(), -returncode)
     return 128 - returncode  # a signal that does not end the process (ignored by default): as a shell says it

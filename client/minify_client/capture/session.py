@@ -136,7 +136,9 @@ class CaptureSession:
             failed = describe()
             crash.check_savable(failed.inputs or [])
             threads = crash.compile_threads(failed.backend, on_cuda(failed.inputs or []))
-            program = exported(failed, {"failure": {"kind": "crash", "signature": None},
+            # A compile for training hangs in its backward as well as its forward: the job compiles so.
+            training = {"training": True} if phase == "compile" and failed.for_training else {}
+            program = exported(failed, {"failure": {"kind": "crash", "signature": None, **training},
                                         **({"config": threads} if threads else {})})
             return crash.write_pending(self.directory, program, test=self._test, key=capture_key(failed),
                                        level=failed.level, backend=failed.backend, phase=phase)

@@ -69,6 +69,9 @@ class FailedCompile:
     symbolic: list[Any] = field(default_factory=list)
     # The grad mode of the compile: a graph of torch.func transforms is lowered in it (`transforms`).
     grad_enabled: bool = True
+    # Compiled for training (grad mode on, an input requiring grad: AOT autograd traced the joint
+    # graph and compiled its backward too), where that is known before the compile (a hang's capture).
+    for_training: bool = False
     # The autocast region the compiled function was called in ({"device", "dtype"}), or None: dynamo
     # keeps it out of the graph (a guard), so the job spec carries it (`JobSpec.autocast`).
     autocast: dict[str, str] | None = field(default_factory=lambda: ambient_autocast())
@@ -259,7 +262,9 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         watched_compile = crash.watch_compile(list(_listeners), lambda: FailedCompile(
             level="dynamo", error=crash.CompileHung("the graph's compile"), backend=backend_name(self.compiler_fn),
             config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
-            symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
+            symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled,
+            for_training=grad_enabled and any(getattr(value, "requires_grad", False) for value in example_inputs)))
+        outer, _inside.watched = getattr(_inside, "watched", False), bool(watched_compile)
         try:
             compiled = original(self, gm, example_inputs)
         except Exception as error:
@@ -270,6 +275,7 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
             raise
         finally:
+            _inside.watched = outer
             crash.compile_ended(watched_compile)
         gradients, running = None, compiled
         if any(listener.accuracy for listener in _listeners) or os.environ.get(ACCURACY_ENV) == "1":
@@ -306,6 +312,13 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             if not _listeners or not wanted or getattr(_inside, "aoti", False):
                 return wrapped(gm, example_inputs, *args, **kwargs)
             graph = _copy_graph(gm)
+            # Watched for hangs unless the dynamo graph around it already is (a backward compiled
+            # lazily, at the first backward, is not).
+            watched_compile = [] if getattr(_inside, "watched", False) else crash.watch_compile(
+                list(_listeners), lambda: FailedCompile(
+                    level="aot", error=crash.CompileHung("the graph's compile"), backend=compiler_name,
+                    config=_config(None), graph=_module(gm, graph), inputs=snapshot(example_inputs),
+                    is_backward=backward, symbolic=symbolic_values(graph, example_inputs)))
             try:
                 return wrapped(gm, example_inputs, *args, **kwargs)
             except Exception as error:
@@ -315,6 +328,8 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                         graph=_module(gm, graph), inputs=snapshot(example_inputs), is_backward=backward,
                         symbolic=symbolic_values(graph, example_inputs)))
                 raise
+            finally:
+                crash.compile_ended(watched_compile)
 
         return inner_compile
 
@@ -326,19 +341,23 @@ def _aoti_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def aot_inductor_minifier_wrapper(func: Callable[..., Any], exported_program: Any, **kwargs: Any) -> Any:
         if not _listeners:
             return original(func, exported_program, **kwargs)
+        # The package flag is the call's own business (the worker's aot_inductor sets it).
+        options = {key: value for key, value in (kwargs.get("inductor_configs") or {}).items()
+                   if key != "aot_inductor.package"}
+        watched_compile = crash.watch_compile(list(_listeners), lambda: FailedCompile(
+            level="aoti", error=crash.CompileHung("the program's compile"), backend="aot_inductor",
+            config={**_config(None), **_json_only(options)}, program=exported_program))
         _inside.aoti = True
         try:
             return original(func, exported_program, **kwargs)
         except Exception as error:
             if not _recorded(error):
-                # The package flag is the call's own business (the worker's aot_inductor sets it).
-                options = {key: value for key, value in (kwargs.get("inductor_configs") or {}).items()
-                           if key != "aot_inductor.package"}
                 _notify(FailedCompile(level="aoti", error=error, backend="aot_inductor",
                                       config={**_config(None), **_json_only(options)}, program=exported_program))
             raise
         finally:
             _inside.aoti = False
+            crash.compile_ended(watched_compile)
 
     return aot_inductor_minifier_wrapper
 

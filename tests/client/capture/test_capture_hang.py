@@ -183,3 +183,58 @@ def test_a_bound_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv(crash.CRASH_ENV, raising=False)
     assert crash.hang_limit() is None and not crash.supervision_requested()
     assert os.environ.get(crash.HANG_ENV) is None
+
+
+# Inductor's compiles stuck by a post-grad pass that never returns on relu (forward) or on relu's
+# gradient (`threshold_backward`): an AOTInductor compile of an ExportedProgram, and a compile for
+# training, whose backward hangs.
+STUCK_PASS = textwrap.dedent("""
+    import time
+    import torch
+    import torch._inductor.config
+
+    def stuck_on(target):
+        def stuck(graph):
+            while any(node.target is target for node in graph.nodes):
+                time.sleep(3600)
+        return stuck
+""")
+AOTI = STUCK_PASS + textwrap.dedent("""
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x.sin()) + 1
+
+    program = torch.export.export(Model(), (torch.randn(4),))
+    torch._inductor.config.post_grad_custom_post_pass = stuck_on(torch.ops.aten.relu.default)
+    torch._inductor.aoti_compile_and_package(program)
+""")
+TRAINING = STUCK_PASS + textwrap.dedent("""
+    torch._inductor.config.post_grad_custom_post_pass = stuck_on(torch.ops.aten.threshold_backward.default)
+    loss = torch.compile(lambda x: torch.relu(x.sin()).sum())(torch.randn(4, requires_grad=True))
+    loss.backward()
+""")
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize(("script", "level", "training"), [(AOTI, "aoti", False), (TRAINING, "dynamo", True)],
+                         ids=["aoti", "training"])
+def test_an_inductor_compile_that_never_returns_is_captured_as_it_was_compiled(
+        tmp_path: Path, script: str, level: str, training: bool) -> None:
+    """An AOTInductor compile is watched as the ExportedProgram it was handed; a compile for training
+    (grad on, an input requiring grad) is captured for training, so the job compiles its backward."""
+    (tmp_path / "script.py").write_text(script)
+    done = _run([sys.executable, "-m", "minify_client.capture", "--hang", BOUND_S, "--dir", "caps", "script.py"],
+                tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))
+    assert done.returncode == crash.HUNG_EXIT, done.stderr[-3000:]
+    entry = _only_entry(tmp_path / "caps")
+    assert (entry["kind"], entry["level"]) == ("hang", level)
+    spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
+    assert (spec["failure"]["kind"], spec["failure"]["training"]) == ("timeout", training)
+    _no_pending(tmp_path / "caps")
+
+
+def test_a_supervisor_whose_child_was_killed_dies_by_the_same_signal(tmp_path: Path) -> None:
+    """`crash.end_like` for a child killed by SIGKILL, whose handler cannot be set (it raised)."""
+    done = subprocess.run([sys.executable, "-c", "from minify_client.capture import crash; crash.end_like(-9)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
