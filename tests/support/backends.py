@@ -450,7 +450,7 @@ def slow_on_relu(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...,
 
 
 def slow_on_relu_alone_hang_with_tanh(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Never ends compiling a graph with relu and tanh; takes 3 s to compile relu alone (a graph of
+    """Never ends compiling a graph with relu and tanh; takes 2 s to compile relu alone (a graph of
     that one op), and no time for anything else: the smallest program past a short timeout (relu
     alone) is slow, not hung, and must not stand as the hang, while every other passing run is fast,
     so the candidates' calibrated timeout stays short (tests/worker/engine/test_hang_bound.py)."""
@@ -458,7 +458,7 @@ def slow_on_relu_alone_hang_with_tanh(gm: fx.GraphModule, example_inputs: list[A
         while has_op(gm, "tanh"):
             time.sleep(3600)
         if sum(node.op == "call_function" for node in gm.graph.nodes) == 1:
-            time.sleep(3)
+            time.sleep(2)
     return _eager(gm)
 
 
