@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from minify_client.capture import crash
 from minify_contract import zero_tensors
 from minify_contract.models import JobSpec
 from minify_worker.outcomes import Outcome
@@ -35,3 +36,15 @@ def run_as_the_worker(directory: Path, workdir: Path | None = None) -> Outcome:
     wire_graph = json.loads((workdir / PROGRAM_JSON).read_text())["graph"]
     values = zero_tensors.decode(torch.load(workdir / VALUES, weights_only=True))  # as the sandbox's store
     return run_wire_candidate(wire_graph, values, spec, workdir)
+
+
+def only_entry(directory: Path) -> dict:
+    """The one capture of the manifest in `directory` (a capture run that was to capture one bug)."""
+    entries = json.loads((Path(directory) / "captures.json").read_text())["captures"]
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def no_pending(directory: Path) -> None:
+    """Nothing left pending in `directory` (crash and hang capture: capture/crash.py)."""
+    assert not list((Path(directory) / crash.PENDING).glob("*")), "a pending capture was left behind"

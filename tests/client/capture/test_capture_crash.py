@@ -24,6 +24,7 @@ from minify_client.capture.session import CaptureSession
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from tests.support.captures import no_pending, only_entry
 from tests.support.graphs import ops_of
 from tests.support.subprocesses import run_clean
 
@@ -48,16 +49,6 @@ def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedPro
     return run_clean(command, cwd, timeout_s=600, **extra)
 
 
-def _only_entry(directory: Path) -> dict:
-    entries = json.loads((directory / "captures.json").read_text())["captures"]
-    assert len(entries) == 1, entries
-    return entries[0]
-
-
-def _no_pending(directory: Path) -> None:
-    assert not list((directory / crash.PENDING).glob("*")), "a pending capture was left behind"
-
-
 def _capture_by_the_runner(tmp_path: Path, how: str) -> dict:
     """`python -m minify_client.capture --crash` of SCRIPT dying `how`: the capture's entry, after
     checking that the runner ended as the script ends and wrote what a crash capture holds."""
@@ -67,14 +58,14 @@ def _capture_by_the_runner(tmp_path: Path, how: str) -> dict:
     returncode, signature = DEATHS[how]  # what `python script.py` ends with (the plugin's test compares them)
     assert captured.returncode == returncode, captured.stderr[-3000:]  # the capture observes
     assert "sin [" in captured.stdout and "survived" not in captured.stdout
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["signature"], entry["tests"]) == ("crash", signature, ["script.py"])
     assert f"first run killed the process ({signature})" in captured.stderr
     spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
     assert spec["failure"] == {**spec["failure"], "kind": "crash", "signature": signature}
     assert spec["backend"] == f"tests.support.dying_backends:{how}_at_run_on_relu"
     assert "relu" in ops_of(torch.export.load(tmp_path / "caps" / entry["program"]).graph)
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
     return entry
 
 
@@ -95,7 +86,7 @@ def test_runner_with_crash_capture_leaves_nothing_when_nothing_dies(tmp_path: Pa
     done = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py"], tmp_path)
     assert done.returncode == 4 and "[2.0, 2.0]" in done.stdout
     assert not (tmp_path / "caps" / "captures.json").exists()
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 # One death under pytest (the runner's tests take all three): the plugin's supervision is the same.
@@ -108,10 +99,10 @@ def test_pytest_plugin_captures_a_test_whose_compiled_code_kills_pytest(tmp_path
                     MINIFY_CAPTURE_CRASH="1")
     assert captured.returncode == DEATHS[how][0], captured.stderr[-3000:]
     assert "test_compiles_and_runs PASSED" in captured.stdout
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert entry["tests"] == ["case_crash.py::test_dies_in_compiled_code"]
     assert (entry["kind"], entry["signature"]) == ("crash", DEATHS[how][1])
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 def test_a_death_no_supervisor_saw_is_adopted_by_the_next_session(tmp_path: Path) -> None:
@@ -126,7 +117,7 @@ def test_a_death_no_supervisor_saw_is_adopted_by_the_next_session(tmp_path: Path
     assert [(entry.kind, entry.tests) for entry in adopted] == [("crash", ["script.py"])]
     spec = json.loads((tmp_path / "caps" / adopted[0].spec).read_text())
     assert spec["failure"]["kind"] == "crash" and spec["failure"]["signature"] is None
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 def test_the_capture_of_a_crash_reproduces_as_that_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,7 +148,7 @@ def test_runner_captures_an_inductor_kernel_that_segfaults(tmp_path: Path) -> No
     """))
     done = _run([sys.executable, "-m", "minify_client.capture", "--crash", "--dir", "caps", "script.py"], tmp_path)
     assert done.returncode == -signal.SIGSEGV, done.stderr[-3000:]
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["signature"], entry["backend"]) == ("crash", "SIGSEGV", "inductor")
     spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
     # and the compile's thread count (crash.compile_threads), where it has more than one

@@ -26,6 +26,7 @@ from minify_client.capture import crash
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import HangCalibration, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from tests.support.captures import no_pending, only_entry
 from tests.support.graphs import ops_of
 from tests.support.subprocesses import run_clean
 
@@ -49,16 +50,6 @@ def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedPro
     return run_clean(command, cwd, timeout_s=300, **extra)
 
 
-def _only_entry(directory: Path) -> dict:
-    entries = json.loads((directory / "captures.json").read_text())["captures"]
-    assert len(entries) == 1, entries
-    return entries[0]
-
-
-def _no_pending(directory: Path) -> None:
-    assert not list((directory / crash.PENDING).glob("*")), "a pending capture was left behind"
-
-
 def _capture_hang(tmp_path: Path, where: str) -> dict:
     """`python -m minify_client.capture --hang 2` of SCRIPT hanging `where`: checks what the runner
     said and wrote, returns the capture's entry."""
@@ -71,7 +62,7 @@ def _capture_hang(tmp_path: Path, where: str) -> dict:
     assert "sin [" in captured.stdout and "survived" not in captured.stdout
     assert re.search(rf"has lasted \d+ s, past {crash.HANG_ENV}=2: a hang", captured.stderr)
     assert "in backend" in captured.stderr or "in run" in captured.stderr  # its stack, where it hung
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     phase = "compile" if where == "compile" else "first run"
     assert (entry["kind"], entry["signature"], entry["tests"]) == (
         "hang", f"hang: its {phase} lasted past 2 s", ["script.py"])
@@ -81,7 +72,7 @@ def _capture_hang(tmp_path: Path, where: str) -> dict:
     backend = "backends:hang_on_relu" if where == "compile" else "dying_backends:hang_at_run_on_relu"
     assert spec["backend"] == f"tests.support.{backend}"
     assert "relu" in ops_of(torch.export.load(tmp_path / "caps" / entry["program"]).graph)
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
     return entry
 
 
@@ -110,10 +101,10 @@ def test_the_pytest_plugin_stops_a_test_whose_compile_hangs_and_captures_it(tmp_
     captured = _run(command, REPO, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"), MINIFY_CAPTURE_HANG=BOUND_S)
     assert captured.returncode == crash.HUNG_EXIT, captured.stderr[-3000:]
     assert "test_compiles_and_runs PASSED" in captured.stdout
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["tests"]) == ("hang", ["case_hang.py::test_compile_hangs"])
     assert "(the test process hung)" in captured.stderr
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 def test_a_program_that_ends_within_the_bound_runs_as_without_the_capture(tmp_path: Path) -> None:
@@ -127,7 +118,7 @@ def test_a_program_that_ends_within_the_bound_runs_as_without_the_capture(tmp_pa
                 tmp_path)
     assert done.returncode == 4 and "[2.0, 2.0]" in done.stdout, done.stderr[-3000:]
     assert not (tmp_path / "caps" / "captures.json").exists()
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "1e9"])
@@ -226,11 +217,11 @@ def test_an_inductor_compile_that_never_returns_is_captured_as_it_was_compiled(
     done = _run([sys.executable, "-m", "minify_client.capture", "--hang", BOUND_S, "--dir", "caps", "script.py"],
                 tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))
     assert done.returncode == crash.HUNG_EXIT, done.stderr[-3000:]
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["level"]) == ("hang", level)
     spec = json.loads((tmp_path / "caps" / entry["spec"]).read_text())
     assert (spec["failure"]["kind"], spec["failure"]["training"]) == ("timeout", training)
-    _no_pending(tmp_path / "caps")
+    no_pending(tmp_path / "caps")
 
 
 def test_a_supervisor_whose_child_was_killed_dies_by_the_same_signal(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from minify_worker.programs.fx.prepare import PROGRAM_JSON, VALUES, prepare
 from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support import special_input_backends
+from tests.support.captures import only_entry
 from tests.support.graphs import ops_of
 from tests.support.subprocesses import REPO, run_clean
 
@@ -119,11 +120,6 @@ def _runner(tmp_path: Path, script: str, *args: str) -> Any:
                      tmp_path, timeout_s=600)
 
 
-def _only_entry(directory: Path) -> dict[str, Any]:
-    (entry,) = json.loads((directory / "captures.json").read_text())["captures"]
-    return entry
-
-
 def test_a_crash_on_a_zero_tensor_is_captured_minimized_and_its_repro_dies_the_same_way(tmp_path: Path) -> None:
     """The user's way: the capture runner with crash capture on a script whose compiled code reads the
     ZeroTensor's null pointer beside a dense input, then the engine on the capture, then repro.py."""
@@ -139,7 +135,7 @@ def test_a_crash_on_a_zero_tensor_is_captured_minimized_and_its_repro_dies_the_s
     """))
     assert done.returncode == -signal.SIGSEGV, done.stderr[-3000:]  # the script dies as it did
     assert "compiling" in done.stdout and "survived" not in done.stdout
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["signature"]) == ("crash", "SIGSEGV")
     # The inputs' shrink left out with the culprit: after minimality, not what is checked (test_shrink.py).
     spec = {**json.loads((tmp_path / "caps" / entry["spec"]).read_text()), "culprit": False, "versions": False,
@@ -159,7 +155,7 @@ def test_the_realbug_script_is_captured_with_its_zero_tensor(tmp_path: Path) -> 
     SIGSEGV as without the capture, and the capture holds the ZeroTensor's marker."""
     done = _runner(tmp_path, REALBUG.read_text())
     assert done.returncode == -signal.SIGSEGV, done.stderr[-3000:]
-    entry = _only_entry(tmp_path / "caps")
+    entry = only_entry(tmp_path / "caps")
     assert (entry["kind"], entry["signature"], entry["backend"]) == ("crash", "SIGSEGV", "inductor")
     args, _ = torch.load(tmp_path / "caps" / entry["inputs"], weights_only=True)
     assert [zero_tensors.is_marker(value) for value in args] == [True] and args[0]["shape"] == [3]
