@@ -341,15 +341,24 @@ def stop_hung(directory: Path, hang_s: float, *, now: float | None = None) -> li
         print(f"minify: the {entry.phase} of a compiled graph in process {entry.pid} has lasted {lasted:.0f} s, "
               f"past {HANG_ENV}={hang_s:g}: a hang; {then}", file=sys.stderr, flush=True)
         stopped.append(entry)
-    if stopped:
-        asked = [entry for entry in stopped if entry.dumps_stack]
-        for entry in asked:
-            _signal(entry.pid, signal.SIGUSR2)
-        if asked:
-            time.sleep(_DUMP_S)
-        for entry in stopped:
-            _signal(entry.pid, signal.SIGKILL)
-    return stopped
+    if not stopped:
+        return stopped
+    asked = [entry for entry in stopped if entry.dumps_stack]
+    for entry in asked:
+        _signal(entry.pid, signal.SIGUSR2)
+    if asked:
+        time.sleep(_DUMP_S)
+    killed = []
+    for entry in stopped:
+        # A compile that ended while its stack was dumped took its folder (and the mark) with it: the
+        # process has gone on to other work, which a kill now would strike and be blamed on.
+        if not (entry.folder / _STOPPED).exists():
+            print(f"minify: the {entry.phase} in process {entry.pid} ended before it was stopped: not a hang",
+                  file=sys.stderr, flush=True)
+            continue
+        _signal(entry.pid, signal.SIGKILL)
+        killed.append(entry)
+    return killed
 
 
 def _signal(pid: int, signum: int) -> None:

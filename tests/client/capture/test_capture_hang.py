@@ -158,13 +158,41 @@ def test_the_watch_stops_only_processes_past_the_bound(tmp_path: Path) -> None:
             process.wait()
 
 
+def test_a_compile_that_ends_while_its_stack_is_dumped_is_not_killed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A compile past the bound that ends during the stack dump drops its pending folder, mark and
+    all, and goes on: killing it then would strike whatever it does next (its backward's compile, seen
+    adopted as a crash by SIGKILL). Here the process drops its folder when asked for its stack."""
+    folder = tmp_path / crash.PENDING / "ending"
+    ends = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import shutil, signal, sys, time
+        signal.signal(signal.SIGUSR2, lambda *_: shutil.rmtree({str(folder)!r}))
+        print("ready", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert ends.stdout is not None and ends.stdout.readline() == "ready\n"
+        folder.mkdir(parents=True)
+        _describe(folder, ends.pid, time.time() - 100, dumps_stack=True)
+        assert crash.stop_hung(tmp_path, 30.0) == []
+        assert ends.poll() is None
+        assert f"in process {ends.pid} ended before it was stopped: not a hang" in capsys.readouterr().err
+    finally:
+        ends.kill()
+        ends.wait()
+
+
 def _pending_folder(directory: Path, pid: int, started: float) -> Path:
     folder = directory / crash.PENDING / f"{pid}-0"
     folder.mkdir(parents=True)
+    _describe(folder, pid, started)
+    return folder
+
+
+def _describe(folder: Path, pid: int, started: float, *, dumps_stack: bool = False) -> None:
     (folder / "pending.json").write_text(json.dumps({
         "pid": pid, "test": "t", "key": "k", "level": "dynamo", "backend": "b", "static_reason": None,
-        "program": "program.pt2", "phase": "compile", "started": started}))
-    return folder
+        "program": "program.pt2", "phase": "compile", "started": started, "dumps_stack": dumps_stack}))
 
 
 def test_a_bound_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
