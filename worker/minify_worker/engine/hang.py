@@ -123,7 +123,11 @@ class HangWatch:
         durations = [seconds for _, seconds in self.passes]
         if len(durations) < passes_needed:
             return
-        self._shorten(round(max(self.calibration.candidate_min_s, HANG_TIMEOUT_FACTOR * max(durations)), 2))
+        self._shorten(self._candidate_timeout(max(durations)))
+
+    def _candidate_timeout(self, slowest_pass_s: float) -> float:
+        """The candidates' timeout a passing run of `slowest_pass_s` calibrates: a multiple, floored."""
+        return round(max(self.calibration.candidate_min_s, HANG_TIMEOUT_FACTOR * slowest_pass_s), 2)
 
     def poll(self, judged_otherwise: bool, adopt: Callable[[TimedOut], Signature | None]) -> None:
         """While the scheduler waits: guess that the original hangs once it ran `HangCalibration`'s
@@ -165,9 +169,7 @@ class HangWatch:
         if not isinstance(outcome, Passes):
             return None
         self.passes.append((self._count_ops(result), outcome.duration_s))
-        raised_s = max(self.calibration.candidate_min_s, HANG_TIMEOUT_FACTOR * outcome.duration_s)
-        timeout_s = round(min(bound_s, raised_s), 2)
-        return outcome.duration_s, timeout_s
+        return outcome.duration_s, min(bound_s, self._candidate_timeout(outcome.duration_s))
 
     def confirm(self, result: Any, guess: Signature, *, remaining_s: float,
                 wait_for: Callable[[list[Future[Outcome]]], None]) -> Outcome | Refuted:
