@@ -258,21 +258,23 @@ def _dynamo_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
         graph = _copy_graph(gm)
         grad_enabled = torch.is_grad_enabled()
+
+        def failed(error: BaseException, **facts: Any) -> FailedCompile:
+            return FailedCompile(level="dynamo", error=error, backend=backend_name(self.compiler_fn),
+                                 config=_config(self.compiler_fn), graph=_module(gm, graph),
+                                 inputs=snapshot(example_inputs), symbolic=symbolic_values(graph, example_inputs),
+                                 grad_enabled=grad_enabled, **facts)
+
         # Watched for hangs: the graph is written before its compile, dropped once it ends (crash.py).
-        watched_compile = crash.watch_compile(list(_listeners), lambda: FailedCompile(
-            level="dynamo", error=crash.CompileHung("the graph's compile"), backend=backend_name(self.compiler_fn),
-            config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
-            symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled,
+        watched_compile = crash.watch_compile(list(_listeners), lambda: failed(
+            crash.CompileHung("the graph's compile"),
             for_training=grad_enabled and any(getattr(value, "requires_grad", False) for value in example_inputs)))
         outer, _inside.watched = getattr(_inside, "watched", False), bool(watched_compile)
         try:
             compiled = original(self, gm, example_inputs)
         except Exception as error:
             if not _control_flow(error) and not _recorded(error):
-                _report(lambda raised=error: FailedCompile(
-                    level="dynamo", error=raised, backend=backend_name(self.compiler_fn),
-                    config=_config(self.compiler_fn), graph=_module(gm, graph), inputs=snapshot(example_inputs),
-                    symbolic=symbolic_values(graph, example_inputs), grad_enabled=grad_enabled))
+                _report(lambda raised=error: failed(raised))
             raise
         finally:
             _inside.watched = outer
@@ -312,21 +314,21 @@ def _aot_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             if not _listeners or not wanted or getattr(_inside, "aoti", False):
                 return wrapped(gm, example_inputs, *args, **kwargs)
             graph = _copy_graph(gm)
+
+            def failed(error: BaseException) -> FailedCompile:
+                return FailedCompile(level="aot", error=error, backend=compiler_name, config=_config(None),
+                                     graph=_module(gm, graph), inputs=snapshot(example_inputs), is_backward=backward,
+                                     symbolic=symbolic_values(graph, example_inputs))
+
             # Watched for hangs unless the dynamo graph around it already is (a backward compiled
             # lazily, at the first backward, is not).
             watched_compile = [] if getattr(_inside, "watched", False) else crash.watch_compile(
-                list(_listeners), lambda: FailedCompile(
-                    level="aot", error=crash.CompileHung("the graph's compile"), backend=compiler_name,
-                    config=_config(None), graph=_module(gm, graph), inputs=snapshot(example_inputs),
-                    is_backward=backward, symbolic=symbolic_values(graph, example_inputs)))
+                list(_listeners), lambda: failed(crash.CompileHung("the graph's compile")))
             try:
                 return wrapped(gm, example_inputs, *args, **kwargs)
             except Exception as error:
                 if not _recorded(error):
-                    _report(lambda raised=error: FailedCompile(
-                        level="aot", error=raised, backend=compiler_name, config=_config(None),
-                        graph=_module(gm, graph), inputs=snapshot(example_inputs), is_backward=backward,
-                        symbolic=symbolic_values(graph, example_inputs)))
+                    _report(lambda raised=error: failed(raised))
                 raise
             finally:
                 crash.compile_ended(watched_compile)
@@ -344,16 +346,19 @@ def _aoti_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         # The package flag is the call's own business (the worker's aot_inductor sets it).
         options = {key: value for key, value in (kwargs.get("inductor_configs") or {}).items()
                    if key != "aot_inductor.package"}
-        watched_compile = crash.watch_compile(list(_listeners), lambda: FailedCompile(
-            level="aoti", error=crash.CompileHung("the program's compile"), backend="aot_inductor",
-            config={**_config(None), **_json_only(options)}, program=exported_program))
+
+        def failed(error: BaseException) -> FailedCompile:
+            return FailedCompile(level="aoti", error=error, backend="aot_inductor",
+                                 config={**_config(None), **_json_only(options)}, program=exported_program)
+
+        watched_compile = crash.watch_compile(list(_listeners),
+                                              lambda: failed(crash.CompileHung("the program's compile")))
         _inside.aoti = True
         try:
             return original(func, exported_program, **kwargs)
         except Exception as error:
             if not _recorded(error):
-                _notify(FailedCompile(level="aoti", error=error, backend="aot_inductor",
-                                      config={**_config(None), **_json_only(options)}, program=exported_program))
+                _notify(failed(error))
             raise
         finally:
             _inside.aoti = False
