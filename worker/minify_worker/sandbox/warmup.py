@@ -6,8 +6,10 @@ The fork-origin state lives here and only here: read it through these functions,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -254,15 +256,75 @@ def _warm_inductor_cpu() -> None:
     import torch._inductor.cpu_vec_isa as cpu_vec_isa
 
     inductor_config.compile_threads = 1
+    headers = None
     if hasattr(torch._inductor.codecache, "_HEADER_DIR"):
         # Precompiled headers go under the temp dir by default, which is per job: keep them with the caches.
-        torch._inductor.codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
-                                                             "precompiled_headers")
-    cpu_vec_isa.pick_vec_isa()
+        headers = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled_headers"
+        torch._inductor.codecache._HEADER_DIR = str(headers)
     if gpu_present():
+        cpu_vec_isa.pick_vec_isa()
         log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
         return
+    builder = _start_cache_builder(headers)
+    cpu_vec_isa.pick_vec_isa()
     _compile_warm_up_graph()
+    if builder is not None:
+        _reap_cache_builder(builder)
+
+
+def _start_cache_builder(headers: Path | None) -> int | None:
+    """On a machine whose compile cache is cold, fork a child that builds what the warm-up compile
+    will need (the precompiled header, the warm-up graph's kernel) while this process runs
+    inductor's vector-ISA probe: two single-threaded chains of C++ builds, about 5 s each, side by
+    side instead of one after the other. The child takes the ISAs the CPU claims as valid without
+    probing (`cpp.vec_isa_ok`), so it builds with the flags the probe will pick wherever the probe
+    accepts what the CPU claims; inductor's builds are keyed by source and flags and taken under a
+    file lock, so the warm-up compile here waits for the child's build or finds it done, and a
+    guess the probe contradicts costs only its CPU time. This process's own state is untouched: the
+    child compiles in its copy and exits.
+
+    Not started where the precompiled headers exist already (a warm cache: nothing to gain), where
+    this torch keeps none, or where this process runs threads besides its own (a fork would copy
+    their locks as they stand).
+    """
+    if headers is None or any(headers.glob("*.gch")) or threading.active_count() > 1:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid:
+        log.info("sandbox: the compile cache is cold: its precompiled header is built beside inductor's ISA probe "
+                 "(pid %d)", pid)
+        return pid
+    status = 1
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.vec_isa_ok = True
+        logging.disable(logging.WARNING)  # a failed guess is this process's to say, not the child's
+        _compile_warm_up_graph()
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _reap_cache_builder(pid: int, timeout_s: float = 120.0) -> None:
+    """Wait for the cache builder (it ends with the builds this process just waited for, or soon
+    after); one still running past `timeout_s` is killed, as a build that slow helps no one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if status:
+                log.info("sandbox: the compile-cache builder ended with status %d (nothing lost: this process "
+                         "built what it needed)", status)
+            return
+        time.sleep(0.05)
+    log.warning("sandbox: the compile-cache builder ran past %.0f s: killed", timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
 
 
 def _import_compiler_modules() -> None:
