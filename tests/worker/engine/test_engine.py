@@ -307,14 +307,15 @@ def test_the_offline_command_minifies_with_its_fork_server_forked_from_itself(tm
     env = {**os.environ, **ALLOWED}
 
     done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
-                           f"{PREFIX}:fail_on_relu", "--no-shrink", "--no-culprit", "--out", str(tmp_path / "out"),
-                           "--json"],
+                           f"{PREFIX}:fail_on_relu", "--no-shrink", "--out", str(tmp_path / "out"), "--json"],
                           capture_output=True, text=True, timeout=300, env=env)
 
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = json.loads(done.stdout)  # one JSON document: the final report, after the culprit phase
     assert ops_of(report["graph_code"]) == ["relu"]
     assert report["sandbox_start"] == "fork"  # the command preloaded itself, as the RQ worker does
+    assert report["culprit_state"] == "done"
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["culprit_state"] == "done"
     assert (tmp_path / "out" / "repro.py").is_file()
 
 
