@@ -98,6 +98,18 @@ class Reduced:
     seconds: float
     finished: bool  # False: the budget ran out before the passes stopped changing the script
     passes_without: str = "torch.compile"  # what the reference runs left out (torch.export too, for its failure)
+    # The failure is torch.export refusing the program as written (`rerun.export_refusal`: its type),
+    # export asking the program to change rather than an error of its own.
+    export_refusal: str | None = None
+
+    def meaning(self) -> str:
+        """What the result is a repro of, for the command's last line."""
+        if self.export_refusal is None:
+            return ""
+        return (f"\n{self.export_refusal} is torch.export refusing the program as written, asking it to change "
+                "(torch.cond for a branch on a tensor's value, torch._check for a size known only at run time, "
+                "strict=False for what strict tracing refuses), not an error of export's own: the result is the "
+                "smallest program export refuses so, for a question or a feature request, not a bug report")
 
 
 def same_failure(expected: Run, observed: Run) -> bool:
@@ -283,8 +295,9 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
         raise ReduceRefused(f"{path} {'timed out' if expected.timed_out else 'passes'}{written}: there is no "
                             f"failure to keep{hint}")
     eager = runner.run(source, compiled=False)
-    without = "torch.compile"
+    without, refusal = "torch.compile", None
     if _fails_or_hangs(eager) and not hang and _inside_export(eager):
+        refusal = rerun.export_refusal(eager.signature)
         # torch.export is the compiler here: the script calls it, and TORCHDYNAMO_DISABLE leaves it on.
         runner.eager_export = True
         eager_export = runner.run(source, compiled=False)
@@ -300,7 +313,8 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
     if timeout_s is None:  # a run may take longer than the original's, not much longer
         runner.timeout_s = max(30.0, 3 * (time.monotonic() - first))
     say(f"reduce: {path.name} runs past {runner.timeout_s:g} s under torch.compile; it ends within them without it"
-        if hang else f"reduce: {path.name} fails with {expected.describe()}; it passes without {without}")
+        if hang else f"reduce: {path.name} fails with {expected.describe()}; it passes without {without}"
+        + (f" ({refusal}: torch.export refusing the program as written, not an error of its own)" if refusal else ""))
 
     verdicts: dict[str, bool] = {}  # a program tried once is not run again: another pass may write it too
 
@@ -337,7 +351,8 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
                 break
     reduced = ast.unparse(tree) + "\n"
     return Reduced(source=reduced, failure=expected, lines_before=lines_before, lines_after=_lines(reduced),
-                   runs=runner.runs, seconds=time.monotonic() - started, finished=finished, passes_without=without)
+                   runs=runner.runs, seconds=time.monotonic() - started, finished=finished, passes_without=without,
+                   export_refusal=refusal)
 
 
 # What a script's first torch.compile imports (dynamo, inductor's compiler): 1.4 of a run's 1.8 s
@@ -717,7 +732,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"reduced {target} from {reduced.lines_before} to {reduced.lines_after} lines in {reduced.runs} runs, "
           f"{reduced.seconds:.0f} s{ending}: {out}\n" + (
               f"it runs past {args.hang:g} s under torch.compile, and ends within them without it" if args.hang else
-              f"it fails with {reduced.failure.describe()}, and passes without {reduced.passes_without}"))
+              f"it fails with {reduced.failure.describe()}, and passes without {reduced.passes_without}")
+          + reduced.meaning())
     return 0
 
 

@@ -46,6 +46,9 @@ def test_a_failure_inside_torch_export_is_reduced_against_the_module_run_as_it_i
     reduced = reduce_script(script, jobs=2, budget_s=300)
 
     assert reduced.passes_without == "torch.compile or torch.export (the module run as it is)"
+    # A branch on a tensor's value is export refusing the program as written, and the result says so.
+    assert reduced.export_refusal in rerun.EXPORT_REFUSALS, reduced.failure
+    assert "not a bug report" in reduced.meaning()
     assert reduced.failure.raised_at == "if x.sum() > 0:" and reduced.lines_after < reduced.lines_before
     assert "torch.export.export(Gate(), (x,))" in reduced.source and "expected" not in reduced.source
     out = tmp_path / "gate.min.py"

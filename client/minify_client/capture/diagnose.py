@@ -56,17 +56,25 @@ _STAGES: tuple[tuple[str, dict[str, str]], ...] = (
 _EXPORT_MODULES = ("torch.export", "torch._export")
 _BLAME: dict[str, Layer] = {"no torch.compile": "program", "eager": "dynamo", "aot_eager": "aot_autograd",
                             "your backend": "backend"}
-_NEXT: dict[Layer, str] = {
+_NEXT: dict[str, str] = {  # by layer, and "export_refusal" for export's refusals
     "program": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1): the failure is the program's own, "
                "not the compiler's; there is nothing for minify to shrink.",
     "export": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1), inside torch.export, which the program "
               "calls itself and which that setting does not turn off: torch.export is to blame, not torch.compile "
-              "(an internal error there is export's bug; a UserError or Unsupported is export asking the program "
-              "to change). No graph was exported, so there is nothing for minify to shrink. Next: export with "
-              "strict=False (no dynamo tracing) tells dynamo's tracing from export's own passes; `minify-client "
-              "reduce {reduce}` shrinks it to the smallest that still fails so and passes with torch.export "
-              "handing back the module as it is; report it to PyTorch (module: export) with this test or script "
-              "as the repro.",
+              "(an error of export's own, not one of the refusals by which export asks a program to change: "
+              "UserError, Unsupported, a guard on data-dependent values). No graph was exported, so there is "
+              "nothing for minify to shrink. Next: export with strict=False (no dynamo tracing) tells dynamo's "
+              "tracing from export's own passes; `minify-client reduce {reduce}` shrinks it to the smallest "
+              "that still fails so and passes with torch.export handing back the module as it is; report it "
+              "to PyTorch (module: export) with this test or script as the repro.",
+    "export_refusal": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1), inside torch.export, which the "
+                      "program calls itself: torch.export refused the program as written ({refusal}), which is "
+                      "export asking the program to change (a branch on a tensor's value: torch.cond; a size "
+                      "known only at run time: torch._check; strict=False for what strict tracing refuses), not "
+                      "a bug of torch.export or torch.compile. Nothing for minify to shrink, and nothing to "
+                      "report as a bug. Where you hold that export should take the program, `minify-client "
+                      "reduce {reduce}` shrinks it to the smallest program export refuses so, for a feature "
+                      "request.",
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped, a NumPy or Python call it turned into torch ops that follow other rules, as "
@@ -254,14 +262,17 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
                        if last.outcome == "fails differently" else "")
         # A test by its node id, as `reduce` takes it (a script's name here is not its path).
         target = test if "::" in test else "SCRIPT"
-        text = (f"minify: no graph captured holds this failure ({signature}); {_next_step(layer, target)}"
-                f"{differently}")
+        text = (f"minify: no graph captured holds this failure ({signature}); "
+                f"{_next_step(layer, target, rerun.export_refusal(last.signature))}{differently}")
     return Diagnosis(test=test, signature=signature, layer=layer, message=text, reruns=reruns)
 
 
-def _next_step(layer: Layer, reduce_target: str = "SCRIPT") -> str:
+def _next_step(layer: Layer, reduce_target: str = "SCRIPT", export_refusal: str | None = None) -> str:
     """The layer's next step, naming only the capture options this run did not have on already (the
-    user's run and the diagnosis share the process: its environment is the run's)."""
+    user's run and the diagnosis share the process: its environment is the run's). A failure inside
+    torch.export that is one of its refusals (`rerun.export_refusal`) is the program's to change."""
+    if layer == "export" and export_refusal is not None:
+        return _NEXT["export_refusal"].format(refusal=export_refusal, reduce=reduce_target)
     accuracy = os.environ.get(ACCURACY_ENV) == "1"
     aot_level = os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot"
     crash_capture = crash.requested()

@@ -75,6 +75,22 @@ def export_eagerly() -> None:
             setattr(torch.export, name, export)
 
 
+# torch.export's ways of refusing a program as written, by exception type: a guard on a value only
+# known when the program runs (data-dependent control flow or sizes: torch.cond, torch._check), a
+# user error (dynamic control flow, an input or output export does not take), what strict export's
+# dynamo cannot trace, a dynamic dim the program constrains. Export's documentation tells the
+# program how to change for each; anything else raised inside torch.export (a KeyError, an
+# AssertionError, an internal error) is export's own failure.
+EXPORT_REFUSALS = frozenset({"GuardOnDataDependentSymNode", "UserError", "Unsupported", "ConstraintViolationError"})
+
+
+def export_refusal(signature: str | None) -> str | None:
+    """The exception type of `signature` ("Type: key", as `signatures.signature_line` writes it)
+    where it is one of torch.export's refusals (`EXPORT_REFUSALS`), else None."""
+    kind = (signature or "").split(":", 1)[0].strip().rsplit(".", 1)[-1]
+    return kind if kind in EXPORT_REFUSALS else None
+
+
 def environment(settings: dict[str, str]) -> dict[str, str]:
     """The environment of a rerun: this process's, less what it must not inherit, with `settings`."""
     return {**{key: value for key, value in os.environ.items() if not key.startswith(_NOT_INHERITED)}, **settings}

@@ -244,6 +244,33 @@ def test_a_failure_without_torch_compile_inside_torch_export_blames_export_not_t
         assert _verdict("t", "RuntimeError", [own]).layer == "program"
 
 
+def test_torch_exports_refusal_is_the_programs_to_change_and_its_internal_error_a_bug_to_report() -> None:
+    """Both are export's layer; the message tells a refusal (export asking the program to change,
+    by its exception type) from an error of export's own."""
+    internal = Rerun("no torch.compile", "fails the same way", "KeyError", 1.0, "log", "torch.export")
+    message = _verdict("t.py::test_x", "KeyError", [internal]).message
+    assert "report it to PyTorch (module: export)" in message and "refused the program" not in message
+    signature = "GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(uN, N)"
+    refused = Rerun("no torch.compile", "fails the same way", signature, 1.0, "log", "torch.export")
+    diagnosis = _verdict("t.py::test_x", signature, [refused])
+    assert diagnosis.layer == "export"
+    assert "torch.export refused the program as written (GuardOnDataDependentSymNode)" in diagnosis.message
+    assert "nothing to report as a bug" in diagnosis.message and "report it to PyTorch" not in diagnosis.message
+    assert "`minify-client reduce t.py::test_x`" in diagnosis.message
+
+
+@pytest.mark.fast
+def test_export_refusals_are_told_by_their_exception_type() -> None:
+    from minify_client.capture.rerun import export_refusal
+
+    assert export_refusal("UserError: Dynamic control flow is not supported") == "UserError"
+    assert export_refusal("torch._dynamo.exc.Unsupported: call_method") == "Unsupported"
+    assert export_refusal("GuardOnDataDependentSymNode") == "GuardOnDataDependentSymNode"
+    assert export_refusal("KeyError: 'stages.0'") is None
+    assert export_refusal("AssertionError") is None
+    assert export_refusal(None) is None
+
+
 def _raised(call: Callable[[], object]) -> BaseException:
     try:
         call()
@@ -258,7 +285,8 @@ def test_a_rerun_says_which_torch_module_the_program_called_when_it_failed() -> 
     operator's error raised in C++ has no torch frame."""
     import torch
 
-    from minify_client.capture.rerun import torch_entry
+    from minify_client.capture.rerun import EXPORT_REFUSALS, export_refusal, torch_entry
+    from minify_contract.signatures import signature_line
 
     class Chain(torch.nn.Module):
         def __init__(self) -> None:
@@ -275,8 +303,13 @@ def test_a_rerun_says_which_torch_module_the_program_called_when_it_failed() -> 
             return x + 1 if x.sum() > 0 else x - 1
 
     x = torch.ones(2, 3)
-    assert torch_entry(_raised(lambda: torch.export.export(Chain(), (x,), strict=True))) == "torch.export"
-    assert torch_entry(_raised(lambda: torch.export.export(Branches(), (x,), strict=False))) == "torch.export"
+    internal = _raised(lambda: torch.export.export(Chain(), (x,), strict=True))
+    refused = _raised(lambda: torch.export.export(Branches(), (x,), strict=False))
+    assert torch_entry(internal) == "torch.export"
+    assert torch_entry(refused) == "torch.export"
+    # The internal error is export's own; the data-dependent branch is export asking the program to change.
+    assert export_refusal(signature_line(internal)) is None
+    assert export_refusal(signature_line(refused)) in EXPORT_REFUSALS
     assert torch_entry(_raised(lambda: torch.nn.Linear(4, 3)(x))).startswith("torch.nn.modules")
     assert torch_entry(_raised(lambda: torch.ones(2) + torch.ones(3))) is None
 
