@@ -81,6 +81,10 @@ def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedPro
 @pytest.mark.parametrize("layer", sorted(CASES))
 def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, layer: str) -> None:
     script, settings, error = CASES[layer]
+    if layer == "export" and _strict_export_takes_a_plain_list_of_modules():
+        import torch
+
+        pytest.skip(f"pytorch#150428 is fixed in torch {torch.__version__}: the program exports")
     (tmp_path / "script.py").write_text(textwrap.dedent(script))
     done = _run([sys.executable, "-m", "minify_client.capture", "--diagnose", "--dir", "caps", "script.py"], tmp_path)
     assert done.returncode == 1 and error in done.stderr  # the script's own outcome
@@ -92,6 +96,16 @@ def test_runner_says_which_layer_a_failure_no_graph_holds_is_in(tmp_path: Path, 
     assert [rerun["outcome"] for rerun in entry["reruns"]] == ["passes"] * (len(settings) - 1) + ["fails the same way"]
     assert all((tmp_path / "caps" / rerun["log"]).is_file() for rerun in entry["reruns"])
     assert not (tmp_path / "caps" / "captures.json").exists()
+
+
+def _strict_export_takes_a_plain_list_of_modules() -> bool:
+    """Whether this torch has pytorch#150428 fixed (EXPORT's program then exports)."""
+    namespace: dict[str, object] = {}
+    try:
+        exec(textwrap.dedent(EXPORT), namespace)  # the program's own source: it exports, or raises
+    except KeyError:
+        return False
+    return True
 
 
 def test_a_script_rerun_runs_it_as_python_m_would_without_importing_the_client(tmp_path: Path) -> None:
@@ -303,13 +317,15 @@ def test_a_rerun_says_which_torch_module_the_program_called_when_it_failed() -> 
             return x + 1 if x.sum() > 0 else x - 1
 
     x = torch.ones(2, 3)
-    internal = _raised(lambda: torch.export.export(Chain(), (x,), strict=True))
     refused = _raised(lambda: torch.export.export(Branches(), (x,), strict=False))
-    assert torch_entry(internal) == "torch.export"
     assert torch_entry(refused) == "torch.export"
-    # The internal error is export's own; the data-dependent branch is export asking the program to change.
-    assert export_refusal(signature_line(internal)) is None
+    # The data-dependent branch is export asking the program to change; the internal error (where this
+    # torch still has pytorch#150428) is export's own.
     assert export_refusal(signature_line(refused)) in EXPORT_REFUSALS
+    if not _strict_export_takes_a_plain_list_of_modules():
+        internal = _raised(lambda: torch.export.export(Chain(), (x,), strict=True))
+        assert torch_entry(internal) == "torch.export"
+        assert export_refusal(signature_line(internal)) is None
     assert torch_entry(_raised(lambda: torch.nn.Linear(4, 3)(x))).startswith("torch.nn.modules")
     assert torch_entry(_raised(lambda: torch.ones(2) + torch.ones(3))) is None
 
