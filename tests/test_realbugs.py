@@ -189,3 +189,17 @@ def test_a_hang_reduction_is_read_and_its_result_held_to_running_past_the_bound(
     result.ours.reduction = reduction
     runner.check_reduced(out, tmp_path, result, runner.Limits(script_s=30, minify_s=30, repro_s=30), hang=True)
     assert reduction.verified and reduction.reduced_failed == runner.REDUCED_RUNS, reduction.verdict
+
+
+@pytest.mark.fast
+def test_a_hangs_repro_is_held_to_running_past_the_bound_it_stops_itself_at() -> None:
+    """repro.py of a hang stops itself at the bound the job saw it hang past (exit 124, `repro failed
+    with: TimedOut`: tests/worker/engine/test_hang_bound.py); one that ends sooner, or otherwise, is
+    no hang."""
+    bound = runner.HANG_S
+    assert runner.hang_repro_held(runner.Step("repro", exit="124", seconds=bound + 0.5), "TimedOut")
+    assert runner.hang_repro_held(runner.Step("repro", exit=runner.timeout_exit(bound + 60), seconds=bound + 60),
+                                  "")
+    assert not runner.hang_repro_held(runner.Step("repro", exit="124", seconds=bound / 2), "TimedOut")
+    assert not runner.hang_repro_held(runner.Step("repro", exit="0", seconds=bound + 1), "")
+    assert not runner.hang_repro_held(runner.Step("repro", exit="124", seconds=bound + 1), "RuntimeError: x")

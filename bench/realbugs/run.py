@@ -196,6 +196,14 @@ def run_step(name: str, command: list[str], cwd: Path, log: Path, limit_s: float
     return step
 
 
+def hang_repro_held(step: Step, observed: str) -> bool:
+    """Whether a hang's repro.py ran past HANG_S: it stopped itself at its bound (exit 124, "repro
+    failed with: TimedOut"), or was stopped here a minute past HANG_S (a repro.py without the watch)."""
+    if step.seconds < HANG_S:
+        return False
+    return step.exit == timeout_exit(HANG_S + 60) or (step.exit == "124" and observed == "TimedOut")
+
+
 def timeout_exit(limit_s: float) -> str:
     """A step's `exit` when `run_step` stopped it at `limit_s`."""
     return f"timeout after {limit_s:.0f} s"
@@ -311,19 +319,22 @@ def run_ours(case: Case, scratch: Path, result: CaseResult, limits: Limits) -> N
     if ours.status != "succeeded":
         ours.verdict = f"{ours.status}: {ours.reason}"[:300]
         return
-    # A hang's repro.py must still be running at HANG_S (it is stopped there), as the script was.
+    # A hang's repro.py must still be running at HANG_S, as the script was: it stops itself at the
+    # bound the job saw the result hang past (exit 124 and "repro failed with: TimedOut"), and a
+    # repro.py without that watch is stopped here a minute later.
     hang = case.kind == "hang"
     step = run_step("ours_repro", [PYTHON, "repro.py"], out, scratch / "ours_repro.log",
-                    HANG_S if hang else limits.repro_s, own_op_module_env(case))
+                    HANG_S + 60 if hang else limits.repro_s, own_op_module_env(case))
     result.steps["ours_repro"] = step
     repro_text = Path(step.log).read_text(errors="replace")
     observed, expected = _OBSERVED.search(repro_text), _EXPECTED.search(repro_text)
     ours.repro_observed = observed["text"].strip() if observed else step.error
     ours.repro_expected = expected["text"].strip() if expected else ours.signature
     if hang:
-        ours.minimal = step.exit == timeout_exit(HANG_S)
+        ours.minimal = hang_repro_held(step, ours.repro_observed)
         ours.verdict = (f"minimal repro: {ours.ops_original} -> {ours.ops_final} ops (repro.py runs past {HANG_S:g} s)"
-                        if ours.minimal else f"repro.py ends within {HANG_S:g} s ({step.exit}): no hang")
+                        if ours.minimal else f"repro.py ends after {step.seconds:.0f} s ({step.exit}): no hang past "
+                        f"{HANG_S:g} s")
     elif not step.failed:
         ours.verdict = "repro.py passes"
     elif step.exit.startswith("SIG") and step.exit not in ours.signature:

@@ -86,6 +86,53 @@ def header_tail(culprit_lines: list[str] | None, environment: Mapping[str, str] 
     ]
 
 
+# repro.py's watch for a hang, whatever the program: `watch_for_the_hang()` before compiling, with
+# HANG_BOUND_S set (the longest the job saw the result still running); `hang_over(started)` once the
+# program ran. Plain Python, no minify import.
+WATCH_FOR_THE_HANG = """
+def watch_for_the_hang():
+    \"\"\"Past HANG_BOUND_S the hang reproduces: say so, print every thread's stack, exit 124 (as timeout(1)
+    does). A thread does it; faulthandler too, later, should the stuck thread never let Python run.\"\"\"
+    import faulthandler
+    import os
+    import sys
+    import threading
+    import time
+
+    def hung():
+        print(f"\\nstill compiling or running after {HANG_BOUND_S:g} s, the bound minify saw it hang past",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        print("repro failed with: TimedOut", file=sys.stderr, flush=True)
+        os._exit(124)
+
+    timer = threading.Timer(HANG_BOUND_S, hung)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(HANG_BOUND_S + 30, exit=True)
+    return time.monotonic(), timer
+
+
+def hang_over(started):
+    \"\"\"Compiling and running ended within the bound: the hang did not reproduce.\"\"\"
+    import faulthandler
+    import time
+
+    began, timer = started
+    timer.cancel()
+    faulthandler.cancel_dump_traceback_later()
+    print(f"compiled and ran in {time.monotonic() - began:.1f} s, within the {HANG_BOUND_S:g} s bound")
+"""
+
+
+def hang_notes(bound_s: float | None) -> list[str]:
+    """repro.py's header lines for a hang's bound (`WATCH_FOR_THE_HANG`), whatever the program."""
+    if not bound_s:
+        return []
+    return [f"Hang bound:       {bound_s:g} s (minify saw the program still compiling or running after that long):",
+            "                  past it the script prints every thread's stack and exits 124; within it, it passes"]
+
+
 def write_report(report: Report, out_dir: Path) -> Path:
     """report.json: the Report model as JSON."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -123,6 +123,7 @@ class Delivery:
                 "signature": asdict(self.facts.signature) if self.facts.signature else None,
                 "environment": self.environment(),
                 "culprit_lines": culprit.pending_header_lines() if self.culprit_pending(ending) else [],
+                "hang_bound_s": self.original.hang_bound_s(),
             },
             timeout_s=max(60.0, 4 * (self.facts.candidate_timeout_s or 0)),
         )

@@ -86,6 +86,7 @@ class OriginalRun:
         # A verdict that ends or restarts the reduction: the scheduler's poll stops for it, and
         # `reduce` hands it back.
         self._ending: Restart | Unreproduced | None = None
+        self._held_to_s: float | None = None  # a hang's result ran past the original's bound (`_hold_hang_to_bound`)
         # The original did not fail as a candidate already had, with the failure known in advance:
         # the result is kept, and says so (deliver first, confirm after).
         self.contradiction: Unreproduced | None = None
@@ -302,6 +303,7 @@ class OriginalRun:
                   f"({self.program.count_ops(best)} ops) runs with a {bound_s:g} s timeout")
         held = self.hang_watch.hold_to_bound(best, bound_s, wait_for=self._wait_for)
         if held is None:
+            self._held_to_s = bound_s
             return None
         ran_s, raised_s = held
         self.facts.candidate_timeout_s = raised_s
@@ -311,6 +313,14 @@ class OriginalRun:
                   f"reducing again from the original, candidates judged at {raised_s:g} s")
         self._say(Milestone.hang_refuted, reason)
         return Restart(reason)
+
+    def hang_bound_s(self) -> float | None:
+        """For a hang's result, the longest it was seen still running: the original's bound it was held
+        to, a guessed hang's confirmation, else the timeout candidates were judged by (repro.py holds
+        its own run to it). None for any other failure."""
+        if self.facts.signature is None or self.facts.signature.kind != "timeout":
+            return None
+        return self._held_to_s or self.hang_watch.confirm_timeout_s or self.facts.candidate_timeout_s
 
     def _shorten_timeout(self, timeout_s: float) -> None:
         """Candidates (those running too, never the original) get `timeout_s` if it is shorter."""

@@ -214,3 +214,19 @@ def test_a_repro_judging_against_the_program_in_f64_runs_with_jax_alone(pool: An
                          check=False)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "repro passed" in ran.stdout  # XLA's default result is what the f64 program's rule accepts
+
+
+def test_a_hangs_repro_holds_its_run_to_the_bound_and_passes_within_it(pool: Any, prepared, tmp_path: Path) -> None:
+    """A hang's repro.py (failure kind timeout, the job's bound given) watches compiling and running
+    against the bound, as the FX repro does (tests/worker/engine/test_hang_bound.py): this program
+    runs at once, so it passes and says how long it took."""
+    document, folder = prepared
+    spec = JobSpec(backend="xla", failure={"kind": "timeout"})
+    pool.call(f"{hlo_calls.PREFIX}:write_artifacts",
+              {"values": str(folder / "work" / "values.pt"), "wire_graph": document["graph"],
+               "spec_json": spec.model_dump_json(), "out_dir": str(tmp_path), "hang_bound_s": 60.0})
+    assert "# Hang bound:       60 s" in (tmp_path / "repro.py").read_text()
+    ran = subprocess.run([sys.executable, str(tmp_path / "repro.py")], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "within the 60 s bound" in ran.stdout and "repro passed" in ran.stdout

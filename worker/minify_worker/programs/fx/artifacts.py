@@ -84,13 +84,15 @@ def write_program_artifacts(
     signature: dict[str, Any] | None = None,
     environment: Mapping[str, str] | None = None,
     culprit_lines: list[str] | None = None,
+    hang_bound_s: float | None = None,
 ) -> dict[str, Any]:
     """Write minimized.pt2, inputs.pt and repro.py for the minimized graph: a `SandboxPool.call` target.
 
     `context.values` is the value store the sandbox child holds; `wire_graph` is `graph_to_wire`'s
     form, `spec_json` the JobSpec as JSON, `signature` the target `Signature` as a dict (asdict),
     `environment` the worker's (`environment.collect`), for repro.py's header, as are
-    `culprit_lines` (the culprit phase's finding: `culprit.header_lines`).
+    `culprit_lines` (the culprit phase's finding: `culprit.header_lines`); `hang_bound_s` the
+    longest a hang's result was seen still running (repro.py holds its run to it).
     Returns `{"files": [names written], "errors": {name: message}}`: a program torch.export
     refuses still gets its inputs.pt and repro.py. `out_dir` must be absolute (nothing is
     written otherwise, and every file is an error). A write the storage refused (a full disk)
@@ -105,7 +107,8 @@ def write_program_artifacts(
     spec = JobSpec.model_validate_json(spec_json)
     target = signature_from_dict(signature) if signature is not None else None
     try:
-        return write_program_files(graph, context.values, Path(out_dir), spec, target, environment, culprit_lines)
+        return write_program_files(graph, context.values, Path(out_dir), spec, target, environment, culprit_lines,
+                                   hang_bound_s)
     except ArtifactWriteError as error:
         cause = error.__cause__
         assert isinstance(cause, OSError)
@@ -121,6 +124,7 @@ def write_program_files(
     signature: Signature | None = None,
     environment: Mapping[str, str] | None = None,
     culprit_lines: list[str] | None = None,
+    hang_bound_s: float | None = None,
 ) -> dict[str, Any]:
     """`write_program_artifacts` over an in-memory graph and value store."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +142,7 @@ def write_program_files(
     # leave this child's CUDA context unusable for the files still to write.
     eager_error = eager_raises(graph, inputs) if kind == "crash" and spec.device == "cpu" else None
     repro = render_repro(shown, spec, signature, torch.__version__, environment, culprit_lines, inputs=inputs,
-                         eager_error=eager_error)
+                         eager_error=eager_error, hang_bound_s=hang_bound_s)
     write_artifact(out_dir / REPRO, lambda path: path.write_text(repro))
     files.append(REPRO)
     rules = signature_rules_module()

@@ -27,7 +27,7 @@ import torch.fx as fx
 from minify_contract import accuracy, signatures, zero_tensors
 from minify_contract.config_keys import INDUCTOR_CONFIG, config_setting
 from minify_contract.models import BUILTIN_BACKENDS, JobSpec
-from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, header_tail
+from minify_worker.engine.artifacts import SIGNATURE_RULES_MODULE, WATCH_FOR_THE_HANG, hang_notes, header_tail
 from minify_worker.outcomes import Signature
 from minify_worker.programs.fx.backends import (
     DynamicShapes,
@@ -40,7 +40,8 @@ from minify_worker.programs.fx.graph import holds_autograd_functions, subgraph_o
 
 def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, torch_version: str,
                  environment: Mapping[str, str] | None = None, culprit_lines: list[str] | None = None,
-                 inputs: Sequence[Any] | None = None, eager_error: str | None = None) -> str:
+                 inputs: Sequence[Any] | None = None, eager_error: str | None = None,
+                 hang_bound_s: float | None = None) -> str:
     """A standalone script (plain torch) that compiles and runs `graph` as the worker does.
 
     `python repro.py` exits non-zero with the failure's exception on stderr (or dies by the
@@ -52,8 +53,13 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
 
     `eager_error` (a crash whose program raises eagerly: `Type: message`): the header says so, and
     the script passes (exit 0) where the compiled program raises instead of dying, as eager does.
+
+    `hang_bound_s` (a hang: the longest the job saw the result still compiling or running): the
+    script holds compiling and running to it (`WATCH_FOR_THE_HANG`): past it, the hang reproduces,
+    and the script says so, prints every thread's stack and exits 124; within it, it passes.
     """
     kind = signature.kind if signature is not None else spec.failure.kind
+    bound_s = hang_bound_s if kind == "timeout" else None
     eager_error = eager_error if kind == "crash" else None
     shapes = dynamic_shapes_of(graph, spec.dynamic)
     plain = shapes is None and not subgraphs(graph) and spec.backend != "aot_inductor"
@@ -63,7 +69,8 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     special = _kept_by_copies(inputs) and (kind == "accuracy" or torch.device(spec.device).type != "cpu")
     inline = inline_inputs(inputs) if inputs is not None and plain and not special else None
     if inline is not None:
-        return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline, eager_error)
+        return _render_inline(graph, spec, kind, signature, torch_version, culprit_lines or [], inline, eager_error,
+                              bound_s)
     constants = constant_positions(graph)
     if shapes is not None and constants:  # the compiled module takes the other inputs: their dims
         shapes = DynamicShapes(shapes.mode, tuple(dims for position, dims in enumerate(shapes.dims)
@@ -71,13 +78,13 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     classes, imports = _module_classes(graph, "Repro")
     cuda = torch.device(spec.device).type == "cuda"
     preamble = [
-        _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or [], eager_error),
+        _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or [], eager_error, bound_s),
         _IMPORTS,
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
         _config_lines(spec.config),
         *_autocast_lines(spec),
-        _constants(spec, kind, signature),
+        _constants(spec, kind, signature, bound_s),
         *_constant_inputs(graph),
         *_dynamic_constants(shapes),
     ]
@@ -91,14 +98,17 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
         *([_SYNCHRONIZE] if cuda else []),
         *([_CHECK_ACCURACY] if kind == "accuracy" else []),
         *([_FOR_TRAINING] if _training(spec, kind) else []),
-        _main(kind, cuda, bool(constants), eager_error is not None, _training(spec, kind), spec.autocast is not None),
+        *([WATCH_FOR_THE_HANG] if bound_s else []),
+        _main(kind, cuda, bool(constants), eager_error is not None, _training(spec, kind), spec.autocast is not None,
+              bool(bound_s)),
     ]
     text = "\n\n".join(part.strip("\n") for part in preamble)
     return text + "\n\n\n" + "\n\n\n".join(part.strip("\n") for part in definitions) + "\n"
 
 
 def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
-                   culprit_lines: list[str], inline: str, eager_error: str | None = None) -> str:
+                   culprit_lines: list[str], inline: str, eager_error: str | None = None,
+                   bound_s: float | None = None) -> str:
     """The repro of a plain graph (no subgraph, static shapes, not AOTInductor) with small inputs, as
     a script without functions: its settings, the program, its inputs, the call."""
     expected = str(signature) if signature is not None else "(not recorded)"
@@ -117,6 +127,7 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
         f"with {spec.backend} on {spec.device}, minimized on torch {torch_version}.",
         f"Signature: {expected}",
+        *hang_notes(bound_s),
         *_eager_notes(eager_error),
         *_backend_notes(spec),
     ]
@@ -149,14 +160,17 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
         *_constant_inputs(graph),
         *(["gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
         *(["AUTOCAST.__enter__()"] if spec.autocast is not None else []),
+        *([f"HANG_BOUND_S = {bound_s!r}", "started = watch_for_the_hang()"] if bound_s else []),
         *(_raising_passes(compiled + (["torch.cuda.synchronize()"] if cuda else []), "")
           if eager_error is not None else compiled),
         *(["torch.cuda.synchronize()  # surface asynchronous errors here"] if cuda and eager_error is None else []),
         *(["check_accuracy(gm, inputs, result, compiled_inputs)"] if accuracy else []),
+        *(["hang_over(started)"] if bound_s else []),
         f'print(f"repro passed: no failure ({spec.backend} on {spec.device}, torch {{torch.__version__}})")',
     ]
     definitions = [*(part.replace("        super().__init__()\n\n", "").replace(
         "    def __init__(self) -> None:\n", "") for part in classes),
+        *([WATCH_FOR_THE_HANG] if bound_s else []),
         *([_TRACE_RECORDING] if _input_free_ops(graph) else []),
         *([_CONSTANTS_AS_ATTRIBUTES] if constants else []),
         *([_CHECK_ACCURACY] if accuracy else [])]
@@ -250,7 +264,7 @@ _EXPECTATIONS = {
 
 def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version: str,
             environment: Mapping[str, str], culprit_lines: list[str] | None = None,
-            eager_error: str | None = None) -> str:
+            eager_error: str | None = None, bound_s: float | None = None) -> str:
     failure = spec.failure
     lines = [
         "Minimized repro written by minify (plain torch; no minify import).",
@@ -268,6 +282,7 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, torch_version
     if kind == "accuracy":
         floats = "every floating-point output" + (" (strict)" if failure.strict_accuracy else "")
         lines.append(f"Accuracy:         tolerance {failure.tolerance} for {floats}; integers and booleans exactly")
+    lines += hang_notes(bound_s)
     lines += _eager_notes(eager_error)
     lines += _backend_notes(spec)
     lines += header_tail(culprit_lines, environment, "torch.utils.collect_env, on the worker",
@@ -620,7 +635,7 @@ def accuracy_rules_module() -> str:
 
 
 def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = False, training: bool = False,
-          autocast: bool = False) -> str:
+          autocast: bool = False, hang_bound: bool = False) -> str:
     head = ["def main():",
             '    parser = argparse.ArgumentParser(description="Run the minimized repro.")',
             '    parser.add_argument("--inputs", type=Path, '
@@ -632,12 +647,14 @@ def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = F
     body = ["    gm = trace_repro(Repro(), inputs)",
             *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
             *(["    AUTOCAST.__enter__()"] if autocast else []),
+            *(["    started = watch_for_the_hang()"] if hang_bound else []),
             "    compiled = compile_repro(gm, list(inputs))",
             *(["    compiled_inputs = clone_inputs(inputs)"] if kind == "accuracy" else []),
             *(_raising_passes([f"result = compiled(*{arguments})", *(["synchronize()"] if cuda else [])],
                               "    ") if eager_raises else
               [f"    result = compiled(*{arguments})", *(["    synchronize()"] if cuda else [])]),
             *(["    check_accuracy(gm, inputs, result, compiled_inputs)"] if kind == "accuracy" else []),
+            *(["    hang_over(started)"] if hang_bound else []),
             '    print(f"repro passed: no failure ({BACKEND} on {DEVICE}, torch {torch.__version__})")']
     tail = ["", "",
             'if __name__ == "__main__":',
@@ -826,11 +843,12 @@ def export_dynamic_shapes():
 }
 
 
-def _constants(spec: JobSpec, kind: str, signature: Signature | None) -> str:
+def _constants(spec: JobSpec, kind: str, signature: Signature | None, bound_s: float | None = None) -> str:
     return "\n".join([
         f"BACKEND = {spec.backend!r}",
         f"DEVICE = {spec.device!r}",
         f"FAILURE_KIND = {kind!r}",
+        *([f"HANG_BOUND_S = {bound_s!r}"] if bound_s else []),
         *([f"TOLERANCE = {spec.failure.tolerance!r}", f"STRICT_ACCURACY = {spec.failure.strict_accuracy!r}",
            f"GRADIENTS = {_gradients(spec)!r}"] if kind == "accuracy" else []),
         f"EXPECTED_SIGNATURE = {str(signature) if signature is not None else '(not recorded)'!r}",

@@ -21,7 +21,13 @@ import numpy as np
 
 from minify_contract import signatures
 from minify_contract.models import JobSpec
-from minify_worker.engine.artifacts import STORAGE_ERRNOS, ArtifactWriteError, header_tail
+from minify_worker.engine.artifacts import (
+    STORAGE_ERRNOS,
+    WATCH_FOR_THE_HANG,
+    ArtifactWriteError,
+    hang_notes,
+    header_tail,
+)
 from minify_worker.outcomes import Signature, signature_from_dict
 
 from . import accuracy, xla
@@ -39,9 +45,11 @@ REPRO = "repro.py"
 
 def write_program_artifacts(context: Any, *, wire_graph: dict[str, Any], out_dir: str, spec_json: str,
                             signature: dict[str, Any] | None = None, environment: Mapping[str, str] | None = None,
-                            culprit_lines: list[str] | None = None) -> dict[str, Any]:
+                            culprit_lines: list[str] | None = None,
+                            hang_bound_s: float | None = None) -> dict[str, Any]:
     """Write minimized.mlir, minimized.hlo, inputs.npz and repro.py into `out_dir` (absolute).
-    Returns `{"files": [names written], "errors": {name: message}}`, as the FX writer does."""
+    Returns `{"files": [names written], "errors": {name: message}}`, as the FX writer does
+    (`hang_bound_s` as there: a hang's repro.py holds its run to it)."""
     names = (MINIMIZED, MINIMIZED_HLO, INPUTS, REPRO)
     if not Path(out_dir).is_absolute():
         reason = f"out_dir {out_dir!r} is relative; the sandbox child needs an absolute folder"
@@ -58,7 +66,7 @@ def write_program_artifacts(context: Any, *, wire_graph: dict[str, Any], out_dir
         MINIMIZED_HLO: lambda path: path.write_text(hlo_text(render(module))),
         INPUTS: lambda path: write_inputs(path, module, context.values),
         REPRO: lambda path: path.write_text(render_repro(module, spec, target, jax.__version__, environment or {},
-                                                         culprit_lines or [])),
+                                                         culprit_lines or [], hang_bound_s)),
     }
     files, errors = [], {}
     for name, write in writers.items():
@@ -98,9 +106,11 @@ def write_inputs(path: Path, module: Module, values: Mapping[str, Any]) -> None:
 
 
 def render_repro(module: Module, spec: JobSpec, signature: Signature | None, jax_version: str,
-                 environment: Mapping[str, str], culprit_lines: list[str]) -> str:
-    """A standalone script (jax and numpy) that compiles and runs minimized.mlir as the worker does."""
+                 environment: Mapping[str, str], culprit_lines: list[str], hang_bound_s: float | None = None) -> str:
+    """A standalone script (jax and numpy) that compiles and runs minimized.mlir as the worker does; a
+    hang's (`hang_bound_s`) holds compiling and running to that bound (`WATCH_FOR_THE_HANG`)."""
     kind = signature.kind if signature is not None else spec.failure.kind
+    bound_s = hang_bound_s if kind == "timeout" else None
     dtypes = [(array_io.shape_of(value.type) or ([], np.dtype("float32")))[1].name for value in module.args]
     constants = "\n".join([
         f"BACKEND = {spec.backend!r}",
@@ -113,9 +123,10 @@ def render_repro(module: Module, spec: JobSpec, signature: Signature | None, jax
         f"REFERENCE = {spec.config.get(REFERENCE_KEY, 'xla')!r}",
         f"COMMAND = {spec.config.get(ARGV_KEY)!r}",
         f"ARGUMENT_DTYPES = {dtypes!r}",
+        f"HANG_BOUND_S = {bound_s!r}",
     ])
-    parts = [_header(spec, kind, signature, jax_version, environment, culprit_lines), _IMPORTS, constants,
-             _signature_rules(), _accuracy_rules(), _RUN_FUNCTIONS]
+    parts = [_header(spec, kind, signature, jax_version, environment, culprit_lines, bound_s), _IMPORTS, constants,
+             _signature_rules(), _accuracy_rules(), *([WATCH_FOR_THE_HANG] if bound_s else []), _RUN_FUNCTIONS]
     return "\n\n\n".join(part.strip("\n") for part in parts) + "\n"
 
 
@@ -131,7 +142,7 @@ _EXPECTATIONS = {
 
 
 def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: str,
-            environment: Mapping[str, str], culprit_lines: list[str]) -> str:
+            environment: Mapping[str, str], culprit_lines: list[str], bound_s: float | None = None) -> str:
     options = xla.xla_options(spec.config)
     lines = [
         "Minimized repro written by minify (jax and numpy only; no minify import).",
@@ -152,6 +163,7 @@ def _header(spec: JobSpec, kind: str, signature: Signature | None, jax_version: 
                      "outputs; integers and booleans exactly")
     if spec.backend == "command":
         lines.append(f"Command:          {spec.config.get(ARGV_KEY)} ({{module}}: minimized.mlir, {{inputs}}: an .npz)")
+    lines += hang_notes(bound_s)
     lines += header_tail(culprit_lines, environment, "on the worker",
                          "Run: python repro.py [--module minimized.mlir] [--inputs inputs.npz]   (beside this file by "
                          "default)")
@@ -276,6 +288,7 @@ def main():
     arguments = parser.parse_args()
     text = arguments.module.read_text()
     inputs = load_inputs(arguments.inputs)
+    started = watch_for_the_hang() if HANG_BOUND_S else None
     if BACKEND == "command":
         result = run_command(arguments.module, inputs)
     else:
@@ -284,6 +297,8 @@ def main():
         reference = interpret(text, inputs) if REFERENCE == "interpreter" else compile_module(text, {})(inputs)
         fp64 = compile_module(to_f64(text), {})(widened(inputs)) if REFERENCE == "f64" else None
         check_accuracy(reference, result, fp64)
+    if started is not None:
+        hang_over(started)
     print(f"repro passed: no failure ({BACKEND} on {DEVICE}, jax {jax.__version__})")
 
 
