@@ -56,15 +56,12 @@ def supervise(config: pytest.Config) -> int | None:
     if command is None:
         return None
     session = CaptureSession.from_environment()
-    session.adopt()  # what earlier runs left
-    pid, returncode = crash.supervise(command, cwd=config.invocation_params.dir,
-                                      directory=session.directory, hang_s=session.hang)
-    adopted = session.adopt(pid=pid, returncode=returncode)
-    for entry in adopted:
+    run = session.supervise(command, cwd=config.invocation_params.dir)
+    for entry in run.adopted:
         session.begin(entry.tests[0] if entry.tests else "run")
         ended = "the test process hung" if entry.kind == "hang" else f"the test process died: {entry.signature}"
         print(f"{session.describe(entry)} ({ended})", file=sys.stderr)
-    return crash.end_like(returncode, hung=any(entry.kind == "hang" for entry in adopted))
+    return run.exit_status()
 
 
 def _pytest_command(config: pytest.Config) -> list[str] | None:

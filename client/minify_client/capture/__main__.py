@@ -131,13 +131,10 @@ def _supervise(argv: list[str], name: str) -> int:
     """Run this command again as a supervised child; adopt what it left pending if it died."""
     session = CaptureSession.from_environment()
     session.begin(name)
-    session.adopt()  # what earlier runs left
-    pid, returncode = crash.supervise([sys.executable, "-m", "minify_client.capture", *argv],
-                                      directory=session.directory, hang_s=session.hang)
-    adopted = session.adopt(pid=pid, returncode=returncode)
-    for entry in adopted:
+    run = session.supervise([sys.executable, "-m", "minify_client.capture", *argv])
+    for entry in run.adopted:
         print(session.describe(entry), file=sys.stderr)
-    return crash.end_like(returncode, hung=any(entry.kind == "hang" for entry in adopted))
+    return run.exit_status()
 
 
 def _exit_code(code: object) -> int:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +60,23 @@ class Entry:
     job: str | None = None
     dashboard: str | None = None
     static_reason: str | None = None  # compiled with symbolic sizes, captured static: why
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """How a supervised run ended (`CaptureSession.supervise`): its child's returncode (-N for a
+    signal) and the captures adopted from what it left pending."""
+
+    returncode: int
+    adopted: list[Entry]
+
+    @property
+    def hung(self) -> bool:
+        return any(entry.kind == "hang" for entry in self.adopted)
+
+    def exit_status(self) -> int:
+        """The supervisor's own exit status: the child's (`crash.end_like`), 124 where it was stopped as a hang."""
+        return crash.end_like(self.returncode, hung=self.hung)
 
 
 class CaptureSession:
@@ -173,6 +190,13 @@ class CaptureSession:
             if adopted:
                 self._write_manifest()
         return adopted
+
+    def supervise(self, command: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> Supervised:
+        """Run `command` as a supervised child (`crash.supervise`, its hangs watched where the session
+        has a bound), adopting what earlier runs left pending before it and what it left after."""
+        self.adopt()
+        pid, returncode = crash.supervise(command, cwd=cwd, directory=self.directory, hang_s=self.hang)
+        return Supervised(returncode, self.adopt(pid=pid, returncode=returncode))
 
     def _adopt_one(self, pending: crash.Pending, signature: str | None) -> Entry:
         stopped = pending.stopped()
