@@ -7,6 +7,7 @@ exit without a report, sigmoid: out of memory), so a one-op graph picks the misb
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes,
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir, preload
 from minify_worker.sandbox.processes import process_stats
+from minify_worker.sandbox.warmup import _autograd_threads_started
 from tests.support import backends, calls
 from tests.support.graphs import chain_graph
 
@@ -395,6 +398,56 @@ def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
                                       "forked child)"
+
+
+AUTOGRAD_ORIGIN = textwrap.dedent("""
+    import json, torch
+    from minify_worker.sandbox import fork_refusal, preload
+    from minify_worker.sandbox.warmup import _autograd_threads_started
+
+    step = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager")
+    step(torch.ones(3, requires_grad=True)).backward()  # a training step, as a test or a notebook runs one
+    preload(warm=False)
+    print(json.dumps({"threads": _autograd_threads_started(), "after_preload": fork_refusal()}), flush=True)
+""")
+
+
+def test_a_process_whose_autograd_started_its_device_threads_spawns_its_fork_server() -> None:
+    """A CUDA build of torch (the GPU machines', even with no GPU) starts autograd's device threads
+    at a training step's compile; a child forked after that cannot run a backward, so every
+    candidate of a training job failed with autograd's fork error and the job ended not
+    reproducible. Started before preload, the threads count as the origin's own: their names tell."""
+    done = subprocess.run([sys.executable, "-c", AUTOGRAD_ORIGIN], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if not report["threads"]:
+        assert torch.version.cuda is None  # a CPU build starts none: forking stays safe
+        pytest.skip("this CPU build of torch starts no autograd device threads (CUDA builds do)")
+    assert report["after_preload"] == ("autograd's device threads started in this process (a child forked from "
+                                       "it cannot run a backward)")
+
+
+@pytest.mark.fast
+def test_autograd_device_threads_are_told_by_their_names() -> None:
+    """What `fork_refusal` looks for: a native thread named as autograd's engine names its device
+    threads (`pt_autograd_N`), here one this test names so, gone once it ends."""
+    started, release = threading.Event(), threading.Event()
+
+    def named_as_autograds() -> None:
+        ctypes.CDLL(None).prctl(15, b"pt_autograd_0", 0, 0, 0)  # PR_SET_NAME: this thread's comm
+        started.set()
+        release.wait()
+
+    thread = threading.Thread(target=named_as_autograds)
+    assert not _autograd_threads_started()
+    thread.start()
+    try:
+        assert started.wait(10) and _autograd_threads_started()
+    finally:
+        release.set()
+        thread.join()
+    assert not _autograd_threads_started()
 
 
 # `g++` first on the PATH: the real one, except that while the flag file exists a kernel build

@@ -171,9 +171,33 @@ def fork_refusal() -> str | None:
         return "CUDA is initialized in this process"
     if _jax_backend_started():
         return "jax's XLA backend started in this process (its threads would deadlock a forked child)"
+    if _autograd_threads_started():
+        return "autograd's device threads started in this process (a child forked from it cannot run a backward)"
     if _native_threads_beyond_python() > _fork_origin_native_threads:
         return "a native thread pool started in this process since preload()"
     return None
+
+
+def _autograd_threads_started() -> bool:
+    """Whether autograd's engine started its device threads in this process (`pt_autograd_N`): a
+    CUDA build of torch starts them at the first backward, or the first compile of a function
+    whose inputs require grad (AOT autograd traces the backward), even on a machine with no GPU;
+    a CPU build starts none. A child forked after that raises at its first backward ("Unable to
+    handle autograd's threading in combination with fork-based multiprocessing"): a training job's
+    candidates would all fail so, and the job would end not reproducible. Seen where the engine ran
+    in a process that had run such a program first (a test, a notebook)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("pt_autograd"):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
 
 
 def _jax_backend_started() -> bool:
