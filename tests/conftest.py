@@ -49,6 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The environment every test module was imported with, before any test changed it: repro.py
+    runs fork from one interpreter started with it (tests/support/repro.py)."""
+    from tests.support import repro
+
+    repro.collected_environment = dict(os.environ)
+
+
 _preloaded_warm: bool | None = None  # None: not preloaded; else whether with inductor's warm-up
 _modules_preloaded_for: set[str] = set()
 

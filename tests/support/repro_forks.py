@@ -1,34 +1,42 @@
 """Running several jobs' repro.py files as `python repro.py` would, for one torch import (issue 41).
 
-`run_repro` (tests/support/repro.py) starts a fresh interpreter per repro.py, and each imports
-torch again (~3 CPU-s on CI's machine, before the repro's own work). A module that checks several
-repros starts one `ReproForks` instead: a child interpreter, started as `run_repro` starts one (this
-process's environment, the repo root on PYTHONPATH), that runs `PRELUDE`, the first two lines of
-every repro.py (`import torch`, `import torch._inductor.config`, which loads dynamo: ~2 of a repro's
-~3.5 CPU-s besides the interpreter), and nothing else (no op runs, so no thread pool exists to be
-lost in a fork), then forks once per repro. A repro whose text does not begin with those lines runs
-in a fresh interpreter instead (`run_repro`), so a repro that left one out is judged as its reader
-would run it. Each fork is what `python repro.py` would be after those lines: it changes to
-the repro's folder, puts the folder first on sys.path (as Python does for a script), runs the file
-as `__main__` with `sys.argv == ["repro.py"]`, writes its stdout and stderr to files of its own,
-and exits with the script's status (1 for an uncaught exception, after `sys.excepthook`, which
-repro.py replaces to say what failed, as Python does). Nothing of the test process's state reaches
-it: not its imports, not dynamo's caches, not a torch config a test set. Each fork starts from the
-same untouched interpreter, so one repro leaves nothing to the next.
+A fresh interpreter per repro.py imports torch again (~3 CPU-s on CI's machine, before the repro's
+own work). A `ReproForks` is a child interpreter, started as a fresh repro would be (this process's
+environment, the repo root on PYTHONPATH), that runs `PRELUDE`, the first two imports of every
+repro.py (`import torch`, `import torch._inductor.config`, which loads dynamo: ~2 of a repro's ~3.5
+CPU-s besides the interpreter), and nothing else (no op runs, so no thread pool exists to be lost in
+a fork), then forks once per repro. `run_repro` (tests/support/repro.py) runs every repro through
+one such server per test process (`run_shared`), started with the environment the test modules were
+collected in; a repro asked for with an environment that differs from it in a variable torch's
+imports may read runs in a fresh interpreter, and so does a repro whose text does not begin with
+those imports (after standard-library imports only), so a repro that left one out is judged as its
+reader would run it. A module may start its own (the `repros` fixtures). Each fork is what `python
+repro.py` would be after those lines: it changes to the repro's folder, puts the folder first on
+sys.path (as Python does for a script), runs the file as `__main__` with `sys.argv == ["repro.py"]`,
+writes its stdout and stderr to files of its own, and exits with the script's status (1 for an
+uncaught exception, after `sys.excepthook`, which repro.py replaces to say what failed, as Python
+does). Nothing of the test process's state reaches it: not its imports, not dynamo's caches, not a
+torch config a test set. Each fork starts from the same untouched interpreter, so one repro leaves
+nothing to the next.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import json
 import os
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
-from tests.support.repro import run_repro
+from tests.support.repro import run_fresh
 
 # What the server imports before it forks, as every fx repro.py begins (programs/fx/repro.py).
 PRELUDE = ("torch", "torch._inductor.config")
@@ -36,14 +44,31 @@ PRELUDE = ("torch", "torch._inductor.config")
 
 def begins_with_prelude(text: str) -> bool:
     """Whether the script's first statements (its docstring aside) are `import torch` and `import
-    torch._inductor.config`, in that order: then a fork that ran them already is where the script
-    would be after them."""
+    torch._inductor.config`, in that order, after nothing but imports of the standard library
+    (`import sys`, `from pathlib import Path`: modules torch's import loaded already): then a fork
+    that ran them already is where the script would be after them."""
     body = ast.parse(text).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
-    leading = [statement.names[0].name if isinstance(statement, ast.Import) and len(statement.names) == 1
-               and statement.names[0].asname is None else None for statement in body[:len(PRELUDE)]]
-    return tuple(leading) == PRELUDE
+    seen: list[str] = []
+    for statement in body:
+        if isinstance(statement, ast.Import) and len(statement.names) == 1 and statement.names[0].asname is None \
+                and statement.names[0].name == PRELUDE[len(seen)]:
+            seen.append(statement.names[0].name)
+            if len(seen) == len(PRELUDE):
+                return True
+        elif seen or not _imports_only_the_standard_library(statement):
+            return False
+    return False
+
+
+def _imports_only_the_standard_library(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.Import):
+        return all(alias.name.split(".")[0] in sys.stdlib_module_names for alias in statement.names)
+    if isinstance(statement, ast.ImportFrom):
+        return statement.level == 0 and (statement.module or "").split(".")[0] in sys.stdlib_module_names \
+            and statement.module != "__future__"
+    return False
 
 
 # The child: PRELUDE, then for each request line (a repro's path and two output files) fork,
@@ -82,7 +107,12 @@ for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        if request.get("environment") is not None:  # the environment `python repro.py` would get
+            os.environ.clear()
+            os.environ.update(request["environment"])
         run(request["repro"], request["stdout"], request["stderr"])
+    sys.__stdout__.write(json.dumps({"pid": pid}) + "\n")  # for a caller's timeout to stop it
+    sys.__stdout__.flush()
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     sys.__stdout__.write(json.dumps({"returncode": code}) + "\n")
@@ -92,35 +122,67 @@ for line in sys.stdin:
 
 class ReproForks:
     """One torch-importing interpreter that runs each repro.py given to `run` in a fork of its own;
-    a context manager (the interpreter ends with it)."""
+    a context manager (the interpreter ends with it). It starts with `environment` (default: this
+    process's now)."""
 
-    def __init__(self) -> None:
-        self._outputs = Path(tempfile.mkdtemp(prefix="repro-forks-"))
+    def __init__(self, environment: dict[str, str] | None = None) -> None:
+        self.environment = dict(os.environ if environment is None else environment)
+        self._outputs = Path(tempfile.mkdtemp(prefix="repro-forks-", dir=self.environment.get("TMPDIR") or None))
         self._count = 0
         self._server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=dict(os.environ), text=True)
+                                        stdout=subprocess.PIPE, env=self.environment, bufsize=0)
+        self._pending = b""
 
-    def run(self, repro: Path) -> subprocess.CompletedProcess[str]:
-        """`repro` run as `python repro.py` from its folder; its status and its output as text."""
+    def run(self, repro: Path, timeout_s: float | None = None,
+            environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """`repro` run as `python repro.py` from its folder (with `environment` in place of the
+        server's, where given: it must agree with it on every variable torch's imports read); its
+        status and its output as text. Past `timeout_s` the fork is killed and TimeoutExpired raised,
+        as subprocess.run does."""
         if not begins_with_prelude(repro.read_text()):
-            return run_repro(repro)
-        assert self._server.stdin is not None and self._server.stdout is not None
+            return run_fresh(repro, **({} if timeout_s is None else {"timeout_s": timeout_s}))
+        assert self._server.stdin is not None
         self._count += 1
         stdout, stderr = self._outputs / f"{self._count}.out", self._outputs / f"{self._count}.err"
-        request = {"repro": str(repro.resolve()), "stdout": str(stdout), "stderr": str(stderr)}
-        self._server.stdin.write(json.dumps(request) + "\n")
-        self._server.stdin.flush()
-        answer = self._server.stdout.readline()
-        if not answer:
-            raise RuntimeError(f"the repro server ended (status {self._server.wait()})")
-        returncode = json.loads(answer)["returncode"]
-        return subprocess.CompletedProcess([sys.executable, repro.name], returncode,
-                                           stdout.read_text(errors="replace"), stderr.read_text(errors="replace"))
+        request = {"repro": str(repro.resolve()), "stdout": str(stdout), "stderr": str(stderr),
+                   "environment": environment}
+        self._server.stdin.write((json.dumps(request) + "\n").encode())
+        pid = self._answer(None)["pid"]
+        try:
+            returncode = self._answer(timeout_s)["returncode"]
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+            self._answer(None)
+            raise subprocess.TimeoutExpired([sys.executable, repro.name], timeout_s or 0) from None
+        try:
+            return subprocess.CompletedProcess([sys.executable, repro.name], returncode,
+                                               stdout.read_text(errors="replace"),
+                                               stderr.read_text(errors="replace"))
+        finally:
+            stdout.unlink(missing_ok=True)
+            stderr.unlink(missing_ok=True)
+
+    def _answer(self, timeout_s: float | None) -> dict:
+        """The server's next line, waited for at most `timeout_s` (None: as long as it takes)."""
+        assert self._server.stdout is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self._pending:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._server.stdout], [], [], left)[0]:
+                    raise subprocess.TimeoutExpired("repro", timeout_s or 0)
+            chunk = os.read(self._server.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"the repro server ended (status {self._server.wait()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
 
     def close(self) -> None:
         if self._server.stdin is not None:
             self._server.stdin.close()
         self._server.wait(timeout=60)
+        shutil.rmtree(self._outputs, ignore_errors=True)
 
     def __enter__(self) -> ReproForks:
         return self
@@ -128,3 +190,36 @@ class ReproForks:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.close()
+
+
+# -- run_repro's shared server: one per test process, started at its first repro (issue 41) --------
+
+# What a variable may differ in between the server's start and a repro's environment: those torch's
+# imports never read (the tests' own MINIFY_* settings, pytest's PYTEST_*). Any other difference (a
+# TORCH* setting, PYTHONPATH, TMPDIR, ...) and the repro runs in a fresh interpreter.
+_APPLIED_IN_THE_FORK = ("MINIFY_", "PYTEST_")
+# Set by inductor in a process that loaded a compiled library, before that library reads it (a
+# pointer of that process): a fresh interpreter inherits it unread.
+_SET_BEFORE_READ = frozenset({"_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+_shared: ReproForks | None = None
+
+
+def _unread_by_imports(environment: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in environment.items()
+            if not name.startswith(_APPLIED_IN_THE_FORK) and name not in _SET_BEFORE_READ}
+
+
+def run_shared(repro: Path, environment: dict[str, str], base: dict[str, str],
+               timeout_s: float) -> subprocess.CompletedProcess[str] | None:
+    """`repro` run in a fork of this process's shared server (started with `base`, the test
+    process's environment once the tests were collected, at the first call), given `environment`
+    as its own; None where
+    a fork is not what `python repro.py` would be (the script does not begin with PRELUDE, or the
+    environment differs from `base` in a variable torch's imports may read)."""
+    global _shared
+    if not begins_with_prelude(repro.read_text()) or _unread_by_imports(environment) != _unread_by_imports(base):
+        return None
+    if _shared is None:
+        _shared = ReproForks(base)
+        atexit.register(_shared.close)
+    return _shared.run(repro, timeout_s, environment)
