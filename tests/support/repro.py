@@ -34,3 +34,14 @@ def run_fresh(repro: Path, timeout_s: float = 300, **env: str) -> subprocess.Com
     """`run_repro` in a fresh interpreter, always."""
     return subprocess.run([sys.executable, repro.name], cwd=repro.parent, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=timeout_s)
+
+
+class Repros:
+    """A module's `repros` fixture: `run(repro)` is `run_repro(repro, **env)`, through the test
+    process's shared server (tests/support/repro_forks.py) like every other repro."""
+
+    def __init__(self, **env: str) -> None:
+        self.env = env
+
+    def run(self, repro: Path) -> subprocess.CompletedProcess[str]:
+        return run_repro(repro, **self.env)

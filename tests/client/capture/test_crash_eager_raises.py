@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,7 @@ from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
 from tests.support.graphs import ops_of
-from tests.support.repro import run_repro
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros, run_repro
 from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,20 +97,16 @@ def aborting_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tu
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    """The aborting jobs' repro.py files, each run as `python repro.py` in a fork of one interpreter
-    that imported torch (tests/support/repro_forks.py), instead of one interpreter importing torch
-    per repro; the inductor job's repro.py runs in a fresh interpreter of its own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ALLOWED_BACKENDS_ENV, "tests.support")
-        forks = ReproForks()
-    with forks:
-        yield forks
+def repros() -> Repros:
+    """The aborting jobs' repro.py files, each run as `python repro.py` in a fork of the test
+    process's one interpreter that imported torch (tests/support/repro.py), instead of one
+    interpreter importing torch per repro, with the backends of tests.support allowed."""
+    return Repros(**{ALLOWED_BACKENDS_ENV: "tests.support"})
 
 
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_a_compiled_program_that_dies_where_eager_raises_minimizes_to_the_op_that_raises(
-        aborting_job: Callable[[str], tuple[Any, Path]], repros: ReproForks, name: str) -> None:
+        aborting_job: Callable[[str], tuple[Any, Path]], repros: Repros, name: str) -> None:
     done, out = aborting_job(name)
     assert done.status is JobState.succeeded, done.reason
     report = json.loads((out / "report.json").read_text())
@@ -124,7 +119,7 @@ def test_a_compiled_program_that_dies_where_eager_raises_minimizes_to_the_op_tha
 
 
 def test_the_repro_passes_once_the_compiled_program_raises_as_eager_does(
-        tmp_path: Path, aborting_job: Callable[[str], tuple[Any, Path]], repros: ReproForks) -> None:
+        tmp_path: Path, aborting_job: Callable[[str], tuple[Any, Path]], repros: Repros) -> None:
     """The fixed compiler, as the version phase would run it: the same repro.py under the eager
     backend, which raises eager's error, exits 0 (a copy of the job's folder, edited)."""
     done, out = aborting_job("index_select")

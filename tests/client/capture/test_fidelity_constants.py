@@ -18,7 +18,7 @@ graph (a get_attr), and right when the same tensor is an input (tests/support/fi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros
 
 # The backend (`wrong_with_a_constant`) by the name a capture records and sandbox children and repro.py
 # import: a module of torch alone, which each repro.py imports again.
@@ -92,11 +92,11 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
-    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
-    with ReproForks() as forks:
-        yield forks
+def repros() -> Repros:
+    """The module's repro.py runs, each as `python repro.py` in a fork of the test process's one
+    interpreter that ran their first imports (tests/support/repro.py), instead of one interpreter
+    importing torch per repro."""
+    return Repros()
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -121,7 +121,7 @@ def test_a_failure_that_needs_the_constant_folded_reproduces_in_the_worker(
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_its_repro_compiles_the_constant_as_a_constant_and_fails_the_same_way(
-        name: str, minimized: dict[str, tuple[Path, MinifyResult]], repros: ReproForks) -> None:
+        name: str, minimized: dict[str, tuple[Path, MinifyResult]], repros: Repros) -> None:
     repro = minimized[name][1].artifacts["repro.py"]
     done = repros.run(repro)
 

@@ -16,7 +16,6 @@ of one of those ops with no input, naming the op (tests/support/fidelity_backend
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros
 
 # The backend (`fail_on_an_input_free_factory`) by the name a capture records and sandbox children and
 # repro.py import: a module of torch alone, which each repro.py imports again.
@@ -75,11 +74,11 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MinifyResul
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
-    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
-    with ReproForks() as forks:
-        yield forks
+def repros() -> Repros:
+    """The module's repro.py runs, each as `python repro.py` in a fork of the test process's one
+    interpreter that ran their first imports (tests/support/repro.py), instead of one interpreter
+    importing torch per repro."""
+    return Repros()
 
 
 @pytest.mark.parametrize("op", FAMILY)
@@ -93,7 +92,7 @@ def test_the_minimal_graph_keeps_the_factory_op(op: str, minimized: dict[str, Mi
 
 @pytest.mark.parametrize("op", FAMILY)
 def test_its_repro_keeps_the_factory_an_op_and_fails_the_same_way(
-        op: str, minimized: dict[str, MinifyResult], repros: ReproForks) -> None:
+        op: str, minimized: dict[str, MinifyResult], repros: Repros) -> None:
     repro = minimized[op].artifacts["repro.py"]
     done = repros.run(repro)
 

@@ -18,7 +18,6 @@ from the inputs after the program's writes into them (tests/support/fidelity_bac
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from minify_client.capture import capture_failures
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros
 
 # The backend (`reads_after_writes`) by the name a capture records and sandbox children and repro.py
 # import: a module of torch alone, which each repro.py imports again.
@@ -91,11 +90,11 @@ def minimized(tmp_path_factory: pytest.TempPathFactory) -> Minimized:
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
-    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
-    with ReproForks() as forks:
-        yield forks
+def repros() -> Repros:
+    """The module's repro.py runs, each as `python repro.py` in a fork of the test process's one
+    interpreter that ran their first imports (tests/support/repro.py), instead of one interpreter
+    importing torch per repro."""
+    return Repros()
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -117,7 +116,7 @@ def test_the_wrong_values_are_minimized(name: str, minimized: Minimized) -> None
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_its_repro_judges_the_program_on_the_inputs_it_was_given_and_fails(
-        name: str, minimized: Minimized, repros: ReproForks) -> None:
+        name: str, minimized: Minimized, repros: Repros) -> None:
     repro = minimized[name][2].artifacts["repro.py"]
     done = repros.run(repro)
 

@@ -16,7 +16,6 @@ import os
 import signal
 import tarfile
 import textwrap
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,8 +33,7 @@ from minify_worker.programs.fx import artifacts as fx_artifacts
 from minify_worker.programs.fx import graph as G
 from minify_worker.programs.fx import repro
 from tests.support.graphs import AOTI_RELU_CODE
-from tests.support.repro import run_repro
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros, run_repro
 
 RELU_BACKENDS = '''
 import os
@@ -69,13 +67,12 @@ def segfault_on_relu(gm, example_inputs):
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
+def repros() -> Repros:
     """The repros whose folder is all they need run as `python repro.py` would, each in a fork of
-    one interpreter that ran their two first lines, `import torch` and `import torch._inductor.config`
-    (tests/support/repro_forks.py): those imports once for the module instead of one per repro.
-    Those run with another PYTHONPATH, or pasted alone, keep `run_repro`'s fresh interpreter."""
-    with ReproForks() as forks:
-        yield forks
+    the test process's one interpreter that ran their first lines, `import torch` and `import
+    torch._inductor.config` (tests/support/repro.py): those imports once, not once per repro. Those
+    run with another PYTHONPATH keep a fresh interpreter (`run_repro` starts one for them)."""
+    return Repros()
 
 
 
@@ -362,7 +359,7 @@ def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path, repros):
 
 
 @pytest.fixture(scope="module")
-def small_passing_repro(tmp_path_factory: pytest.TempPathFactory, repros: ReproForks) -> tuple[str, Any]:
+def small_passing_repro(tmp_path_factory: pytest.TempPathFactory, repros: Repros) -> tuple[str, Any]:
     """A small repro (its inputs inline) of a program that passes and calls Python functions and
     indexes tuples, run once for the tests that ask what it says and that it exits zero (each run
     is a fresh interpreter importing torch: seconds of CPU). Its text and its run."""

@@ -9,7 +9,6 @@ backends (tests/support/backends.py) fail on relu anywhere, or only on relu insi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, targets_of
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
@@ -101,14 +100,14 @@ def run(program: Path, backend: str, out: Path, **config: str) -> MinifyResult:
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    """The module's repro.py runs: one interpreter imports torch once and forks one `python repro.py`
-    per repro (tests/support/repro_forks.py), instead of one interpreter importing torch per repro."""
-    with ReproForks() as forks:
-        yield forks
+def repros() -> Repros:
+    """The module's repro.py runs, each as `python repro.py` in a fork of the test process's one
+    interpreter that ran their first imports (tests/support/repro.py), instead of one interpreter
+    importing torch per repro."""
+    return Repros()
 
 
-def assert_artifacts_reproduce(out: Path, signature: str, repros: ReproForks) -> None:
+def assert_artifacts_reproduce(out: Path, signature: str, repros: Repros) -> None:
     """minimized.pt2 loads and runs on inputs.pt; repro.py fails the same way in a fresh process
     (a fork of an interpreter that imported torch and nothing else)."""
     module = torch.export.load(out / "minimized.pt2").module()
@@ -240,7 +239,7 @@ def test_flex_attention_runs_from_the_wire_and_its_score_mod_is_minimized() -> N
 # --- through the engine ------------------------------------------------------------------------
 
 
-def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path, cond_program: Path, repros: Repros) -> None:
     result = run(cond_program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
@@ -252,7 +251,7 @@ def test_a_bug_in_a_cond_branch_ends_inlined_as_the_op(tmp_path: Path, cond_prog
 
 
 def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(
-        tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+        tmp_path: Path, cond_program: Path, repros: Repros) -> None:
     result = run(cond_program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
@@ -262,7 +261,7 @@ def test_a_bug_that_needs_the_cond_keeps_it_and_minimizes_its_branches(
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu in a subgraph", repros)
 
 
-def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path, loop_program: Path, repros: ReproForks) -> None:
+def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path, loop_program: Path, repros: Repros) -> None:
     result = run(loop_program, f"{PREFIX}:fail_on_relu_anywhere", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
@@ -271,7 +270,7 @@ def test_a_bug_in_a_while_loop_body_ends_as_the_op(tmp_path: Path, loop_program:
     assert_artifacts_reproduce(tmp_path / "out", "RuntimeError: injected failure on relu", repros)
 
 
-def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path, loop_program: Path, repros: ReproForks) -> None:
+def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path, loop_program: Path, repros: Repros) -> None:
     result = run(loop_program, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
@@ -284,7 +283,7 @@ def test_a_bug_that_needs_the_while_loop_keeps_it(tmp_path: Path, loop_program: 
 
 @pytest.mark.inductor
 def test_inductors_relu_bug_inside_a_cond_branch_ends_as_relu(
-        tmp_path: Path, cond_program: Path, repros: ReproForks) -> None:
+        tmp_path: Path, cond_program: Path, repros: Repros) -> None:
     result = run(cond_program, "inductor", tmp_path / "out",
                  **{"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of
-from tests.support.repro_forks import ReproForks
+from tests.support.repro import Repros
 from tests.support.wire_programs import ReluInIntLoop, unsavable, write
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
@@ -66,9 +65,11 @@ def run(program: Path, inputs: Path, backend: str, out: Path) -> MinifyResult:
 
 
 @pytest.fixture(scope="module")
-def repros() -> Iterator[ReproForks]:
-    with ReproForks() as forks:
-        yield forks
+def repros() -> Repros:
+    """The module's repro.py runs, each as `python repro.py` in a fork of the test process's one
+    interpreter that ran their first imports (tests/support/repro.py), instead of one interpreter
+    importing torch per repro."""
+    return Repros()
 
 
 # --- the loader ------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ def test_a_program_json_without_its_values_is_refused(int_loop: tuple[Path, Path
 
 
 def test_a_compile_error_inside_an_int_carrying_loop_keeps_the_loop_and_delivers_minimized_json(
-        int_loop: tuple[Path, Path], tmp_path: Path, repros: ReproForks) -> None:
+        int_loop: tuple[Path, Path], tmp_path: Path, repros: Repros) -> None:
     result = run(*int_loop, f"{PREFIX}:fail_on_relu_in_subgraph", tmp_path / "out")
 
     assert result.status is JobState.succeeded, result.reason
