@@ -77,7 +77,11 @@ def config_values(*, skip_default: bool = False) -> dict[str, Any]:
 # Variables that differ from one run, test or shell to the next and that no config module reads:
 # left out of the cache's key unless the run that filled the entry saw a config module read one.
 _VOLATILE_PREFIXES = ("PYTEST_", "MINIFY_")
-_VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TEMP", "TMP", "COLUMNS", "LINES"})
+# _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR: an address in this process, which inductor sets once it
+# loads a compiled kernel (before a capture reads the defaults, in a program that compiled), so that
+# every such process had an environment of its own and read the defaults again (~2 CPU-s each).
+_VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TEMP", "TMP", "COLUMNS", "LINES",
+                       "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
 _CACHE_ENTRIES = 8  # per torch installation: one per environment seen, the newest kept
 # Runs in the fresh Python: records the variables read while a config module is on the stack (a
 # default computed from one at import), and every variable read while the defaults are collected

@@ -200,12 +200,13 @@ def test_cached_defaults_serve_only_the_environment_they_were_read_in(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch):
     """A variable torch's config modules read (CXX, AOT_INDUCTOR_*, CI) set otherwise, or one
     added, misses; TORCH* variables (never seen by the fresh Python) and volatile ones (a test's
-    name, the working and temp dirs) do not."""
+    name, the working and temp dirs, the address inductor sets once it loaded a kernel) do not."""
     from minify_client.capture import config
 
     path, environment = _cached_environment(monkeypatch, tmp_path)
     assert config._cached_defaults(path, environment) == {"freezing": "as cached"}
-    volatile = {"PYTEST_CURRENT_TEST": "other.py::test", "PWD": "/elsewhere", "TMPDIR": "/tmp/other"}
+    volatile = {"PYTEST_CURRENT_TEST": "other.py::test", "PWD": "/elsewhere", "TMPDIR": "/tmp/other",
+                "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR": "140212345678912"}
     assert config._cached_defaults(path, {**environment, **volatile}) == {"freezing": "as cached"}
     for name in ("CXX", "AOT_INDUCTOR_DEBUG_COMPILE", "CI"):
         assert config._cached_defaults(path, {**environment, name: "another value"}) is None, name
