@@ -4,6 +4,7 @@ are there."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,13 +21,14 @@ ALL_ARTIFACTS = {"minimized.pt2", "repro.py", "signature_rules.py", "inputs.pt",
 @pytest.fixture(scope="module")
 def relative_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The README's offline example with `--out out/relu`, run in a folder of its own (on a test
-    backend, without the phases after minimality: what is checked is where the files go)."""
+    backend, without shrinking the inputs; with the culprit phase, whose line follows the result's)."""
     root = tmp_path_factory.mktemp("offline")
     program = save("relu_cos", root / "programs")
     cwd = root / "elsewhere"
     cwd.mkdir()
     done = subprocess.run([sys.executable, "-m", "minify_worker.cli", "minify", str(program), "--backend",
-                           f"{PREFIX}:fail_on_relu", "--no-shrink", "--no-culprit", "--out", "out/relu", "--quiet"],
+                           f"{PREFIX}:fail_on_relu", "--failure", "compile_error", "--no-shrink", "--out", "out/relu",
+                           "--quiet"],
                           cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **ALLOWED})
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -52,3 +54,15 @@ def test_a_relative_out_gets_every_artifact(relative_run):
     assert folder.resolve() == (cwd / "out" / "relu").resolve()
     assert listed == ALL_ARTIFACTS
     assert {path.name for path in folder.iterdir()} == ALL_ARTIFACTS
+
+
+def test_the_offline_command_prints_the_result_first_and_the_culprit_after(relative_run):
+    # Its --json prints one document, the final report with the culprit: test_engine.py's offline
+    # command test holds that on its own run.
+    cwd, done = relative_run
+    lines = done.stdout.splitlines()
+    result = next(index for index, line in enumerate(lines) if line.startswith("status: succeeded"))
+    pending = next(index for index, line in enumerate(lines) if line.startswith("culprit: pending"))
+    artifacts = next(index for index, line in enumerate(lines) if line.startswith("artifacts in "))
+    assert result < pending < artifacts and lines[-1].startswith("culprit: none (the custom backend")
+    assert json.loads((cwd / "out" / "relu" / "report.json").read_text())["culprit_state"] == "done"

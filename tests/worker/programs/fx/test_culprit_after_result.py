@@ -23,7 +23,7 @@ import pytest
 
 from minify_contract.models import CulpritState, JobState, ProgressEvent, Report
 from tests.client.test_client_cli import sigint_as_on_a_terminal
-from tests.support.backends import ALLOWED, PREFIX
+from tests.support.backends import PREFIX
 from tests.support.graphs import save_cos_sin_relu
 from tests.support.scripted_server import Exchange, ScriptedServer, job_status, serve_job
 from tests.support.service import Service, read_events, start_service, wait_for_culprit, wait_for_status
@@ -182,24 +182,8 @@ def test_ctrl_c_while_only_the_culprit_is_pending_exits_0_with_the_repro_saved(
     assert server.requests_to("DELETE", "/v1/jobs/j1") == []
 
 
-def test_the_offline_command_prints_the_result_first_and_the_culprit_after(
-        programs: dict[str, Path], tmp_path: Path) -> None:
-    # Its --json prints one document, the final report with the culprit: test_engine.py's offline
-    # command test holds that on its own run.
-    out = tmp_path / "out"
-    env = {**os.environ, **ALLOWED}
-    done = subprocess.run(
-        [sys.executable, "-m", "minify_worker.cli", "minify", str(programs["relu_cos"]), "--out", str(out),
-         "--backend", f"{PREFIX}:fail_on_relu", "--failure", "compile_error", "--quiet"],
-        capture_output=True, text=True, timeout=300, env=env)
-
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    result = next(index for index, line in enumerate(lines) if line.startswith("status: succeeded"))
-    pending = next(index for index, line in enumerate(lines) if line.startswith("culprit: pending"))
-    artifacts = next(index for index, line in enumerate(lines) if line.startswith("artifacts in "))
-    assert result < pending < artifacts and lines[-1].startswith("culprit: none (the custom backend")
-    assert json.loads((out / "report.json").read_text())["culprit_state"] == "done"
+# The offline command's result first and its culprit after: tests/worker/test_offline_out.py, on
+# its run of the command.
 
 
 # -- the original's verdict follows the result too, where the failure was known (issue 40) --------
