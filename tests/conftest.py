@@ -165,6 +165,7 @@ ONE_WORKER_MODULES = frozenset({
     "test_dynamic_shapes", "test_client_e2e", "test_shrink", "test_offline_out", "test_dashboard_bugs",
     # services (a server, its Redis, workers that import torch)
     "test_service", "test_culprit_after_result", "test_api_auth", "test_faults_service", "test_outages",
+    "test_api_program_json",
     # browsers
     "test_dashboard_static", "test_dashboard_bugreport",
     # captures and jobs run once for the module's tests
