@@ -117,7 +117,7 @@ def _targets(graph: Any) -> list[Any]:
 
 def _registering_module(op: Any) -> str | None:
     """The module that registered the OpOverload `op` (see the module's docstring), or None, also
-    where this torch's private registries are not as read here (checked on 2.13)."""
+    where this torch's private registries are not as read here (checked on 2.11, 2.13 and 2.15)."""
     try:
         return _read_registering_module(op)
     except (AttributeError, ImportError, RuntimeError):
@@ -136,7 +136,9 @@ def _read_registering_module(op: Any) -> str | None:
     if pystub is not None:
         return pystub[0]
     sources = []
-    entry = simple_registry.singleton.get(qualname)
+    registry = simple_registry.singleton
+    # `get` since torch 2.13; before, the mapping itself (`find` would add an entry for the op).
+    entry = registry.get(qualname) if hasattr(registry, "get") else registry._data.get(qualname)
     kernel = entry.fake_impl.kernel if entry is not None else None
     if kernel is not None:
         sources.append(kernel.source.rsplit(":", 1)[0])
