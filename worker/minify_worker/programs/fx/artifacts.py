@@ -148,7 +148,9 @@ def write_program_files(
     rules = signature_rules_module()
     write_artifact(out_dir / SIGNATURE_RULES, lambda path: path.write_text(rules))
     files.append(SIGNATURE_RULES)
-    if (signature.kind if signature is not None else spec.failure.kind) == "accuracy":
+    # An accuracy repro judges by its rule; a training repro copies its inputs as the worker does
+    # (its `clone_inputs`: copies requiring grad are no leaves, as the compile saw them).
+    if kind == "accuracy" or spec.failure.training:
         accuracy_rules = accuracy_rules_module()
         write_artifact(out_dir / ACCURACY_RULES, lambda path: path.write_text(accuracy_rules))
         files.append(ACCURACY_RULES)

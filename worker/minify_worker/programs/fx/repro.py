@@ -118,10 +118,13 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     # The compiled program runs on copies where the reference runs after it (accuracy): a program
     # that writes into its inputs must not hand the reference inputs it changed.
     training = _training(spec, kind)
-    compiler_import, compiled = _inline_compile(spec.backend, "*compiled_inputs" if accuracy else "*inputs",
-                                                training)
+    compiler_import, compiled = _inline_compile(spec.backend, "*compiled_inputs" if accuracy else
+                                                "*copies" if training else "*inputs", training)
     if accuracy:  # the copies the compiled program ran on: what it wrote into them is judged too
         compiled = ["compiled_inputs = clone_inputs(inputs)", *compiled]
+    elif training:  # compiled and run on copies, as the worker does: inputs requiring grad, and no leaves
+        compiled = ["copies = [value.clone() if isinstance(value, torch.Tensor) else value for value in inputs]",
+                    *compiled]
     constants = constant_positions(graph)
     header = [
         f"minify repro: {kind} ({_EXPECTATIONS[kind]})",
@@ -181,15 +184,18 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
 def _inline_compile(backend: str, arguments: str = "*inputs", training: bool = False) -> tuple[str | None, list[str]]:
     """The import and the lines that compile `gm` as the worker does and run it on `arguments`
     (`result`); `training`: with grad mode on (inductor; other backends run in the mode they find)."""
+    # For training, compiled on the copies it runs on, as the worker compiles (see `_main`).
+    examples = "copies" if training else "inputs"
     if backend == "inductor" and training:
-        return "from torch._inductor.compile_fx import compile_fx", [f"result = compile_fx(gm, inputs)({arguments})"]
+        return "from torch._inductor.compile_fx import compile_fx", [
+            f"result = compile_fx(gm, {examples})({arguments})"]
     if backend == "inductor":
         return "from torch._inductor.compile_fx import compile_fx", [
             "with torch.no_grad():", f"    result = compile_fx(gm, inputs)({arguments})"]
     if ":" in backend:
         module, attribute = backend.split(":")
-        return f"from {module} import {attribute}", [f"result = {attribute}(gm, inputs)({arguments})"]
-    return None, [f"result = torch._dynamo.lookup_backend({backend!r})(gm, inputs)({arguments})"]
+        return f"from {module} import {attribute}", [f"result = {attribute}(gm, {examples})({arguments})"]
+    return None, [f"result = torch._dynamo.lookup_backend({backend!r})(gm, {examples})({arguments})"]
 
 
 # Inputs written into repro.py: at most this many elements in all, each exactly representable.
@@ -648,6 +654,10 @@ def _main(kind: str, cuda: bool, constants: bool = False, eager_raises: bool = F
             *(["    gm, inputs = constants_as_attributes(gm, inputs, CONSTANT_INPUTS)"] if constants else []),
             *(["    AUTOCAST.__enter__()"] if autocast else []),
             *(["    started = watch_for_the_hang()"] if hang_bound else []),
+            # For training, compiled on copies, as the worker compiles: an input requiring grad is then
+            # no leaf, which AOT autograd's functionalization may write back into (torch 2.11 refuses
+            # a leaf there, where the worker's run failed in the partitioner).
+            "    compiled = compile_repro(gm, clone_inputs(inputs))" if training else
             "    compiled = compile_repro(gm, list(inputs))",
             *(["    compiled_inputs = clone_inputs(inputs)"] if kind == "accuracy" else []),
             *(_raising_passes([f"result = compiled(*{arguments})", *(["synchronize()"] if cuda else [])],
