@@ -89,3 +89,18 @@ def test_the_fp64_reference_reaches_into_an_autocast_region_s_body() -> None:
 def _asserts(module: torch.nn.Module) -> dict[str, int]:
     return {name: sum(node.target is torch.ops.aten._assert_tensor_metadata.default for node in graph.graph.nodes)
             for name, graph in module.named_modules() if isinstance(graph, torch.fx.GraphModule)}
+
+
+def test_a_backend_no_spec_can_name_is_replaced_by_inductor_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A local function as the backend: the spec names inductor, and the warning comes once a
+    process, not once per pending capture (one before each compile and first run)."""
+    def my_backend(gm: torch.fx.GraphModule, inputs: list) -> torch.fx.GraphModule:
+        return gm
+
+    graph = torch.fx.symbolic_trace(torch.nn.ReLU())
+    failed = FailedCompile(level="dynamo", error=RuntimeError("x"), backend=repr(my_backend), config={}, graph=graph)
+    with caplog.at_level("WARNING", logger="minify_client.capture.failed_graph"):
+        specs = [spec_for(failed) for _ in range(3)]
+    assert {spec.backend for spec in specs} == {"inductor"}
+    said = [record.getMessage() for record in caplog.records if "cannot go in a job spec" in record.getMessage()]
+    assert len(said) == 1 and "edit it before submitting" in said[0], said

@@ -73,6 +73,10 @@ def chain_of(failed: FailedCompile) -> tuple[str, ...]:
     return tuple(signatures.describe_chain(signatures.exception_chain(failed.error)))
 
 
+# The backends a spec could not name that this process has said so about already.
+_UNNAMED_BACKENDS_SAID: set[str] = set()
+
+
 def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None) -> JobSpec:
     """The recorded backend, config and failure, under what `spec` says explicitly."""
     given = _given(spec)
@@ -89,9 +93,12 @@ def spec_for(failed: FailedCompile, spec: JobSpec | dict[str, Any] | None = None
         return JobSpec.model_validate(data)
     except ValidationError as error:
         if data["backend"] == failed.backend and "backend" not in given:
-            # A backend this client's spec cannot name (a local function): keep the default and say so.
-            logger.warning("minify: backend %r cannot go in a job spec (%s); the spec names inductor, "
-                           "edit it before submitting", failed.backend, error.errors()[0]["msg"])
+            # A backend this client's spec cannot name (a local function): keep the default and say so,
+            # once a process (a pending capture is written before each compile and first run).
+            if failed.backend not in _UNNAMED_BACKENDS_SAID:
+                _UNNAMED_BACKENDS_SAID.add(failed.backend)
+                logger.warning("minify: backend %r cannot go in a job spec (%s); the spec names inductor, "
+                               "edit it before submitting", failed.backend, error.errors()[0]["msg"])
             return JobSpec.model_validate({**data, "backend": "inductor"})
         raise
 
