@@ -107,9 +107,8 @@ class Reduced:
         if self.export_refusal is None:
             return ""
         return (f"\n{self.export_refusal} is torch.export refusing the program as written, asking it to change "
-                "(torch.cond for a branch on a tensor's value, torch._check for a size known only at run time, "
-                "strict=False for what strict tracing refuses), not an error of export's own: the result is the "
-                "smallest program export refuses so, for a question or a feature request, not a bug report")
+                f"({rerun.EXPORT_REFUSAL_REMEDIES}), not an error of export's own: the result is the smallest "
+                "program export refuses so, for a question or a feature request, not a bug report")
 
 
 def same_failure(expected: Run, observed: Run) -> bool:
@@ -397,12 +396,9 @@ def _names_the_environment(node: ast.AST) -> bool:
 _ENVIRONMENT = frozenset({"environ", "environb", "putenv", "unsetenv"})
 
 
-_EXPORT_MODULES = ("torch.export", "torch._export")
-
-
 def _inside_export(run: Run) -> bool:
     """Whether `run` failed inside torch.export (the script's call into torch was one of export's)."""
-    return run.raised_in is not None and run.raised_in.startswith(_EXPORT_MODULES)
+    return rerun.raised_inside_export(run.raised_in)
 
 
 def _fails_or_hangs(run: Run) -> bool:

@@ -52,8 +52,6 @@ _STAGES: tuple[tuple[str, dict[str, str]], ...] = (
     ("aot_eager", {"TORCH_BISECT_BACKEND": "aot_eager"}),
     ("your backend", {}),
 )
-# Where a failure without torch.compile is still the compiler's: the program called torch.export.
-_EXPORT_MODULES = ("torch.export", "torch._export")
 _BLAME: dict[str, Layer] = {"no torch.compile": "program", "eager": "dynamo", "aot_eager": "aot_autograd",
                             "your backend": "backend"}
 _NEXT: dict[str, str] = {  # by layer, and "export_refusal" for export's refusals
@@ -69,12 +67,10 @@ _NEXT: dict[str, str] = {  # by layer, and "export_refusal" for export's refusal
               "to PyTorch (module: export) with this test or script as the repro.",
     "export_refusal": "it fails without torch.compile too (TORCHDYNAMO_DISABLE=1), inside torch.export, which the "
                       "program calls itself: torch.export refused the program as written ({refusal}), which is "
-                      "export asking the program to change (a branch on a tensor's value: torch.cond; a size "
-                      "known only at run time: torch._check; strict=False for what strict tracing refuses), not "
-                      "a bug of torch.export or torch.compile. Nothing for minify to shrink, and nothing to "
-                      "report as a bug. Where you hold that export should take the program, `minify-client "
-                      "reduce {reduce}` shrinks it to the smallest program export refuses so, for a feature "
-                      "request.",
+                      "export asking the program to change ({remedies}), not a bug of torch.export or "
+                      "torch.compile. Nothing for minify to shrink, and nothing to report as a bug. Where you "
+                      "hold that export should take the program, `minify-client reduce {reduce}` shrinks it to "
+                      "the smallest program export refuses so, for a feature request.",
     "dynamo": "it fails with backend 'eager' (dynamo alone: no AOT autograd, no compiler), so dynamo is to blame: "
               "what it traced (a value it saw while tracing and replays, a guard it did not install, a side "
               "effect it dropped, a NumPy or Python call it turned into torch ops that follow other rules, as "
@@ -248,7 +244,7 @@ def _verdict(test: str, signature: str, reruns: list[Rerun]) -> Diagnosis:
     last = reruns[-1]
     if last.outcome in ("fails the same way", "fails differently"):
         layer: Layer | None = _BLAME[last.setting]
-        if layer == "program" and (last.raised_in or "").startswith(_EXPORT_MODULES):
+        if layer == "program" and rerun.raised_inside_export(last.raised_in):
             layer = "export"
     elif last.setting == "your backend" and last.outcome == "passes":
         layer = "not_alone"
@@ -272,7 +268,8 @@ def _next_step(layer: Layer, reduce_target: str = "SCRIPT", export_refusal: str 
     user's run and the diagnosis share the process: its environment is the run's). A failure inside
     torch.export that is one of its refusals (`rerun.export_refusal`) is the program's to change."""
     if layer == "export" and export_refusal is not None:
-        return _NEXT["export_refusal"].format(refusal=export_refusal, reduce=reduce_target)
+        return _NEXT["export_refusal"].format(refusal=export_refusal, reduce=reduce_target,
+                                              remedies=rerun.EXPORT_REFUSAL_REMEDIES)
     accuracy = os.environ.get(ACCURACY_ENV) == "1"
     aot_level = os.environ.get("MINIFY_CAPTURE_LEVEL") == "aot"
     crash_capture = crash.requested()

@@ -75,6 +75,16 @@ def export_eagerly() -> None:
             setattr(torch.export, name, export)
 
 
+# The modules a run's failure was raised inside (`torch_entry`) when it is torch.export's: the program
+# called torch.export itself, which TORCHDYNAMO_DISABLE leaves on.
+EXPORT_MODULES = ("torch.export", "torch._export")
+
+
+def raised_inside_export(raised_in: str | None) -> bool:
+    """Whether a run that failed inside the torch module `raised_in` (`torch_entry`) failed in torch.export."""
+    return raised_in is not None and raised_in.startswith(EXPORT_MODULES)
+
+
 # torch.export's ways of refusing a program as written, by exception type: a guard on a value only
 # known when the program runs (data-dependent control flow or sizes: torch.cond, torch._check), a
 # user error (dynamic control flow, an input or output export does not take), what strict export's
@@ -82,6 +92,9 @@ def export_eagerly() -> None:
 # program how to change for each; anything else raised inside torch.export (a KeyError, an
 # AssertionError, an internal error) is export's own failure.
 EXPORT_REFUSALS = frozenset({"GuardOnDataDependentSymNode", "UserError", "Unsupported", "ConstraintViolationError"})
+# How a program changes for them, as the diagnosis and `reduce` say it.
+EXPORT_REFUSAL_REMEDIES = ("torch.cond for a branch on a tensor's value, torch._check for a size known only at run "
+                           "time, strict=False for what strict tracing refuses")
 
 
 def export_refusal(signature: str | None) -> str | None:
