@@ -389,13 +389,18 @@ JAX_ORIGIN = textwrap.dedent("""
 """)
 
 
+def _origin_report(script: str) -> dict:
+    """Run `script` (a would-be fork origin) in a fresh interpreter from the repo root: the JSON it printed last."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_a_process_that_started_jax_backend_spawns_its_fork_server() -> None:
     # Started before preload, jax's threads count as the origin's own: only asking jax tells.
     pytest.importorskip("jax", reason="jax is the hlo extra's (make test installs it; a torch-version venv need not)")
-    done = subprocess.run([sys.executable, "-c", JAX_ORIGIN], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[3])
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _origin_report(JAX_ORIGIN)
     assert report["after_preload"] == "jax's XLA backend started in this process (its threads would deadlock a " \
                                       "forked child)"
 
@@ -417,10 +422,7 @@ def test_a_process_whose_autograd_started_its_device_threads_spawns_its_fork_ser
     at a training step's compile; a child forked after that cannot run a backward, so every
     candidate of a training job failed with autograd's fork error and the job ended not
     reproducible. Started before preload, the threads count as the origin's own: their names tell."""
-    done = subprocess.run([sys.executable, "-c", AUTOGRAD_ORIGIN], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[3])
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _origin_report(AUTOGRAD_ORIGIN)
     if not report["threads"]:
         assert torch.version.cuda is None  # a CPU build starts none: forking stays safe
         pytest.skip("this CPU build of torch starts no autograd device threads (CUDA builds do)")
