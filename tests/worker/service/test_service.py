@@ -313,9 +313,15 @@ def kill_whole_worker(worker: subprocess.Popen) -> None:
 
 
 def stop_worker(worker: subprocess.Popen) -> None:
+    """SIGTERM, as an operator stops a worker; one still running a minute on is killed, so that it
+    does not count as live in the tests after, and the test fails."""
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            kill_whole_worker(worker)
+            raise
 
 
 def wait_for_live_workers(client: httpx.Client, count: int, timeout_s: float = 60) -> None:
@@ -392,6 +398,44 @@ def test_a_workers_log_shows_rqs_routine_maintenance_only_at_debug(service_witho
     assert "minify worker chatty-INFO on queues cpu" in logs["INFO"]
     assert "cleaning registries" not in logs["INFO"], logs["INFO"]
     assert "cleaning registries" in logs["DEBUG"]  # RQ still says it: the filter is what hides it
+
+STOP_SWALLOWED_BY_A_LOG_WRITE = '''
+import logging, os, signal, sys
+from minify_worker.service.rqworker import main
+
+class SignalledMidWrite:
+    """A log stream into whose write the SIGTERM lands: RQ's handler raises StopRequested there, and
+    logging's emit catches it (an Exception) as a failed write."""
+    fired = False
+
+    def write(self, text):
+        if not self.fired and "Starting BLPOP" in text:  # idle, about to wait for a job
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100_000):  # the signal's Python handler runs at the next bytecode: here
+                pass
+        sys.stderr.write(text)
+
+    def flush(self):
+        sys.stderr.flush()
+
+logging.basicConfig(level=logging.DEBUG, stream=SignalledMidWrite())
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_stop_request_swallowed_where_it_landed_still_stops_an_idle_worker(service_without_workers: Service) -> None:
+    """RQ stops an idle worker by raising StopRequested from its SIGTERM handler, wherever the main
+    thread is; where that is inside a `try: ... except Exception` (logging's emit, at DEBUG often)
+    the exception is swallowed and RQ's loop went on: the worker ran on after SIGTERM (seen in CI).
+    The request itself is kept: the worker stops at its next beat."""
+    worker = subprocess.run([sys.executable, "-c", STOP_SWALLOWED_BY_A_LOG_WRITE, "--redis-url",
+                             service_without_workers.redis_url, "--queues", "cpu", "--name", "swallowed",
+                             "--no-preload", *FAST_HEARTBEAT],
+                            env={**os.environ, MARKER: service_without_workers.marker},
+                            capture_output=True, text=True, timeout=30)
+    assert "StopRequested" in worker.stderr  # where the signal landed: logging's emit reported it
+    assert worker.returncode == 0, worker.stderr[-3000:]
 
 
 def test_a_worker_without_preload_never_imports_torch_when_its_torch_is_described_already(

@@ -36,8 +36,10 @@ from types import FrameType
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, Worker, worker_registration
+from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
+from rq.worker import WorkerStatus
 
 from minify_contract.config_schema import describe_torch_config
 from minify_contract.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
@@ -142,7 +144,16 @@ class MinifyWorker(Worker):
                         time.monotonic() - self._unreachable_since)
             self._unreachable_since = None
 
+    def _stop_if_asked(self) -> None:
+        """RQ stops an idle worker by raising StopRequested from its signal handler, wherever the main
+        thread is: inside a `try: ... except Exception` (logging's emit, much of the time at DEBUG)
+        it is swallowed, and RQ's loop went on with the worker running after SIGTERM. The request
+        itself is kept: raised again here, at the loop's next turn or beat, while no job runs."""
+        if self._shutdown_requested_date is not None and self.get_state() != WorkerStatus.BUSY:
+            raise StopRequested()
+
     def check_for_suspension(self, burst: bool) -> None:
+        self._stop_if_asked()
         try:
             super().check_for_suspension(burst)
         except RedisError as error:
@@ -185,6 +196,7 @@ class MinifyWorker(Worker):
         if pipeline is not None:
             self._beat(pipeline)
             return
+        self._stop_if_asked()
         try:
             if self.birth_date is not None and not self.connection.hexists(self.key, "birth"):
                 self._register_again()
