@@ -184,3 +184,30 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
     if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group(module))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """`MINIFY_TEST_CPU=FILE`: each test's CPU seconds (this process and every child it waited for,
+    setup and teardown included: a module fixture's processes count to the test that started or
+    stopped them) appended to FILE as JSON lines, for finding where the suite's time goes (the suite
+    is CPU-bound on two cores; `scripts/test_cpu.py FILE` sums it by module)."""
+    out = os.environ.get("MINIFY_TEST_CPU")
+    if not out:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    (own_before, children_before), started = cpu(), time.monotonic()
+    yield
+    own_after, children_after = cpu()
+    with open(out, "a") as lines:
+        lines.write(json.dumps({"test": item.nodeid, "own_s": round(own_after - own_before, 2),
+                                "children_s": round(children_after - children_before, 2),
+                                "wall_s": round(time.monotonic() - started, 2)}) + "\n")
