@@ -29,7 +29,11 @@ from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes,
 from minify_worker.programs.fx.graph import graph_to_wire
 from minify_worker.sandbox import SandboxCallError, SandboxPool, call_allowed, compile_cache_dir, preload
 from minify_worker.sandbox.processes import process_stats
-from minify_worker.sandbox.warmup import _autograd_threads_started
+from minify_worker.sandbox.warmup import (
+    _autograd_threads_started,
+    _native_threads_beyond_python,
+    _native_threads_since_origin,
+)
 from tests.support import backends, calls
 from tests.support.graphs import chain_graph
 
@@ -453,6 +457,22 @@ def test_autograd_device_threads_are_told_by_their_names() -> None:
     while _autograd_threads_started():
         assert time.monotonic() < deadline, "the thread named as autograd's still listed after it ended"
         time.sleep(0.01)
+
+
+@pytest.mark.fast
+def test_a_python_thread_that_just_ended_is_not_taken_for_a_native_pool() -> None:
+    """What `fork_refusal` counts: native threads beyond Python's. Right after `join()` an ended
+    thread's task is often still listed in /proc (half the time on this box, read at once) while
+    `threading` has let it go; read at that moment it passed for a native pool started, and the
+    job's pool spawned its fork server (seconds) for nothing. A native thread that stays (the
+    origin's count one lower) is still told."""
+    at_origin = _native_threads_beyond_python()
+    for _ in range(200):
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+        assert not _native_threads_since_origin(at_origin)
+    assert _native_threads_since_origin(at_origin - 1)
 
 
 # `g++` first on the PATH: the real one, except that while the flag file exists a kernel build

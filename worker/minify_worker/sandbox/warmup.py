@@ -124,7 +124,7 @@ def preload(warm: bool = True) -> dict[str, float]:
             _warm_inductor_cpu()
         warmed = True
     timings = {"imports_s": round(imported - started, 3), "warmup_s": round(time.monotonic() - imported, 3)}
-    if _native_threads_beyond_python() > before:
+    if _native_threads_since_origin(before):
         log.warning("sandbox: the warm-up started native threads; pools will spawn their fork server")
         return timings
     if _fork_origin_native_threads is None:
@@ -173,9 +173,22 @@ def fork_refusal() -> str | None:
         return "jax's XLA backend started in this process (its threads would deadlock a forked child)"
     if _autograd_threads_started():
         return "autograd's device threads started in this process (a child forked from it cannot run a backward)"
-    if _native_threads_beyond_python() > _fork_origin_native_threads:
+    if _native_threads_since_origin(_fork_origin_native_threads):
         return "a native thread pool started in this process since preload()"
     return None
+
+
+def _native_threads_since_origin(at_origin: int, settle_s: float = 0.1) -> bool:
+    """Whether this process has more native threads beyond Python's than `at_origin`, for longer
+    than `settle_s`: a Python thread that just ended has left `threading` a moment before its task
+    leaves /proc (right after `join()`, half the time here), and counts for that moment as a
+    native one; a native pool stays."""
+    deadline = time.monotonic() + settle_s
+    while _native_threads_beyond_python() > at_origin:
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.002)
+    return False
 
 
 def _autograd_threads_started() -> bool:
