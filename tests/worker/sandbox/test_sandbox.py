@@ -263,6 +263,7 @@ FORK_ORIGIN = textwrap.dedent("""
     from pathlib import Path
     from tqdm import tqdm
     from minify_contract.models import JobSpec
+    from minify_worker import programs
     from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxCallError, SandboxPool, fork_refusal, preload
     from tests.support.graphs import chain_graph
@@ -273,6 +274,11 @@ FORK_ORIGIN = textwrap.dedent("""
     report = {"before_preload": fork_refusal()}
     preload(warm=False)
     report["after_preload"] = fork_refusal()
+    before = set(sys.modules)
+    fx = programs.of_format("pt2")
+    fx.check_upload(workdir / "unread.pt2", JobSpec(backend="eager"))  # a spec without op_modules reads no program
+    fx.set_up_children(JobSpec(backend="eager"))
+    report["imported_setting_up_a_job"] = sorted(set(sys.modules) - before)
     ALLOWED = {"MINIFY_ALLOWED_BACKENDS": "tests.support.backends", "MINIFY_ALLOWED_CALLS": "tests.support.calls"}
 
     def run_some() -> dict:
@@ -363,6 +369,14 @@ def test_a_preloaded_process_forks_its_fork_server_until_a_native_thread_pool_st
     assert report["preloaded"] == {"start": "fork", **outcomes}
     assert "native thread pool" in report["after_openmp"]
     assert report["after_openmp_pool"] == {"start": "spawn", **outcomes}
+
+
+def test_a_preloaded_process_sets_up_a_jobs_sandbox_without_importing_anything(fork_origin: dict) -> None:
+    """What the engine's process and the fork server import for a job's program (FX: the spec's
+    op_modules, through op_modules.py, which imports minify_client's package) is the preload's: an
+    RQ worker's work horse and its fork server inherit it rather than import it each (a quarter of
+    a CPU-s in each, per job)."""
+    assert fork_origin["imported_setting_up_a_job"] == []
 
 
 def test_a_child_killed_holding_tqdms_lock_blocks_neither_the_origin_nor_later_children(fork_origin: dict) -> None:

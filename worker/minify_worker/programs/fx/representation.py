@@ -23,8 +23,11 @@ class FxRepresentation:
     prepare_target = f"{_PACKAGE}.prepare:prepare_in_child"
     artifacts_target = f"{_PACKAGE}.artifacts:write_program_artifacts"
     versions_phase = True
-    # The runner and its backends (torch's compiler stack is every child's: sandbox/warmup.py).
-    child_modules = (f"{_PACKAGE}.backends", f"{_PACKAGE}.run")
+    # The runner and its backends (torch's compiler stack is every child's: sandbox/warmup.py), and
+    # what imports the spec's op_modules in the fork server and the engine's process (set_up_children,
+    # check_upload): it imports minify_client's package, a quarter of a CPU-s in each of a job's two
+    # processes where the worker's preload had not imported it already.
+    child_modules = (f"{_PACKAGE}.backends", f"{_PACKAGE}.run", f"{_PACKAGE}.op_modules")
     preloaded = True
 
     @property
