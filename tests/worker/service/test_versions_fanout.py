@@ -30,6 +30,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from minify_client.cli import main as client_main
+from minify_contract.ledger import bug_record_key
 from minify_worker.service.versions.envs import own_env
 from minify_worker.service.versions.phase import probe_job_id
 from tests.client.test_client_cli import run_cli
@@ -126,6 +127,15 @@ def test_a_job_says_which_torch_versions_fail_and_the_regression_range_and_its_b
     assert next(event.data["message"] for event in events if event.event == "versions") == summary
     assert (bug["status"], bug["affected"], bug["fixed_in"]) == ("open", [OWN], None)
     assert bug["versions_tried"] == {"2.12.0": "passes", OWN: "same"}
+    # The server re-tests open bugs every second: none of the versions the job's phase ran the repro on.
+    assert retests_of(redis, bug["id"]) == []
+
+
+def retests_of(redis: Redis, bug_id: str) -> list[str]:
+    """The re-tests of the bug the server enqueued, queued or run (RQ keeps their jobs an hour)."""
+    wanted = f"re-test of bug {bug_record_key(bug_id)} on torch "
+    descriptions = (redis.hget(key, "description") for key in redis.scan_iter("rq:job:*") if key.count(b":") == 2)
+    return sorted(text.decode() for text in descriptions if text and text.decode().startswith(wanted))
 
 
 def test_an_open_bug_is_re_tested_on_a_newly_offered_torch_and_marked_fixed(

@@ -148,8 +148,11 @@ def run_job(wire: dict[str, Any]) -> str:
         channel.finish(status, reason, report, folder)
         if versions:
             try:
-                probed_versions.append(versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report,
-                                                              versions_phase.offered_envs()[0]))
+                own = versions_phase.offered_envs()[0]
+                probed_versions.append(versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, own))
+                if report.bug and channel.keys.has_bug_index:
+                    versions_bugs.phase_asks(channel.redis, channel.keys.bug_record(report.bug),
+                                             [own.torch, *probed_versions[0]])
             except RedisError as error:
                 log.warning("the version phase could not send its probes: %s", error)
         return report
@@ -246,8 +249,9 @@ def _version_phase(channel: JobChannel, job_id: str, out_dir: Path, report: Repo
                                              CulpritState.cancelled if stopped else CulpritState.done)
         versions_phase.write_findings(out_dir, found)
         if found.bug and channel.keys.has_bug_index:  # the bug learns which versions it has, and whether one fixed it
-            versions_bugs.record_runs(channel.redis, channel.keys.bug_record(found.bug), job_id, found.versions,
-                                      "version phase")
+            bug_record = channel.keys.bug_record(found.bug)
+            versions_bugs.record_runs(channel.redis, bug_record, job_id, found.versions, "version phase")
+            versions_bugs.phase_answered(channel.redis, bug_record, [own.torch, *versions])
         return found
     except Exception:  # Redis gone, a full disk: the succeeded job stands, the phase is lost
         log.exception("the version phase failed")

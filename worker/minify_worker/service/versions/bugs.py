@@ -6,12 +6,14 @@ open bug on a version a worker newly offers) is kept on the bug, the latest per 
 the bug's record gets `status` (`fixed` when a version newer than every failing one passes: that is
 `fixed_in`, with the run as evidence), `affected` and `versions_tried`, which the server reads
 (minify_server/bugs.py). The server enqueues re-tests (`retest_job`) on the versions' queues and
-keeps `minify:bug:<id>:retests` (version -> when) so that each is asked once.
+keeps `minify:bug:<id>:retests` (version -> when) so that each is asked once; a job's version phase
+marks there the versions it runs the repro on while it runs (`phase_asks`, `phase_answered`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,23 @@ def record_runs(redis: Redis, bug_record: str, job_id: str, runs: Sequence[Versi
     }
     redis.hset(bug_record, mapping=fields)
     return fields["status"]
+
+
+def phase_asks(redis: Redis, bug_record: str, versions: Sequence[str]) -> None:
+    """A job's version phase is running the bug's repro on `versions` (its own torch and those its
+    probes went to): marked asked on the bug (`:retests`, version -> when), as the server marks the
+    re-tests it enqueues, so that its sweep of open bugs leaves them to the phase. Without it, a
+    bug filed when its job delivered the result was re-tested on those very versions by the next
+    sweep, while the phase (which answers after the culprit phase) had not answered yet."""
+    if versions:
+        redis.hset(bug_retests_key(bug_record), mapping=dict.fromkeys(versions, str(time.time())))
+
+
+def phase_answered(redis: Redis, bug_record: str, versions: Sequence[str]) -> None:
+    """The version phase is over: what it asked and could not answer (`ran`: `record_runs` kept
+    the rest) is the server's to re-test again, at once."""
+    if versions:
+        redis.hdel(bug_retests_key(bug_record), *versions)
 
 
 def _text(value: Any) -> str:
