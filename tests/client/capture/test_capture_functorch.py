@@ -235,7 +235,10 @@ def minified(program: Path, inputs: Path, spec_file: Path, out: Path) -> object:
 ], ids=["jacfwd-compile-error", "hessian-wrong-values"])
 def test_a_captured_transform_minimizes_to_the_op_that_fails(name: str, backend: Callable[..., object],
                                                              accuracy: bool, tmp_path: Path) -> None:
-    transform, x = TRANSFORMS[name], torch.randn(3, 4)
+    # Seeded, as the accuracy capture above: with sin(x) < 0 throughout the row the hessian takes,
+    # relu's wrong value never reaches its result, and a random input left nothing to capture
+    # (CI, once; 3 of 40 seeds).
+    transform, x = TRANSFORMS[name], torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
     with contextlib.suppress(BackendCompilerFailed), capture_failures(
             torch.nn.Module(), (x,), save_to=tmp_path / "c", accuracy=accuracy) as block:
         compiled_with(backend, transform, x)
