@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from minify_worker.programs.fx.culprit import MIN_BUDGET_ENV
-from tests.support.service import start_service
+from tests.support.service import CULPRIT_FLOOR, start_service
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND_TIMEOUT_S = 300
@@ -86,13 +85,12 @@ def written_examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "examples"
 
 
-# The one MINIFY_* setting a command runs with: the culprit phase's floor, a second. The suite keeps
+# The one MINIFY_* setting a command runs with: the culprit phase's floor, a second (CULPRIT_FLOOR). The suite keeps
 # it to a few seconds where the culprit is not the point (tests/conftest.py); nor is it here. The
 # phase runs after the result and its repro.py are written, so what the README promises is the same
 # with it; it still runs, starting inductor's bisection and saying the budget ran out. The service
 # example's worker has it too. At the suite's 5 s the offline example's phase bisected inductor to
 # its end, some 6 CPU-s of compiles more; without a floor, for up to a minute.
-CULPRIT_FLOOR = {MIN_BUDGET_ENV: "1"}
 
 
 def run_as_written(command: Command, cwd: Path, env: dict[str, str] | None = None) -> None:

@@ -26,9 +26,14 @@ from pathlib import Path
 
 import httpx
 
+from minify_worker.programs.fx.culprit import MIN_BUDGET_ENV
 from minify_worker.sandbox.processes import process_stats
 
 MARKER = "MINIFY_TEST_SERVICE"
+# The culprit phase's floor at a second, not the suite's 5 s (tests/conftest.py), for a worker or
+# command whose tests read only that the phase ran (it runs after the result, and says its budget
+# ran out), not what it found.
+CULPRIT_FLOOR = {MIN_BUDGET_ENV: "1"}
 # The services tests start allow the test backends: tests/support/backends.py's PREFIX, spelled again
 # here because that module imports torch and the bench's harness, which starts services, does not.
 TEST_BACKENDS = "tests.support.backends"

@@ -21,12 +21,12 @@ import httpx
 import pytest
 from redis import Redis
 
-from minify_worker.programs.fx.culprit import MIN_BUDGET_ENV
 from minify_worker.sandbox.processes import process_stats
 from minify_worker.service.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from tests.support.backends import ALLOWED, PREFIX
 from tests.support.repro import run_repro
 from tests.support.service import (
+    CULPRIT_FLOOR,
     MARKER,
     Service,
     read_events,
@@ -47,10 +47,9 @@ HANGS = {"backend": f"{PREFIX}:hang_on_relu", "failure": {"kind": "timeout"},
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
 
 
-# The culprit phase's floor for the module's worker: a second, not the suite's 5 s (tests/conftest.py).
+# The culprit phase's floor for the module's worker (CULPRIT_FLOOR): a second, not the suite's 5 s.
 # No test here reads what the phase found, only that it ran (its event, its time in phase_s); at 5 s
 # the real inductor job's phase bisected inductor for seconds of compiles more.
-CULPRIT_FLOOR = {MIN_BUDGET_ENV: "1"}
 
 
 @pytest.fixture(scope="module")

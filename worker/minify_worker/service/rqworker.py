@@ -149,7 +149,7 @@ class MinifyWorker(Worker):
         thread is: inside a `try: ... except Exception` (logging's emit, much of the time at DEBUG)
         it is swallowed, and RQ's loop went on with the worker running after SIGTERM. The request
         itself is kept: raised again here, at the loop's next turn or beat, while no job runs."""
-        if self._shutdown_requested_date is not None and self.get_state() != WorkerStatus.BUSY:
+        if self.stop_requested and self.get_state() != WorkerStatus.BUSY:
             raise StopRequested()
 
     def check_for_suspension(self, burst: bool) -> None:
