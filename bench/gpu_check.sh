@@ -22,11 +22,13 @@ timeout "${GPU_TESTS_S:-200}" python3 -m pytest -v -ra -m gpu -p no:cacheprovide
 echo "gpu tests: rc $? in $((SECONDS - started)) s" | tee -a "$OUT/gpu-tests.log"
 
 # bench NAME CAP ARGS...: one bench/run.py call on CUDA, capped at CAP seconds; its JSON grows run by run.
+# The logs share one file: the device tool brings back at most 8 files from $OUT.
 bench() {
     local name=$1 cap=$2
     shift 2
+    echo "== $name: $* (cap $cap s)" >> "$OUT/bench.log"
     PYTHONUNBUFFERED=1 timeout "$cap" python3 bench/run.py --device cuda --limit 150 --no-culprit \
-        --work out/bench-"$name" --json "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
+        --work out/bench-"$name" --json "$OUT/$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log"
 }
 [ "${GPU_BENCH:-all}" = all ] && bench relu ${GPU_BENCH_RELU_S:-100} --cases relu_cos --minifiers torch ours --reuse 0
 bench relu-reuse ${GPU_BENCH_REUSE_S:-40} --cases relu_cos --minifiers ours --reuse 50

@@ -6,7 +6,8 @@ this module's source verbatim, so the repro prints its failure in exactly the fo
 
 The root cause: compilers wrap the error that means something. Inductor raises `InductorError`
 around it, dynamo `BackendCompilerFailed`, inductor's code cache a `RuntimeError("Failed to import
-<path>\\nSyntaxError: ...")` around a broken generated module (its cause dropped). `exception_chain`
+<path>\\nSyntaxError: ...")` around a broken generated module (its cause dropped; AOTInductor's
+autotuning block puts "Failed to run autotuning code block: " in front of it). `exception_chain`
 walks from the outermost exception to the innermost meaningful one, through the wrapped objects
 where they survive and through the wrapper's text where only that is left; the last link is the
 root cause, and the whole chain is kept for reports and `--match`.
@@ -35,7 +36,10 @@ _WRAPPED_TEXT = re.compile(
     r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failure|Exit|Interrupt)):\s?(?P<rest>.*)",
     re.DOTALL,
 )
-_FAILED_IMPORT = re.compile(r"^\s*Failed to import \S+\s*\n(?P<type>[A-Za-z_][\w.]*):\s?(?P<rest>.*)", re.DOTALL)
+# The code cache's words for a generated module that does not compile, also where a wrapper put
+# its own in front on the same line (AOTInductor's "Failed to run autotuning code block: {e}").
+_FAILED_IMPORT = re.compile(r"^[^\n]*?\bFailed to import \S+\s*\n(?P<type>[A-Za-z_][\w.]*):\s?(?P<rest>.*)",
+                            re.DOTALL)
 _MAX_DEPTH = 8
 
 _NOISE_LINE = re.compile(

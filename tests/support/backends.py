@@ -212,6 +212,20 @@ exit_on_relu = exit_on("relu")
 wrong_on_relu = wrong_on("relu")
 oom_on_relu = oom_on("relu")
 fail_on_sin_and_relu = raise_on_all("sin", "relu")
+def null_read_on(op: str) -> Backend:
+    """Read address 0 when the graph has `op`: a real segfault, the way a native compiler or loader
+    dies (no handler reset first, unlike `signal_on`)."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if has_op(gm, op):
+            import ctypes
+
+            ctypes.string_at(0)
+        return _eager(gm)
+
+    return backend
+
+
 kill_sandbox_on_relu = kill_sandbox_on("relu")
 fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
 fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))
@@ -242,6 +256,7 @@ misbehave_by_op = first_match(
     ("exp", exit_on("exp")),
     ("sigmoid", oom_on("sigmoid")),
     ("abs", wrong_on("abs")),
+    ("cosh", null_read_on("cosh")),
 )
 
 CUDA_FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "

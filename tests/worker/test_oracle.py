@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from minify_contract import signatures
 from minify_contract.models import FailureSpec
 from minify_worker import oracle
 from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
@@ -92,6 +93,32 @@ def test_a_wrapper_that_kept_only_text_is_signed_by_the_type_named_in_it() -> No
     signature = oracle.signature_from_exception(InductorError("LoweringException: no lowering for foo"),
                                                 "compile_error")
     assert (signature.exc_type, signature.key) == ("LoweringException", "no lowering for foo")
+
+
+def test_a_failed_import_is_signed_by_the_error_in_the_module_also_under_a_wrappers_words() -> None:
+    # AOTInductor on CUDA (torch 2.11, an H200): the autotuning block that compiles the Triton
+    # kernels raises RuntimeError(f"Failed to run autotuning code block: {e}") from the code
+    # cache's RuntimeError("Failed to import <path>\\nSyntaxError: ..."), all inside InductorError.
+    failed_import = RuntimeError("Failed to import /root/.cache/minify/inductor/tv/ctvf4k3lijgj6sjxc6jel4smhn7y.py\n"
+                                 "SyntaxError: invalid syntax (ctvf4k3lijgj6sjxc6jel4smhn7y.py, line 20)")
+    try:
+        try:
+            try:
+                raise failed_import
+            except RuntimeError as inner:
+                raise RuntimeError(f"Failed to run autotuning code block: {inner}") from inner
+        except RuntimeError as autotuning:
+            raise InductorError(f"RuntimeError: {autotuning}") from autotuning
+    except InductorError as wrapper:
+        error = wrapper
+    plain = RuntimeError(str(failed_import))
+
+    signature = oracle.signature_from_exception(error, "compile_error")
+
+    assert (signature.exc_type, signature.key) == ("SyntaxError", "invalid syntax (<hash>.py, line N)")
+    assert signature.chain[1].startswith("RuntimeError: Failed to run autotuning code block: Failed to import /")
+    assert oracle.signature_from_exception(plain, "compile_error").key == signature.key
+    assert signatures.signature_line(error) == "SyntaxError: invalid syntax (<hash>.py, line N)"
 
 
 def test_a_crash_is_signed_by_its_signal_name() -> None:

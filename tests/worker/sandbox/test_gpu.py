@@ -60,6 +60,31 @@ def test_after_aot_cuda_accuracy_error_ends_on_relu(tmp_path: Path) -> None:
     assert result.report.signature == "AccuracyError"
 
 
+AOTI_LOAD = """
+import torch
+with torch.no_grad():
+    x = torch.randn(8, 10, device="cuda")
+    program = torch.export.export(torch.nn.Linear(10, 16).to("cuda"), (x,))
+    torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program))(x)
+    torch.cuda.synchronize()
+"""
+
+
+def skip_if_torch_cannot_load_a_cuda_aoti_package() -> None:
+    """Skip where torch alone, no minify, dies loading a CUDA AOTInductor package (no injected bug):
+    every accuracy check must load and run one. So it was on an H200 with torch 2.11.0+cu130:
+    SIGSEGV in `_load_aoti`, in a plain interpreter as in the job's children. A torch that loads it
+    is a failure of the job, the assertion after this one."""
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", AOTI_LOAD], capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode < 0:
+        lines = done.stderr.splitlines()
+        current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), len(lines))
+        where = next((line.strip() for line in lines[current:] if line.strip().startswith("File ")), "")
+        pytest.skip(f"torch {torch.__version__} itself dies of signal {-done.returncode} loading a CUDA AOTInductor "
+                    f"package on this machine (innermost frame: {where or 'unknown'})")
+
+
 @pytest.mark.parametrize("builder", ["linear_relu_sigmoid", "linear_relu_sigmoid_dict"])
 @pytest.mark.parametrize(("bug", "kind", "root"), [("compile_error", "compile_error", "SyntaxError"),
                                                    ("accuracy", "accuracy", "AccuracyError")])
@@ -67,6 +92,8 @@ def test_aoti_cuda_errors_end_on_relu_of_a_linear_input(tmp_path: Path, builder:
                                                         root: str) -> None:
     result = run(tmp_path, builder, backend="aot_inductor", kind=kind,
                  **{"triton.inject_relu_bug_TESTING_ONLY": bug})
+    if result.status is JobState.not_reproducible and "SIGSEGV" in (result.reason or ""):
+        skip_if_torch_cannot_load_a_cuda_aoti_package()
 
     assert result.status is JobState.succeeded, result.reason
     assert (result.report.signature or "").startswith(root)

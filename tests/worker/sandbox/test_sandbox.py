@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -113,6 +114,15 @@ def test_a_segfaulting_child_is_crashed_with_sigsegv(pool: SandboxPool) -> None:
     outcome = pool.submit(chain("sin"), timeout_s=60).result()
     assert isinstance(outcome, Crashed)
     assert outcome.signal == signal.SIGSEGV and outcome.signature.exc_type == "SIGSEGV"
+
+
+def test_a_child_that_segfaults_leaves_its_python_stack_in_what_it_printed(pool: SandboxPool) -> None:
+    # What a crashed original shows its user (a job it did not reproduce): on an H200, plain torch
+    # 2.11's aoti_load_package died so, and the stack named torch's _load_aoti.
+    outcome = pool.submit(chain("cosh"), timeout_s=60, output=True).result()
+    assert isinstance(outcome, Crashed) and outcome.signal == signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in outcome.output
+    assert re.search(r'File ".*/tests/support/backends\.py", line \d+ in backend', outcome.output), outcome.output
 
 
 def test_a_child_that_exits_without_reporting_is_crashed_with_its_exit_status(pool: SandboxPool) -> None:

@@ -55,7 +55,6 @@ from .child import ALLOWED_CALLS_ENV, CALL_PREFIX, REUSE_MEMORY_GROWTH_MB, Child
 from .limits import (
     ADDRESS_SPACE_SLACK_MB,
     CHILD_OPEN_FILES,
-    DEFAULT_REUSE_CUDA,
     default_memory_bound_mb,
     default_reuse,
     machine_memory_mb,
@@ -81,7 +80,6 @@ __all__ = [
     "ALLOWED_CALLS_ENV",
     "CALL_PREFIX",
     "CHILD_OPEN_FILES",
-    "DEFAULT_REUSE_CUDA",
     "MAX_WORKER_START_FAILURES",
     "MEMORY_CHECK_INTERVAL_S",
     "REUSE_MEMORY_GROWTH_MB",

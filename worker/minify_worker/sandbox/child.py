@@ -6,6 +6,7 @@ dynamo's and inductor's in-memory state between them, until it is told to stop o
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -82,6 +83,12 @@ def enter(setup: ChildSetup, log_path: Path) -> None:
     for fd in setup.server_descriptors:
         os.close(fd)
     redirect_output(log_path)
+    # A child that dies of a signal (a segfault in a compiler, a loader, a kernel launch) writes
+    # the Python stack it died in to its log first, which a job that did not reproduce shows its
+    # user: the signal alone does not say whether the compile, the load or the run crashed. The
+    # handler re-raises the signal, so the child still ends by it. fd 2 stays the log's: a
+    # long-lived child's next `redirect_output` points it at the next candidate's.
+    faulthandler.enable(file=2, all_threads=False)
 
 
 def run_child(setup: ChildSetup, request: dict[str, Any], result_path: Path, log_path: Path) -> None:

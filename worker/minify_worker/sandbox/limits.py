@@ -12,8 +12,6 @@ from pathlib import Path
 from minify_contract.models import JobSpec
 
 CHILD_OPEN_FILES = 4096
-# Long-lived children (reuse): how many candidates one runs before it is replaced, on CUDA by default.
-DEFAULT_REUSE_CUDA = 50
 # A torch child maps about 1 GB of address space it never touches (libraries, arenas, stacks): the
 # address-space bound is the memory bound plus this.
 ADDRESS_SPACE_SLACK_MB = 4096
@@ -44,14 +42,15 @@ def default_memory_bound_mb(parallelism: int) -> int:
 
 
 def default_reuse(spec: JobSpec) -> int:
-    """Candidates per long-lived child: `MINIFY_SANDBOX_REUSE` if set (0: a fresh child per
-    candidate), else per device: on CUDA a fresh child pays its context and a cold first compile
-    (seconds) every time, so children are reused; on the CPU, children forked from the warm server
-    start warm anyway (docs/bench.md)."""
+    """Candidates per long-lived child: `MINIFY_SANDBOX_REUSE` if set, else 0 (a fresh child per
+    candidate) on every device. A child forked from the warm server starts warm, on the CPU and on
+    CUDA alike (it pays only its CUDA context there); long-lived children measured slower on both
+    (an H200: transformer_layer 11.9 s fresh against 15.2 s reusing 50, relu_cos 4.2 s against
+    5.7 s; docs/bench.md). `spec` is where a device that needs reuse would say so."""
     configured = os.environ.get("MINIFY_SANDBOX_REUSE", "").strip()
     if configured:
         return max(0, int(configured))
-    return DEFAULT_REUSE_CUDA if spec.device_class == "cuda" else 0
+    return 0
 
 
 # What a child inherits of the worker's environment is scrubbed of these: the sandbox runs code the
