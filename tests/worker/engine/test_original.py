@@ -22,6 +22,7 @@ from minify_worker.engine.original import (
 )
 from minify_worker.engine.report import RunFacts
 from minify_worker.engine.verdict import Restart, Unreproduced
+from minify_worker.oracle import TIMEOUT_SIGNATURE
 from minify_worker.outcomes import Fails, Outcome, Passes, Signature
 
 pytestmark = pytest.mark.fast
@@ -276,3 +277,27 @@ def test_a_result_is_run_again_in_a_fresh_child_only_where_children_are_reused()
 
         assert (reason is not None) is doubt
         assert job.evaluator.pool.fresh == ([(["relu"], True)] if reuse else [])
+
+
+def test_a_hangs_result_the_time_ran_out_on_before_its_hold_says_what_judged_it() -> None:
+    """pytorch#148073: a result judged a hang by the candidates' calibrated timeout, delivered when
+    the job's time ran out before `_hold_hang_to_bound`, may be slow rather than hung: the report's
+    reason says by what it was judged (`unheld_hang`), whatever time is left (none, at the deadline)."""
+    job = Job(remaining_s=0.0, failure={"kind": "timeout"}, limits={"original_timeout_s": 60}).start()
+    job.facts.signature, job.facts.best, job.facts.candidate_timeout_s = TIMEOUT_SIGNATURE, ["relu"], 9.0
+
+    note = job.original.unheld_hang()
+
+    assert note is not None and "calibrated timeout (9 s)" in note and "original's 60 s bound" in note
+    job.facts.best = job.original.graph  # the original itself hung at its bound
+    assert job.original.unheld_hang() is None
+    job.facts.best = ["relu"]
+    job.facts.candidate_timeout_s = 60.0  # judged by the original's bound already
+    assert job.original.unheld_hang() is None
+    judged_by_the_user = Job(failure={"kind": "timeout"}, limits={"candidate_timeout_s": 9}).start()
+    judged_by_the_user.facts.signature, judged_by_the_user.facts.best = TIMEOUT_SIGNATURE, ["relu"]
+    judged_by_the_user.facts.candidate_timeout_s = 9.0
+    assert judged_by_the_user.original.unheld_hang() is None
+    for other in (RELU, None):
+        job.facts.signature, job.facts.candidate_timeout_s = other, 9.0
+        assert job.original.unheld_hang() is None

@@ -99,14 +99,15 @@ class OriginalRun:
     def original_timeout(self) -> float:
         """How long one run of the original may take: the spec's bound, else minutes (a hang is
         judged by `DEFAULT_TIMEOUT_FAILURE_S` when the failure asked for is a timeout)."""
+        return min(self._original_bound(), self._remaining())
+
+    def _original_bound(self) -> float:
         limits = self.spec.limits
         if limits.original_timeout_s:
-            bound = limits.original_timeout_s
-        elif self.spec.failure.kind == "timeout":
-            bound = limits.candidate_timeout_s or DEFAULT_TIMEOUT_FAILURE_S
-        else:
-            bound = DEFAULT_ORIGINAL_TIMEOUT_S
-        return min(bound, self._remaining())
+            return limits.original_timeout_s
+        if self.spec.failure.kind == "timeout":
+            return limits.candidate_timeout_s or DEFAULT_TIMEOUT_FAILURE_S
+        return DEFAULT_ORIGINAL_TIMEOUT_S
 
     def first_timeout(self) -> float:
         """A candidate may take this long before the original has calibrated the timeout."""
@@ -313,6 +314,25 @@ class OriginalRun:
                   f"reducing again from the original, candidates judged at {raised_s:g} s")
         self._say(Milestone.hang_refuted, reason)
         return Restart(reason)
+
+    def unheld_hang(self) -> str | None:
+        """What a hang's result delivered before `_hold_hang_to_bound` could run (the job's time ran
+        out first) was judged by, for the report: only the candidates' calibrated timeout, so it may be
+        slow rather than hung (pytorch#148073's doubling compile: a result judged at 42 s with the
+        sandbox's children sharing the cores ran 29 s alone). None where the result was held to the
+        original's bound, a guessed hang was confirmed on it, the timeout is the spec's own, or the
+        result is the original itself."""
+        target, best, timeout_s = self.facts.signature, self.facts.best, self.facts.candidate_timeout_s
+        if (target is None or target.kind != "timeout" or best is None or best is self.graph or timeout_s is None
+                or self._held_to_s is not None or self.hang_watch.confirm_timeout_s is not None
+                or self.spec.limits.candidate_timeout_s):
+            return None
+        bound_s = self._original_bound()
+        if timeout_s >= bound_s:
+            return None
+        return (f"the result was judged a hang by the candidates' calibrated timeout ({timeout_s:g} s) and not held "
+                f"to the original's {bound_s:g} s bound before the time ran out: it may be slow rather than hung "
+                f"(repro.py holds its run to {timeout_s:g} s)")
 
     def hang_bound_s(self) -> float | None:
         """For a hang's result, the longest it was seen still running: the original's bound it was held
