@@ -5,12 +5,15 @@ test_engine*.py; the verdict's values alone in test_verdict.py."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from minify_contract.models import JobSpec, JobState, Milestone, OriginalState
+from minify_worker.engine.budget import Budget
 from minify_worker.engine.hang import HangCalibration
 from minify_worker.engine.original import (
     DEFAULT_ORIGINAL_TIMEOUT_S,
@@ -301,3 +304,17 @@ def test_a_hangs_result_the_time_ran_out_on_before_its_hold_says_what_judged_it(
     for other in (RELU, None):
         job.facts.signature, job.facts.candidate_timeout_s = other, 9.0
         assert job.original.unheld_hang() is None
+
+
+def test_a_result_the_time_cut_short_carries_the_caveat_and_a_cancel_does_not() -> None:
+    cancel = threading.Event()
+    budget = Budget(JobSpec(backend="inductor"), time.monotonic(), cancel)
+
+    ending = budget.when_stopped("job timeout of 60s reached", caveat="it may be slow rather than hung")
+
+    assert ending.status is JobState.succeeded and ending.cut_short
+    assert ending.reason == ("job timeout of 60s reached: the result is the smallest failing program found so far; "
+                             "it may be slow rather than hung")
+    assert budget.when_stopped("job timeout of 60s reached").reason.endswith("found so far")
+    cancel.set()
+    assert budget.when_stopped("cancelled", caveat="it may be slow rather than hung").reason == "cancelled"

@@ -54,10 +54,11 @@ class Budget:
         """A job stopped before it had a result: cancelled, or failed (out of time)."""
         return JobState.cancelled if self.cancel.is_set() else JobState.failed
 
-    def when_stopped(self, reason: str) -> Ending:
+    def when_stopped(self, reason: str, caveat: str | None = None) -> Ending:
         """A job stopped with a result: cancelled, or, out of time, succeeded with the smallest failing
-        program found so far (cut short: no culprit phase follows its delivery)."""
+        program found so far (cut short: no culprit phase follows its delivery), and `caveat`, what
+        the time cut short about the result itself (`OriginalRun.unheld_hang`), said after it."""
         if self.cancel.is_set():
             return Ending(JobState.cancelled, reason)
-        return Ending(JobState.succeeded, f"{reason}: the result is the smallest failing program found so far",
-                      cut_short=True)
+        said = f"{reason}: the result is the smallest failing program found so far"
+        return Ending(JobState.succeeded, f"{said}; {caveat}" if caveat else said, cut_short=True)

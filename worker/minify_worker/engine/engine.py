@@ -199,16 +199,10 @@ class _Run:
                 # Stopped before the original's outcome was known, and no candidate proved the failure.
                 self.original.cancel()
                 return Ending(self.budget.stopped_status(), stopped.reason)
-            return self._stopped_with_a_result(stopped)
+            ending = self.budget.when_stopped(stopped.reason, caveat=self.original.unheld_hang())
+            self.original.stop(cancel=ending.status is JobState.cancelled)  # no time is left for its verdict
+            return ending
         return None
-
-    def _stopped_with_a_result(self, stopped: Stopped) -> Ending:
-        """A stop with a result found (a cancel, the deadline): the budget's ending, the original's
-        verdict left, and where a hang's result was not held to the original's bound, the report says so."""
-        ending = self.budget.when_stopped(stopped.reason)
-        self.original.stop(cancel=ending.status is JobState.cancelled)  # no time is left for its verdict
-        unheld = self.original.unheld_hang() if ending.status is JobState.succeeded else None
-        return replace(ending, reason=f"{ending.reason}; {unheld}") if unheld else ending
 
     def shrink(self) -> Ending | None:
         """The shrink phase, unless the spec turns it off: the representation shrinks the minimal
@@ -221,7 +215,9 @@ class _Run:
             self.program.shrink(self.scheduler, self.facts.best, dynamic=self.spec.dynamic,
                                 on_accept=self.progress.accepted, say=self.progress.say)
         except Stopped as stopped:
-            return self._stopped_with_a_result(stopped)
+            ending = self.budget.when_stopped(stopped.reason, caveat=self.original.unheld_hang())
+            self.original.stop(cancel=ending.status is JobState.cancelled)  # no time is left for its verdict
+            return ending
         return None
 
     def deliver(self, ending: Ending) -> MinifyResult:
