@@ -7,7 +7,8 @@ import pytest
 
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine.verdict import Reproduced, Unreproduced, Verdict, next_step, original_output
-from minify_worker.outcomes import Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
+from minify_worker.oracle import crash_signature
+from minify_worker.outcomes import Crashed, Fails, Invalid, OutOfMemory, Passes, Signature, TimedOut
 
 pytestmark = pytest.mark.fast
 
@@ -207,3 +208,25 @@ def test_the_next_step_fits_what_the_original_did() -> None:
     hung = next_step(TimedOut(30.0), spec)
     assert "--failure timeout" in hung and "--original-timeout" in hung
     assert "--memory-limit" in next_step(OutOfMemory("killed"), spec)
+
+
+def test_a_failure_of_another_kind_the_empty_program_has_too_is_said_to_be_no_programs() -> None:
+    """On an H200, torch 2.11+cu130 died loading every AOTInductor CUDA package: an accuracy job's
+    original crashed, and so did the program with no ops. The job says the crash is not the
+    program's, and does not send the user to submit it again as a crash (a job that would refuse it)."""
+    segfault = Crashed(signal=11, signature=crash_signature(11))
+    spec = JobSpec.model_validate({"backend": "aot_inductor", "device": "cuda", "failure": {"kind": "accuracy"}})
+
+    settled = Verdict(spec).settle(segfault, empty=lambda: Crashed(signal=11, signature=crash_signature(11)))
+
+    assert isinstance(settled, Unreproduced) and settled.status is JobState.not_reproducible
+    assert settled.empty_fails_too and settled.seen == segfault.signature
+    assert settled.reason.endswith("; the program with no ops fails that way too: that failure does not depend on "
+                                   "the program (it is torch's, its backend's or the machine's)")
+    step = next_step(segfault, spec, empty_fails_too=True)
+    assert step.startswith("no program can be minimized to that failure (SIGSEGV)") and "--failure" not in step
+    alone = Verdict(spec).settle(segfault, empty=lambda: Passes())
+    assert isinstance(alone, Unreproduced) and not alone.empty_fails_too and "no ops" not in alone.reason
+    assert "submit with --failure crash" in next_step(segfault, spec)
+    other_signal = Verdict(spec).settle(segfault, empty=lambda: Crashed(signal=6, signature=crash_signature(6)))
+    assert isinstance(other_signal, Unreproduced) and not other_signal.empty_fails_too

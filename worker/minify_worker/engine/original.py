@@ -243,7 +243,7 @@ class OriginalRun:
                               f"with the failure a candidate showed: {self.verdict.proof}")
                 return None
             if settled.status is JobState.not_reproducible:
-                self.facts.next_step = next_step(outcome, self.spec)
+                self.facts.next_step = next_step(outcome, self.spec, settled.empty_fails_too)
             self._ending = settled
             return settled
         adopted = self.facts.signature is not None  # the reduction ended on a candidate's proof

@@ -41,13 +41,17 @@ class Reproduced:
 class Unreproduced:
     """The original did not fail the wanted way, or its failure is not the program's: the job ends
     with `status` and `reason`; `seen` is a failure of the original the job did not take.
-    `reproduced`: the original did fail the wanted way, but so does the program with no ops."""
+    `reproduced`: the original did fail the wanted way, but so does the program with no ops;
+    `empty_fails_too`: the original failed another way than the one wanted, and so does the program
+    with no ops (an AOTInductor CUDA package that crashes torch 2.11+cu130 as it loads, on an H200,
+    whatever the program)."""
 
     status: JobState
     reason: str
     runs: int = 1
     seen: Signature | None = None
     reproduced: bool = False
+    empty_fails_too: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,13 @@ class Verdict:
             message = getattr(outcome, "message", "")
             return Unreproduced(JobState.failed, f"the program could not be run: {message}", runs)
         if target is None:
-            return Unreproduced(JobState.not_reproducible, not_reproducible_reason(outcome, self.spec), runs,
-                                oracle.outcome_signature(outcome))
+            seen = oracle.outcome_signature(outcome)
+            reason = not_reproducible_reason(outcome, self.spec)
+            if seen is not None and empty is not None and _same_failure(oracle.outcome_signature(empty()), seen):
+                reason += ("; the program with no ops fails that way too: that failure does not depend on the "
+                           "program (it is torch's, its backend's or the machine's)")
+                return Unreproduced(JobState.not_reproducible, reason, runs, seen, empty_fails_too=True)
+            return Unreproduced(JobState.not_reproducible, reason, runs, seen)
         if empty is not None and oracle.still_fails(empty(), target, self.failure):
             return Unreproduced(JobState.failed, empty_fails_reason(target, self.spec), runs, reproduced=True)
         self.signature = target
@@ -180,6 +189,11 @@ class Verdict:
         """Whether `outcome` fails the way the original does (the target must be known)."""
         assert self.signature is not None
         return oracle.still_fails(outcome, self.signature, self.failure)
+
+
+def _same_failure(signature: Signature | None, other: Signature) -> bool:
+    return signature is not None and (signature.kind, signature.exc_type, signature.key) == (
+        other.kind, other.exc_type, other.key)
 
 
 def target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:
@@ -224,11 +238,16 @@ def original_output(outcome: Outcome) -> str:
     return "\n".join(parts)
 
 
-def next_step(outcome: Outcome, spec: JobSpec) -> str:
+def next_step(outcome: Outcome, spec: JobSpec, empty_fails_too: bool = False) -> str:
     """What to try after the original did not fail the way `spec` asks (`outcome`, its runs), in
-    the flags of `minify-client submit` (the dashboard's Submit form has the same fields)."""
+    the flags of `minify-client submit` (the dashboard's Submit form has the same fields).
+    `empty_fails_too`: the program with no ops fails as the original did (`Unreproduced`)."""
     failure = oracle.outcome_signature(outcome)
     runs = getattr(outcome, "runs", 1)
+    if failure is not None and empty_fails_too:
+        return (f"no program can be minimized to that failure ({failure}): the program with no ops has it too, "
+                f"so it comes from torch, the backend ({spec.backend}) or the machine ({spec.device}); the "
+                "original's output shows where it happened (a crash: the Python stack it died in)")
     if isinstance(outcome, TimedOut):
         return (f"the original ran past its timeout ({outcome.after_s:.0f} s): if the hang is the bug, submit with "
                 "--failure timeout; else give it longer with --original-timeout SECONDS")
