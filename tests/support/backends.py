@@ -226,6 +226,15 @@ def null_read_on(op: str) -> Backend:
     return backend
 
 
+def crash_on_every_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A real segfault on every graph, the empty one included: as torch 2.11+cu130 died loading
+    every AOTInductor CUDA package on an H200, whatever the program."""
+    import ctypes
+
+    ctypes.string_at(0)
+    return _eager(gm)
+
+
 kill_sandbox_on_relu = kill_sandbox_on("relu")
 fail_on_relu_hang_on_sin = first_match(("relu", fail_on_relu), ("sin", hang_on("sin")))
 fail_on_relu_other_error_on_cos = first_match(("relu", fail_on_relu), ("cos", fail_on_cos))

@@ -94,6 +94,21 @@ def test_a_program_that_does_not_fail_is_not_reproducible_with_the_reason(tmp_pa
     assert (tmp_path / "out" / "report.json").is_file()
 
 
+def test_a_crash_the_empty_program_shares_is_no_programs_and_its_output_says_where(tmp_path: Path) -> None:
+    """An accuracy job on a backend that dies on every graph (on an H200, torch 2.11+cu130 loading
+    any AOTInductor CUDA package): not reproducible, the crash said to be no program's, no advice
+    to submit it as a crash, and the original's output holds the Python stack it died in."""
+    program = save_chain(tmp_path, ("sin", "cos"))
+
+    result = minify(program, spec("crash_on_every_graph", kind="accuracy"), tmp_path / "out")
+
+    assert result.status is JobState.not_reproducible, result.reason
+    assert "the program with no ops fails that way too" in (result.reason or "")
+    assert (result.report.next_step or "").startswith("no program can be minimized to that failure (SIGSEGV)")
+    assert "Fatal Python error: Segmentation fault" in (result.report.original_output or "")
+    assert "in crash_on_every_graph" in (result.report.original_output or "")
+
+
 def test_an_accuracy_bug_is_isolated(tmp_path: Path) -> None:
     program = save_chain(tmp_path, ("sin", "relu", "cos", "exp"))
 
