@@ -13,6 +13,7 @@ import json
 import math
 import operator
 import os
+import re
 import signal
 import tarfile
 import textwrap
@@ -27,6 +28,7 @@ import torch.fx as fx
 
 from examples import programs
 from minify_contract.models import JobSpec, JobState, Report, TimelinePoint
+from minify_worker import oracle
 from minify_worker.engine import artifacts
 from minify_worker.outcomes import Signature
 from minify_worker.programs.fx import artifacts as fx_artifacts
@@ -37,6 +39,7 @@ from tests.support.repro import Repros, run_repro
 
 RELU_BACKENDS = '''
 import os
+import re
 import signal
 
 import torch
@@ -351,11 +354,15 @@ def test_repro_of_a_passing_program_exits_zero(relu_cos, tmp_path, repros):
 
 def test_repro_of_a_crash_dies_by_the_same_signal(relu_cos, tmp_path, repros):
     (tmp_path / "relu_backends.py").write_text(RELU_BACKENDS)
-    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, backend="relu_backends:segfault_on_relu")
+    _write(_relu_only(relu_cos), relu_cos[1], tmp_path, oracle.crash_signature(signal.SIGSEGV),
+           backend="relu_backends:segfault_on_relu", failure={"kind": "crash"})
 
     run = repros.run(tmp_path / "repro.py")
 
     assert run.returncode == -signal.SIGSEGV
+    # Where it died, before the signal ended it: compiling (the backend's frame), not running.
+    assert "Fatal Python error: Segmentation fault" in run.stderr, run.stderr[-2000:]
+    assert re.search(r'File ".*relu_backends\.py", line \d+ in segfault_on_relu', run.stderr), run.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")

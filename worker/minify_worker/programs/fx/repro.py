@@ -79,9 +79,10 @@ def render_repro(graph: fx.Graph, spec: JobSpec, signature: Signature | None, to
     cuda = torch.device(spec.device).type == "cuda"
     preamble = [
         _header(spec, kind, signature, torch_version, environment or {}, culprit_lines or [], eager_error, bound_s),
-        _IMPORTS,
+        _IMPORTS.replace("import copy\n", "import copy\nimport faulthandler\n") if kind == "crash" else _IMPORTS,
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
+        *([_CRASH_STACK] if kind == "crash" else []),
         _config_lines(spec.config),
         *_autocast_lines(spec),
         _constants(spec, kind, signature, bound_s),
@@ -137,12 +138,14 @@ def _render_inline(graph: fx.Graph, spec: JobSpec, kind: str, signature: Signatu
     header += header_tail(culprit_lines, {}, "", "Run: python repro.py")
     lines = [
         "\n".join(f"# {line}".rstrip() for line in header),
-        "\n".join(["import torch", "import torch._inductor.config",
+        "\n".join([*(["import faulthandler", ""] if kind == "crash" else []),
+                   "import torch", "import torch._inductor.config",
                    *(["import copy", "import sys", "from torch._dynamo.debug_utils import AccuracyError, cast_to_fp64",
                       "from torch._dynamo.utils import clone_inputs, same"] if accuracy else []),
                    *([compiler_import] if compiler_import else [])]),
         *_op_module_imports(spec.op_modules),
         *([imports] if imports else []),
+        *([_CRASH_STACK] if kind == "crash" else []),
         *([_config_lines(spec.config)] if spec.config else []),
         *_autocast_lines(spec),
         *([f"TOLERANCE = {spec.failure.tolerance!r}\nSTRICT_ACCURACY = {spec.failure.strict_accuracy!r}\n"
@@ -332,6 +335,10 @@ def _backend_notes(spec: JobSpec) -> list[str]:
     return notes
 
 
+
+# A crash's repro prints the Python stack it dies in (compiling, or running the compiled program)
+# before the signal ends it, as minify's sandbox children do: the signal alone does not say which.
+_CRASH_STACK = "faulthandler.enable()  # a crash prints the Python stack it died in"
 
 _IMPORTS = """
 import argparse
