@@ -292,12 +292,11 @@ class OriginalRun:
         One that ends within it is a slow program, not a hang: the candidates' timeout is raised to a
         multiple of its run, what the shorter timeout decided is forgotten, and the reduction starts
         again from the original (`Restart`)."""
-        target, best, timeout_s = self.facts.signature, self.facts.best, self.facts.candidate_timeout_s
-        if (target is None or target.kind != "timeout" or best is None or best is self.graph or timeout_s is None
-                or self.hang_watch.confirm_timeout_s is not None or self.spec.limits.candidate_timeout_s):
+        best, timeout_s = self.facts.best, self.facts.candidate_timeout_s
+        if self._bound_to_hold_to() is None or timeout_s is None:
             return None
         bound_s = self.original_timeout()
-        if timeout_s >= bound_s:
+        if timeout_s >= bound_s:  # the time left is shorter than the candidates' timeout
             return None
         assert self.scheduler is not None
         self._say(Milestone.hang_confirming, f"holding the hang to the original's bound: the result "
@@ -315,6 +314,18 @@ class OriginalRun:
         self._say(Milestone.hang_refuted, reason)
         return Restart(reason)
 
+    def _bound_to_hold_to(self) -> float | None:
+        """The original's bound (whatever time is left) a hang's result is to be held to, where its
+        candidates were judged by a shorter, calibrated timeout; None where nothing is to be held: not
+        a hang, the result is the original itself, a guessed hang was confirmed on it, or the timeout
+        is the spec's own."""
+        target, best, timeout_s = self.facts.signature, self.facts.best, self.facts.candidate_timeout_s
+        if (target is None or target.kind != "timeout" or best is None or best is self.graph or timeout_s is None
+                or self.hang_watch.confirm_timeout_s is not None or self.spec.limits.candidate_timeout_s):
+            return None
+        bound_s = self._original_bound()
+        return bound_s if timeout_s < bound_s else None
+
     def unheld_hang(self) -> str | None:
         """What a hang's result delivered before `_hold_hang_to_bound` could run (the job's time ran
         out first) was judged by, for the report: only the candidates' calibrated timeout, so it may be
@@ -322,13 +333,8 @@ class OriginalRun:
         sandbox's children sharing the cores ran 29 s alone). None where the result was held to the
         original's bound, a guessed hang was confirmed on it, the timeout is the spec's own, or the
         result is the original itself."""
-        target, best, timeout_s = self.facts.signature, self.facts.best, self.facts.candidate_timeout_s
-        if (target is None or target.kind != "timeout" or best is None or best is self.graph or timeout_s is None
-                or self._held_to_s is not None or self.hang_watch.confirm_timeout_s is not None
-                or self.spec.limits.candidate_timeout_s):
-            return None
-        bound_s = self._original_bound()
-        if timeout_s >= bound_s:
+        bound_s, timeout_s = self._bound_to_hold_to(), self.facts.candidate_timeout_s
+        if bound_s is None or timeout_s is None or self._held_to_s is not None:
             return None
         return (f"the result was judged a hang by the candidates' calibrated timeout ({timeout_s:g} s) and not held "
                 f"to the original's {bound_s:g} s bound before the time ran out: it may be slow rather than hung "

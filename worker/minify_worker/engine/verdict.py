@@ -171,7 +171,8 @@ class Verdict:
         if target is None:
             seen = oracle.outcome_signature(outcome)
             reason = not_reproducible_reason(outcome, self.spec)
-            if seen is not None and empty is not None and _same_failure(oracle.outcome_signature(empty()), seen):
+            shared = oracle.outcome_signature(empty()) if seen is not None and empty is not None else None
+            if shared is not None and shared.same_as(seen):
                 reason += ("; the program with no ops fails that way too: that failure does not depend on the "
                            "program (it is torch's, its backend's or the machine's)")
                 return Unreproduced(JobState.not_reproducible, reason, runs, seen, empty_fails_too=True)
@@ -189,11 +190,6 @@ class Verdict:
         """Whether `outcome` fails the way the original does (the target must be known)."""
         assert self.signature is not None
         return oracle.still_fails(outcome, self.signature, self.failure)
-
-
-def _same_failure(signature: Signature | None, other: Signature) -> bool:
-    return signature is not None and (signature.kind, signature.exc_type, signature.key) == (
-        other.kind, other.exc_type, other.key)
 
 
 def target_of(outcome: Outcome, failure: FailureSpec) -> Signature | None:

@@ -149,10 +149,10 @@ def run_job(wire: dict[str, Any]) -> str:
         if versions:
             try:
                 own = versions_phase.offered_envs()[0]
-                probed_versions.append(versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, own))
+                probed = versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, own)
+                probed_versions.append(probed)
                 if report.bug and channel.keys.has_bug_index:
-                    versions_bugs.phase_asks(channel.redis, channel.keys.bug_record(report.bug),
-                                             [own.torch, *probed_versions[0]])
+                    versions_bugs.phase_asks(channel.redis, channel.keys.bug_record(report.bug), [own.torch, *probed])
             except RedisError as error:
                 log.warning("the version phase could not send its probes: %s", error)
         return report
