@@ -201,12 +201,18 @@ _APPLIED_IN_THE_FORK = ("MINIFY_", "PYTEST_")
 # Set by inductor in a process that loaded a compiled library, before that library reads it (a
 # pointer of that process): a fresh interpreter inherits it unread.
 _SET_BEFORE_READ = frozenset({"_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+# Set by jax in a process that starts its backend (the StableHLO tests do, in the test process),
+# read by XLA and TensorFlow only: without them here, every repro after a StableHLO test in an xdist
+# worker ran in a fresh interpreter (about 30 repros, 2-3 CPU-s of imports each, in a CI run).
+# Applied in the fork like the others (its environment is the one asked for).
+_READ_BY_XLA_ONLY = frozenset({"TPU_SKIP_MDS_QUERY", "TF_CPP_MIN_LOG_LEVEL"})
+_NOT_READ_BY_TORCH = _SET_BEFORE_READ | _READ_BY_XLA_ONLY
 _shared: ReproForks | None = None
 
 
 def _unread_by_imports(environment: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in environment.items()
-            if not name.startswith(_APPLIED_IN_THE_FORK) and name not in _SET_BEFORE_READ}
+            if not name.startswith(_APPLIED_IN_THE_FORK) and name not in _NOT_READ_BY_TORCH}
 
 
 def run_shared(repro: Path, environment: dict[str, str], base: dict[str, str],
