@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -32,12 +33,14 @@ def test_any_other_difference_sends_the_repro_to_a_fresh_interpreter(change: dic
 def test_starting_jax_changes_no_variable_that_would_send_later_repros_to_a_fresh_interpreter() -> None:
     """The StableHLO tests start jax's CPU backend in the test process, which sets variables of its own there;
     a repro run after them must still fork (it did not: every later repro of that xdist worker ran
-    fresh). Measured in a fresh interpreter: the test process may have imported jax already."""
+    fresh). Measured in a fresh interpreter with a bare environment."""
     if importlib.util.find_spec("jax") is None:  # not importorskip: importing it here sets one of them
         pytest.skip("jax is not installed")
     code = ("import json, os; before = dict(os.environ); import jax; jax.devices(); "
             "print(json.dumps(sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))))")
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # Not this process's environment: it holds them already where a StableHLO test ran before.
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PATH": os.environ.get("PATH", "")})
     assert ran.returncode == 0, ran.stderr[-2000:]
     changed = json.loads(ran.stdout.strip().splitlines()[-1])
     assert changed, "starting jax set no variable: the rule for them may go"
