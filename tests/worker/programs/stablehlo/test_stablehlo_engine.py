@@ -7,6 +7,7 @@ external compiler (`backend: command`) that crashes on some candidates."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -51,9 +52,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, Path]:
     return Report.model_validate_json((folder / "out" / "report.json").read_text()), folder
 
 
-def _repro(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+def _repro(folder: Path, *arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, str(folder / "out" / "repro.py"), *arguments],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
 def test_the_job_minimizes_to_the_reduce_max(job) -> None:
@@ -92,6 +93,9 @@ def test_a_command_that_crashes_on_some_candidates_still_leads_to_the_op_it_refu
     assert report.signature == "CommandFailed: reduce-max is not supported on this target"
     assert report.nodes_final == 1 and "stablehlo.reduce" in report.graph_code
     assert report.outcomes.get("crashed", 0) >= 1
-    repro = _repro(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    repro = _repro(tmp_path, env={**os.environ, "TMPDIR": str(scratch)})
     assert repro.returncode != 0
     assert "repro failed with: CommandFailed: reduce-max is not supported on this target" in repro.stderr
+    assert list(scratch.iterdir()) == []  # the command's inputs went in a folder the repro removed

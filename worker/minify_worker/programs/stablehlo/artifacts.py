@@ -250,24 +250,27 @@ def interpret(text, arrays):
 
 
 def run_command(module_path, arrays):
-    """The job's command on the module: exit status 0 passes; its outputs, if it wrote {output}."""
-    folder = Path(tempfile.mkdtemp(prefix="repro-"))
-    paths = {"module": module_path, "inputs": folder / "inputs.npz", "output": folder / "output.npz"}
-    np.savez(paths["inputs"], **{f"arg{position}": array for position, array in enumerate(arrays)})
-    argv = COMMAND.split() if isinstance(COMMAND, str) else list(COMMAND)
-    for name, path in paths.items():
-        argv = [part.replace("{" + name + "}", str(path)) for part in argv]
-    completed = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    """The job's command on the module: exit status 0 passes; its outputs, if it wrote {output}.
+    Its inputs and output files live in a temporary folder, removed before this returns or dies."""
+    outputs = None
+    with tempfile.TemporaryDirectory(prefix="repro-") as scratch:
+        folder = Path(scratch)
+        paths = {"module": module_path, "inputs": folder / "inputs.npz", "output": folder / "output.npz"}
+        np.savez(paths["inputs"], **{f"arg{position}": array for position, array in enumerate(arrays)})
+        argv = COMMAND.split() if isinstance(COMMAND, str) else list(COMMAND)
+        for name, path in paths.items():
+            argv = [part.replace("{" + name + "}", str(path)) for part in argv]
+        completed = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+        if completed.returncode == 0 and paths["output"].is_file():
+            with np.load(paths["output"], allow_pickle=False) as archive:
+                outputs = [archive[name] for name in archive.files]
     if completed.returncode < 0:
         import os, signal
         os.kill(os.getpid(), -completed.returncode)  # die the way the command did
     if completed.returncode != 0:
         said = completed.stderr.strip() or completed.stdout.strip() or "no output"
         raise CommandFailed(f"{said}\\n(exit status {completed.returncode})")
-    if paths["output"].is_file():
-        with np.load(paths["output"], allow_pickle=False) as archive:
-            return [archive[name] for name in archive.files]
-    return None
+    return outputs
 
 
 def check_accuracy(reference, result, fp64=None):
