@@ -265,7 +265,7 @@ def run_command(module_path, arrays):
             with np.load(paths["output"], allow_pickle=False) as archive:
                 outputs = [archive[name] for name in archive.files]
     if completed.returncode < 0:
-        import os, signal
+        import os
         os.kill(os.getpid(), -completed.returncode)  # die the way the command did
     if completed.returncode != 0:
         said = completed.stderr.strip() or completed.stdout.strip() or "no output"
