@@ -175,6 +175,7 @@ def test_the_command_writes_the_result_where_it_is_told(tmp_path: Path) -> None:
     assert out.is_file() and not (tmp_path / "script.min.py").exists()
 
 
+@pytest.mark.waits
 def test_a_hang_is_reduced_to_what_keeps_it_running_past_the_bound_and_a_script_that_ends_is_refused(
         tmp_path: Path) -> None:
     """`--hang SECONDS` (the corpus's pytorch#148073, a compile that never returns, had no bound on

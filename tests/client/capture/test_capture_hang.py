@@ -76,6 +76,7 @@ def _capture_hang(tmp_path: Path, where: str) -> dict:
     return entry
 
 
+@pytest.mark.waits
 def test_a_compile_that_never_returns_is_captured_and_minimized_as_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry = _capture_hang(tmp_path, "compile")
@@ -92,10 +93,12 @@ def test_a_compile_that_never_returns_is_captured_and_minimized_as_a_hang(
     assert ops_of(torch.export.load(tmp_path / "out" / "minimized.pt2").graph) == ["relu"]
 
 
+@pytest.mark.waits
 def test_a_first_run_that_never_returns_is_captured_as_a_hang(tmp_path: Path) -> None:
     _capture_hang(tmp_path, "run")
 
 
+@pytest.mark.waits
 def test_the_pytest_plugin_stops_a_test_whose_compile_hangs_and_captures_it(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "suite.ini"), str(SUITE / "case_hang.py"), "-v"]
     captured = _run(command, REPO, MINIFY_CAPTURE_DIR=str(tmp_path / "caps"), MINIFY_CAPTURE_HANG=BOUND_S)

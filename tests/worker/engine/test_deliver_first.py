@@ -27,6 +27,8 @@ from tests.support.graphs import ops_of, save_chain, save_cos_sin_relu
 RELU = "RuntimeError: injected failure on relu"
 COS = "ValueError: injected failure on cos"
 
+pytestmark = pytest.mark.waits
+
 
 def run(tmp_path: Path, backend: str, failure: dict, *, culprit: bool = False, program: Path | None = None,
         on_result: object = None) -> tuple[MinifyResult, list[MinifyResult], list[ProgressEvent]]:

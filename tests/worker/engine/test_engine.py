@@ -60,6 +60,7 @@ def test_a_segfaulting_op_is_isolated_and_the_job_survives(tmp_path: Path) -> No
     assert result.report.failure_kind == "crash"
 
 
+@pytest.mark.waits
 def test_a_hanging_op_costs_one_timeout(tmp_path: Path) -> None:
     # relu raises; without relu, sin hangs. One candidate at a time, so none is cancelled early.
     program = save_chain(tmp_path, ("sin", "cos", "relu"))

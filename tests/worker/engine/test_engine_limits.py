@@ -13,7 +13,7 @@ from minify_worker.engine.original import DEFAULT_ORIGINAL_TIMEOUT_S
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 
-pytestmark = pytest.mark.usefixtures("test_backends_allowed")
+pytestmark = [pytest.mark.usefixtures("test_backends_allowed"), pytest.mark.waits]
 
 # The phases after minimality (shrink, culprit) would each run the hanging or allocating minimal
 # program again, a timeout apiece: the first test of each failure kind keeps them (the defaults,

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from minify_contract.models import JobSpec, JobState, Milestone, ProgressEvent
 from minify_worker.engine import minify
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_cos_sin_relu
+
+pytestmark = pytest.mark.waits
 
 
 def run(tmp_path: Path, backend: str, failure: dict | None = None) -> tuple[object, list[ProgressEvent]]:

@@ -95,6 +95,7 @@ def restarted(events: list[ProgressEvent]) -> bool:
     return any(event.milestone is Milestone.restarted for event in events)
 
 
+@pytest.mark.waits
 def test_a_given_signature_is_the_target_from_the_first_check(tmp_path: Path, test_backends_allowed: None) -> None:
     # The original takes 5 s to fail on relu; a candidate with cos and no relu fails at once with a
     # ValueError. Without a signature that first failure is the guess, and the original's outcome

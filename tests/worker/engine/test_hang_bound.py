@@ -21,7 +21,7 @@ from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 from tests.support.subprocesses import run_clean
 
-pytestmark = pytest.mark.usefixtures("test_backends_allowed")
+pytestmark = [pytest.mark.usefixtures("test_backends_allowed"), pytest.mark.waits]
 
 # Candidates hang after 1 s at the least (the default floor, 5 s, would let relu's 2 s compile pass).
 SHORT_CANDIDATES = HangCalibration(candidate_min_s=1.0)
