@@ -7,6 +7,7 @@ dynamo's and inductor's in-memory state between them, until it is told to stop o
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import json
 import os
@@ -70,7 +71,13 @@ class ChildSetup:
 
 def enter(setup: ChildSetup, log_path: Path) -> None:
     """What every child does first: its own session and process group, death with the server,
-    default signal handlers, none of the server's descriptors, output to its log."""
+    default signal handlers, none of the server's descriptors, output to its log.
+
+    The objects it inherits (torch's modules, the server's preloaded state) are frozen first: its
+    collections, automatic or `_drop_compile_state`'s between a long-lived child's candidates, then
+    walk only what the child made. A full collection over the inherited heap took about 0.2 CPU-s
+    and wrote to every page of it (each copied from the server's), per candidate."""
+    gc.freeze()
     os.setsid()
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != setup.server_pid:
@@ -204,8 +211,6 @@ def _should_retire(result: dict[str, Any], growth_mb: float) -> bool:
 def _drop_compile_state(spec: JobSpec) -> None:
     """Between two candidates in one process: forget what dynamo and inductor keep in memory (their
     on-disk caches stay, shared by all children) and give cached device memory back."""
-    import gc
-
     import torch
 
     torch._dynamo.reset()
