@@ -140,20 +140,24 @@ def _describe(pid: int) -> str:
 
 
 def wait_healthy(url: str, workers: int, process: subprocess.Popen, timeout_s: float) -> None:
+    """Poll /healthz until the server counts `workers` workers. One client for the whole wait: each
+    `httpx.get` builds a client, and its TLS context (the CA bundle read again, some 20 ms of CPU),
+    ten times a second for the seconds a worker takes to import torch."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServiceError(f"minify-server exited with {process.returncode}")
-        try:
-            response = httpx.get(f"{url}/healthz", timeout=2)
-            body = response.json()
-            if response.status_code == 200 and body.get("workers", 0) >= workers:
-                return
-            last = response.text
-        except (httpx.HTTPError, ValueError) as error:
-            last = repr(error)
-        time.sleep(0.1)
+    with httpx.Client(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ServiceError(f"minify-server exited with {process.returncode}")
+            try:
+                response = client.get(f"{url}/healthz")
+                body = response.json()
+                if response.status_code == 200 and body.get("workers", 0) >= workers:
+                    return
+                last = response.text
+            except (httpx.HTTPError, ValueError) as error:
+                last = repr(error)
+            time.sleep(0.1)
     raise ServiceError(f"minify-server not healthy after {timeout_s:.0f} s: {last}")
 
 
