@@ -34,6 +34,13 @@ def temp_dir(context: ChildContext) -> dict[str, Any]:
     return {"tempdir": tempfile.gettempdir(), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
 
 
+def gc_state(context: ChildContext) -> dict[str, Any]:
+    """How many objects the child's collector holds frozen (inherited) and how many it tracks."""
+    import gc
+
+    return {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
+
+
 def run_with_spec(context: ChildContext, *, wire_graph: dict[str, Any], spec_json: str) -> dict[str, Any]:
     """Run a candidate under another spec (tests reuse one warm pool)."""
     from minify_contract.models import JobSpec

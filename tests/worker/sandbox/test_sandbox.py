@@ -230,6 +230,14 @@ def test_children_keep_temporary_files_in_the_work_dir(pool: SandboxPool, workdi
     assert Path(where["tempdir"]).is_relative_to(workdir)
 
 
+def test_a_childs_collections_walk_only_what_it_made(pool: SandboxPool) -> None:
+    """What a child inherits from its fork server (torch's modules, the preloaded state) is frozen
+    before anything runs: a collection in the child, automatic or a long-lived child's between
+    candidates, would otherwise walk all of it (and write to every page it walks)."""
+    state = pool.call("tests.support.calls:gc_state", timeout_s=60)
+    assert state["frozen"] > 10 * state["tracked"], state
+
+
 def test_compile_caches_are_shared_outside_temp_unless_kept_per_job(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINIFY_CACHE_DIR", str(tmp_path / "caches"))
