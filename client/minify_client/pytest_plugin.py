@@ -132,8 +132,7 @@ class CapturePlugin:
         undiagnosed, self._undiagnosed = self._undiagnosed, []
         for test, signature, seconds in undiagnosed:
             command = diagnose.pytest_command(test, session.config.rootpath, session.config.inipath)
-            diagnose.diagnose(test, signature, command, cwd=session.config.rootpath,
-                              directory=self.session.directory, name=safe_name(test),
+            diagnose.diagnose(test, signature, command, directory=self.session.directory, name=safe_name(test),
                               timeout_s=diagnose.rerun_timeout_s(seconds))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

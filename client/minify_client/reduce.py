@@ -39,7 +39,6 @@ import builtins
 import copy
 import functools
 import itertools
-import json
 import os
 import queue
 import subprocess
@@ -142,7 +141,7 @@ class ScriptRunner:
         self.timeout_s = timeout_s
         self.preload = preload or []
         self._counter = itertools.count()
-        self._servers: dict[bool, queue.Queue[subprocess.Popen[str] | None]] = {}
+        self._servers: dict[bool, queue.Queue[rerun.Server | None]] = {}
         for compiled in (True, False):
             self._servers[compiled] = queue.Queue()
             for _ in range(jobs if self.preload else 0):
@@ -180,8 +179,7 @@ class ScriptRunner:
             while not servers.empty():
                 server = servers.get_nowait()
                 if server is not None:
-                    server.kill()
-                    server.wait()
+                    server.close()
 
     def _environment(self, compiled: bool) -> dict[str, str]:
         # A test file's candidates write no bytecode (pytest's rewritten asserts) beside the user's.
@@ -217,25 +215,17 @@ class ScriptRunner:
         servers = self._servers[compiled]
         server = servers.get()
         try:
-            if server is None or server.poll() is not None:
-                modules = self.preload if compiled else [name for name in self.preload if name not in _COMPILED_ONLY]
-                server = subprocess.Popen([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, "--serve",
-                                           *modules], cwd=self.script.parent, env=self._environment(compiled),
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, text=True)
-            assert server.stdin is not None and server.stdout is not None
-            request = {"script": str(path), "argv": self._argv(path), "out": out, "timeout_s": self.timeout_s,
-                       "settings": self._settings(compiled)}
-            server.stdin.write(json.dumps(request) + "\n")
-            server.stdin.flush()
-            answer = server.stdout.readline()
+            if server is None or not server.alive():
+                modules = [name for name in self.preload if compiled or name not in rerun.COMPILED_ONLY]
+                server = rerun.Server(modules, cwd=self.script.parent, environment=self._environment(compiled))
+            ended = server.run({"script": str(path), "argv": self._argv(path), "out": out,
+                                "timeout_s": self.timeout_s, "settings": self._settings(compiled)})
         except OSError:
-            answer = ""
+            ended = None
         finally:
             servers.put(server)
-        if not answer:  # the server died: this run goes fresh, the next starts another server
+        if ended is None:  # the server died: this run goes fresh, the next starts another server
             return self._fresh(path, out, compiled)
-        ended = json.loads(answer)
         return None if ended["timed_out"] else int(ended["returncode"])
 
 
@@ -266,7 +256,7 @@ def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None,
     tree = ast.parse(path.read_text(), filename=str(path))
     started = time.monotonic()
     say = on_progress or (lambda text: None)
-    preload = _preloaded(tree)
+    preload = rerun.preloaded_modules(tree)
     if test is not None and preload:  # and the plugin each run loads (`-p`: the client's package, 0.15 s a run)
         preload += ["pytest", rerun.__name__]
     runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=preload, jobs=jobs, test=test)
@@ -354,48 +344,6 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
                    export_refusal=refusal)
 
 
-# What a script's first torch.compile imports (dynamo, inductor's compiler): 1.4 of a run's 1.8 s
-# here for a script that compiles with the eager backend, and the same in every run. With
-# TORCHDYNAMO_DISABLE=1 too, torch.compile looks its backend up, which imports dynamo's backends
-# (backends.common, and with it aot_autograd): 0.2 s of every run without the compiler.
-_COMPILER_MODULES = ("torch._dynamo", "torch._dynamo.backends.common", "torch._inductor.compile_fx")
-# What it imports only with the compiler on: with TORCHDYNAMO_DISABLE=1 torch.compile imports dynamo
-# and never inductor's compiler, so the servers of the runs without it leave it out (1 s of each start).
-_COMPILED_ONLY = ("torch._inductor.compile_fx",)
-
-
-def _preloaded(tree: ast.Module) -> list[str]:
-    """What the fork servers import once (seconds a run otherwise): the torch modules the script
-    imports at its top level and, with torch, what its torch.compile will import. Nothing else: the
-    script's own modules run in every child. Nothing at all for a script that touches the
-    environment (`os.environ`, `putenv`): torch reads variables when these modules are imported,
-    which in a server would be before the script set them, so each run is a fresh interpreter."""
-    if _touches_environment(tree):
-        return []
-    names = []
-    for statement in tree.body:
-        if isinstance(statement, ast.Import):
-            names += [alias.name for alias in statement.names]
-        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
-            names.append(statement.module)
-    modules = [name for name in dict.fromkeys(names) if name == "torch" or name.startswith("torch.")]
-    return [*modules, *(name for name in _COMPILER_MODULES if name not in modules)] if modules else []
-
-
-def _touches_environment(tree: ast.AST) -> bool:
-    return any(_names_the_environment(node) for node in ast.walk(tree))
-
-
-def _names_the_environment(node: ast.AST) -> bool:
-    """`os.environ`, `os.putenv`, ...; `environ` as a name or in `from os import environ`."""
-    if isinstance(node, ast.Attribute):
-        return node.attr in _ENVIRONMENT
-    if isinstance(node, ast.Name):
-        return node.id in _ENVIRONMENT
-    return isinstance(node, ast.alias) and node.name in _ENVIRONMENT
-
-
-_ENVIRONMENT = frozenset({"environ", "environb", "putenv", "unsetenv"})
 
 
 def _inside_export(run: Run) -> bool:

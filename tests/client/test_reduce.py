@@ -372,16 +372,16 @@ def test_the_fork_servers_import_what_torch_compile_will_unless_the_script_touch
     compiler (TORCHDYNAMO_DISABLE=1) still imported dynamo's backends, 0.2 s. A script that sets
     variables torch reads on import (`os.environ[...] = ...` before the compile) must see them read
     after it set them: it runs in fresh interpreters."""
-    from minify_client.reduce import _preloaded
+    from minify_client.capture.rerun import preloaded_modules
 
     compiles = "import torch\nimport torch._inductor.config\ntorch.compile(torch.sin)(torch.ones(1))\n"
-    assert _preloaded(ast.parse(compiles)) == ["torch", "torch._inductor.config", "torch._dynamo",
-                                               "torch._dynamo.backends.common", "torch._inductor.compile_fx"]
+    assert preloaded_modules(ast.parse(compiles)) == ["torch", "torch._inductor.config", "torch._dynamo",
+                                                      "torch._dynamo.backends.common", "torch._inductor.compile_fx"]
     for setting in ("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\n",
                     "from os import environ\nenviron.setdefault('TORCH_LOGS', 'graph')\n",
                     "import os\nos.putenv('TORCHDYNAMO_VERBOSE', '1')\n"):
-        assert _preloaded(ast.parse(setting + compiles)) == []
-    assert _preloaded(ast.parse("import numpy\nprint(numpy.ones(2))\n")) == []
+        assert preloaded_modules(ast.parse(setting + compiles)) == []
+    assert preloaded_modules(ast.parse("import numpy\nprint(numpy.ones(2))\n")) == []
 
 
 FAILING_TEST = '''import math

@@ -122,7 +122,7 @@ def _diagnose(session: CaptureSession, error: BaseException, captured: list[obje
     print("minify: no failing graph was captured; rerunning the script to find which layer of torch.compile "
           "is to blame (--diagnose)", file=sys.stderr)
     found = diagnose.diagnose(name, signatures.signature_line(error),
-                              diagnose.script_command(options.script, options.args), cwd=invoked_in,
+                              diagnose.script_command(options.script, options.args, invoked_in),
                               directory=session.directory, name=name, timeout_s=diagnose.rerun_timeout_s(seconds))
     print(f"{found.message}\nminify: reruns and their logs: {session.directory / diagnose.MANIFEST}", file=sys.stderr)
 

@@ -24,6 +24,7 @@ to the runner's output or the plugin's summary. The user's own run has ended by 
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -123,28 +124,62 @@ def rerun_timeout_s(seconds: float) -> float:
     return 5 * seconds + 300
 
 
-def script_command(script: str, args: Sequence[str]) -> list[str]:
-    """rerun.py run by its path: `-m minify_client.capture.rerun` would first import the client's
-    packages (httpx, pydantic, rich: 0.7 CPU-s a rerun), none of which a rerun uses."""
-    import sys
+@dataclass(frozen=True)
+class RerunCommand:
+    """What a rerun runs: `argv`, `rerun.main`'s arguments (the script and its own, or `--pytest
+    NODEID ...`), from `cwd`; `sources`, the files whose imports decide what one server imports for
+    every stage (`rerun.preloaded_modules`)."""
 
-    return [sys.executable, "-c", rerun.BY_PATH, rerun.__file__, script, *args]
+    argv: tuple[str, ...]
+    cwd: Path
+    sources: tuple[Path, ...]
+    pytest: bool = False
+
+    def fresh(self) -> list[str]:
+        """A fresh interpreter running it: rerun.py by its path (`-m minify_client.capture.rerun`
+        would first import the client's packages, httpx, pydantic, rich: 0.7 CPU-s a rerun, none of
+        which a rerun uses)."""
+        import sys
+
+        return [sys.executable, "-c", rerun.BY_PATH, rerun.__file__, *self.argv]
+
+    def preload(self) -> list[str]:
+        """What one fork server imports before the stages fork from it (torch: seconds a rerun
+        otherwise); none where a source cannot be read or touches the environment."""
+        trees = []
+        for source in self.sources:
+            try:
+                trees.append(ast.parse(source.read_text(), filename=str(source)))
+            except (OSError, SyntaxError, ValueError):
+                return []
+        modules = rerun.preloaded_modules(*trees)
+        # A test's run loads pytest and this plugin (`-p`: the client's package) every time.
+        return [*modules, "pytest", rerun.__name__] if modules and self.pytest else modules
 
 
-def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> list[str]:
-    """One test again, from `rootdir` (where its node id starts) with the run's own ini file."""
-    import sys
-
-    config = ["-c", str(inifile)] if inifile is not None else []
-    return [sys.executable, "-m", "pytest", nodeid, *config, f"--rootdir={rootdir}", "-p",
-            "minify_client.capture.rerun", "-p", "no:cacheprovider", "-q",
-            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+def script_command(script: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> RerunCommand:
+    """The script run again as `python script.py args` ran it from `cwd`."""
+    return RerunCommand(argv=(script, *args), cwd=Path(cwd), sources=(Path(cwd) / script,))
 
 
-def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os.PathLike[str], directory: Path,
-             name: str, timeout_s: float) -> Diagnosis:
+def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> RerunCommand:
+    """One test again, from `rootdir` (where its node id starts) with the run's own ini file; its
+    file and the conftest.py files pytest loads for it decide what a server may import first."""
+    config = ("-c", str(inifile)) if inifile is not None else ()
+    test_file = rootdir / nodeid.split("::", 1)[0]
+    folders = [folder for folder in reversed(test_file.parents) if folder == rootdir or folder.is_relative_to(rootdir)]
+    conftests = tuple(folder / "conftest.py" for folder in folders if (folder / "conftest.py").is_file())
+    return RerunCommand(argv=("--pytest", nodeid, *config, f"--rootdir={rootdir}", "-p", rerun.__name__, "-p",
+                              "no:cacheprovider", "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning"),
+                        cwd=rootdir, sources=(test_file, *conftests), pytest=True)
+
+
+def diagnose(test: str, signature: str, command: RerunCommand, *, directory: Path, name: str,
+             timeout_s: float) -> Diagnosis:
     """Rerun `command` (script_command or pytest_command) stage by stage until one fails; the
-    verdict, written to `directory`."""
+    verdict, written to `directory`. The stages fork from one server that imported torch once
+    (`rerun.serve`) where the program's sources allow (`RerunCommand.preload`): the variables a stage
+    sets, torch reads at each torch.compile, not on import (`rerun._settings_read_on_import`)."""
     logs = directory / "diagnoses" / name
     logs.mkdir(parents=True, exist_ok=True)
     if not backend_override_read():
@@ -154,12 +189,23 @@ def diagnose(test: str, signature: str, command: Sequence[str], *, cwd: str | os
         _record(directory, diagnosis)
         return diagnosis
     reruns: list[Rerun] = []
-    for setting, environment in _STAGES:
-        rerun = _rerun(setting, environment, command, cwd=cwd, log=logs / f"{setting.replace(' ', '-')}.log",
-                       directory=directory, expected=signature, timeout_s=timeout_s)
-        reruns.append(rerun)
-        if rerun.outcome != "passes":  # a rerun that fails names the layer; one that did not finish ends it
-            break
+    modules = command.preload()
+    server = None
+    if modules:
+        try:
+            server = rerun.Server(modules, cwd=command.cwd, environment=rerun.environment({}))
+        except OSError:
+            server = None
+    try:
+        for setting, environment in _STAGES:
+            done = _rerun(setting, environment, command, server, log=logs / f"{setting.replace(' ', '-')}.log",
+                          directory=directory, expected=signature, timeout_s=timeout_s)
+            reruns.append(done)
+            if done.outcome != "passes":  # a rerun that fails names the layer; one that did not finish ends it
+                break
+    finally:
+        if server is not None:
+            server.close()
     diagnosis = _verdict(test, signature, reruns)
     _record(directory, diagnosis)
     return diagnosis
@@ -307,25 +353,35 @@ def _found_none() -> str:
             "may be there (a limit of minify's check, not your program's)")
 
 
-def _rerun(setting: str, environment: dict[str, str], command: Sequence[str], *, cwd: str | os.PathLike[str],
+def _rerun(setting: str, environment: dict[str, str], command: RerunCommand, server: rerun.Server | None, *,
            log: Path, directory: Path, expected: str, timeout_s: float) -> Rerun:
     handle, out = tempfile.mkstemp(prefix="minify-rerun-", suffix=".json")
     os.close(handle)
-    env = rerun.environment({**environment, rerun.OUT_ENV: out})
     started = time.monotonic()
     try:
-        with open(log, "w") as output:
-            try:
-                done = subprocess.run(list(command), cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, timeout=timeout_s, check=False)
-            except subprocess.TimeoutExpired:
-                return Rerun(setting, "timed out", None, time.monotonic() - started, _relative(log, directory))
-            except OSError as error:
-                output.write(f"minify: could not start {command[0]}: {error}\n")
-                return Rerun(setting, "could not run", None, time.monotonic() - started, _relative(log, directory))
-        seconds = time.monotonic() - started
-        outcome, signature, raised_in = _outcome(done.returncode, out, expected)
-        return Rerun(setting, outcome, signature, seconds, _relative(log, directory), raised_in)
+        ended = None
+        if server is not None:
+            ended = server.run({"argv": list(command.argv), "cwd": str(command.cwd), "out": out, "log": str(log),
+                                "timeout_s": timeout_s, "settings": environment})
+        if ended is not None and ended["timed_out"]:
+            return Rerun(setting, "timed out", None, time.monotonic() - started, _relative(log, directory))
+        returncode = None if ended is None else int(ended["returncode"])
+        if returncode is None:  # no server, or it died: a fresh interpreter
+            env = rerun.environment({**environment, rerun.OUT_ENV: out})
+            with open(log, "w") as output:
+                try:
+                    done = subprocess.run(command.fresh(), cwd=command.cwd, env=env, stdout=output,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout_s,
+                                          check=False)
+                except subprocess.TimeoutExpired:
+                    return Rerun(setting, "timed out", None, time.monotonic() - started, _relative(log, directory))
+                except OSError as error:
+                    output.write(f"minify: could not start {command.fresh()[0]}: {error}\n")
+                    return Rerun(setting, "could not run", None, time.monotonic() - started,
+                                 _relative(log, directory))
+            returncode = done.returncode
+        outcome, signature, raised_in = _outcome(returncode, out, expected)
+        return Rerun(setting, outcome, signature, time.monotonic() - started, _relative(log, directory), raised_in)
     finally:
         os.unlink(out)
 

@@ -13,11 +13,14 @@ script that raised (`reduce` holds a smaller script to the same statement).
 - `pytest -p minify_client.capture.rerun NODEID`: the test's error, as a plugin (no test that
   passes writes anything: the parent reads pytest's exit status), and `raised_at`, the line of the
   test's file that raised; `python -c BY_PATH .../rerun.py --pytest NODEID -p
-  minify_client.capture.rerun ...` runs it so (`reduce` on a test).
+  minify_client.capture.rerun ...` runs it so (`reduce` on a test, `diagnose.pytest_command`);
+- `python -c BY_PATH .../rerun.py --serve MODULES...` (`serve`, driven through `Server`): a fork
+  server that imports MODULES (torch) once and runs each of many runs above in a child of its own.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import linecache
 import os
@@ -166,13 +169,13 @@ def pytest_exception_interact(node: Any, call: Any, report: Any) -> None:
 
 
 def serve(modules: list[str]) -> int:
-    """A fork server for many runs of scripts (`minify_client.reduce`): import `modules` once (torch
-    costs seconds a run), then for each request read from stdin, a JSON line `{"script", "argv",
-    "out", "timeout_s", "settings"}` (`settings`: that run's own environment variables), fork a
-    child that runs `main(argv)` from the script's folder (the script,
-    or `--pytest NODEID ...`; its output discarded, its
-    record written to `out`), wait for it (killed once past `timeout_s`), and answer on stdout with
-    a JSON line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
+    """A fork server for many runs of scripts (`minify_client.reduce`, the diagnosis's stages): import
+    `modules` once (torch costs seconds a run), then for each request read from stdin, a JSON line
+    `{"argv", "out", "timeout_s", "settings", "cwd" or "script", "log"?}` (`settings`: that run's own
+    environment variables), fork a child that runs `main(argv)` (the script, or `--pytest NODEID
+    ...`) from `cwd` (else the script's folder), its output to `log` (else discarded) and its
+    record to `out`, wait for it (killed once past `timeout_s`), and answer on stdout with a JSON
+    line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
     server itself runs nothing else: every run starts from the same state."""
     import gc
     import importlib
@@ -212,6 +215,82 @@ def serve(modules: list[str]) -> int:
     return 0
 
 
+# What a script's first torch.compile imports (dynamo, inductor's compiler): 1.4 of a run's 1.8 s
+# here for a script that compiles with the eager backend, and the same in every run. With
+# TORCHDYNAMO_DISABLE=1 too, torch.compile looks its backend up, which imports dynamo's backends
+# (backends.common, and with it aot_autograd): 0.2 s of every run without the compiler.
+COMPILER_MODULES = ("torch._dynamo", "torch._dynamo.backends.common", "torch._inductor.compile_fx")
+# What it imports only with the compiler on: with TORCHDYNAMO_DISABLE=1 torch.compile imports dynamo
+# and never inductor's compiler, so a server for runs without it only may leave it out (1 s of each start).
+COMPILED_ONLY = ("torch._inductor.compile_fx",)
+
+
+def preloaded_modules(*trees: ast.Module) -> list[str]:
+    """What a fork server (`serve`) imports once for runs of the code in `trees` (a script; a test
+    file and its conftest.py files): the torch modules they import at their top level and, with
+    torch, what its torch.compile will import. Nothing else: the program's own modules run in every
+    child. Nothing at all where any of them touches the environment (`os.environ`, `putenv`):
+    torch reads variables when these modules are imported, which in a server would be before the
+    program set them, so each run is a fresh interpreter."""
+    if any(_touches_environment(tree) for tree in trees):
+        return []
+    names = []
+    for statement in (statement for tree in trees for statement in tree.body):
+        if isinstance(statement, ast.Import):
+            names += [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+            names.append(statement.module)
+    modules = [name for name in dict.fromkeys(names) if name == "torch" or name.startswith("torch.")]
+    return [*modules, *(name for name in COMPILER_MODULES if name not in modules)] if modules else []
+
+
+def _touches_environment(tree: ast.AST) -> bool:
+    return any(_names_the_environment(node) for node in ast.walk(tree))
+
+
+def _names_the_environment(node: ast.AST) -> bool:
+    """`os.environ`, `os.putenv`, ...; `environ` as a name or in `from os import environ`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in _ENVIRONMENT
+    if isinstance(node, ast.Name):
+        return node.id in _ENVIRONMENT
+    return isinstance(node, ast.alias) and node.name in _ENVIRONMENT
+
+
+_ENVIRONMENT = frozenset({"environ", "environb", "putenv", "unsetenv"})
+
+
+class Server:
+    """A `serve` process, seen from the process that hands it runs: started from `cwd` with
+    `environment` and `modules` imported; `run` sends one request and waits for its answer."""
+
+    def __init__(self, modules: list[str], *, cwd: str | os.PathLike[str], environment: dict[str, str]) -> None:
+        import subprocess
+
+        self._process = subprocess.Popen([sys.executable, "-c", BY_PATH, __file__, "--serve", *modules], cwd=cwd,
+                                         env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The server's answer to `request` (`{"returncode": N, "timed_out": bool}`, see `serve`), or
+        None where the server is gone: that run is for a fresh interpreter."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        try:
+            self._process.stdin.write(json.dumps(request) + "\n")
+            self._process.stdin.flush()
+            answer = self._process.stdout.readline()
+        except OSError:
+            return None
+        return json.loads(answer) if answer else None
+
+    def close(self) -> None:
+        self._process.kill()
+        self._process.wait()
+
+
 def _import_pytest_plugins() -> None:
     """The plugins pytest loads at every start (its `pytest11` entry points: 0.8 s a run here, most
     of it importing them and rewriting their asserts), imported once in the server instead; pytest
@@ -230,14 +309,27 @@ def _run_forked(request: dict[str, Any]) -> None:
     code = 1
     try:
         quiet = os.open(os.devnull, os.O_RDWR)
-        for stream in (0, 1, 2):
-            os.dup2(quiet, stream)
+        log = request.get("log")
+        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if log else quiet
+        for stream, source in ((0, quiet), (1, output), (2, output)):
+            os.dup2(source, stream)
         os.environ[OUT_ENV] = request["out"]
         os.environ.update(request.get("settings") or {})
-        os.chdir(os.path.dirname(request["script"]))
+        _settings_read_on_import()
+        os.chdir(request.get("cwd") or os.path.dirname(request["script"]))
         code = main(request["argv"])
     finally:
         os._exit(code if isinstance(code, int) else 1)
+
+
+def _settings_read_on_import() -> None:
+    """What torch read from the environment when the server imported it, read again now that this
+    run's settings are set: whether its compiler bisector is on (`TORCH_BISECT_*`, computed when
+    torch._inductor.compiler_bisector is imported; the backend itself it reads at each
+    torch.compile, as dynamo reads TORCHDYNAMO_DISABLE at each call)."""
+    bisector = sys.modules.get("torch._inductor.compiler_bisector")
+    if bisector is not None and hasattr(bisector, "get_is_bisection_enabled"):
+        bisector.CompilerBisector.bisection_enabled = bisector.get_is_bisection_enabled()
 
 
 def main(argv: list[str]) -> int:

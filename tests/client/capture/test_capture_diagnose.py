@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from minify_client.capture import torch_hooks
-from minify_client.capture.diagnose import Rerun, _verdict, script_command
+from minify_client.capture import rerun, torch_hooks
+from minify_client.capture.diagnose import Rerun, _verdict, pytest_command, script_command
 from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parents[3]
@@ -108,23 +108,62 @@ def _strict_export_takes_a_plain_list_of_modules() -> bool:
     return True
 
 
-def test_a_script_rerun_runs_it_as_python_m_would_without_importing_the_client(tmp_path: Path) -> None:
-    """The rerun's script sees the argv, sys.path and `__main__` that `python -m
-    minify_client.capture.rerun script.py` gives it, and no module of the client but rerun.py."""
+@pytest.mark.parametrize("how", ["fresh", "served"])
+def test_a_script_rerun_runs_it_as_python_m_would_without_importing_the_client(tmp_path: Path, how: str) -> None:
+    """The rerun's script sees the argv, sys.path, `__main__` and environment that `python -m
+    minify_client.capture.rerun script.py` gives it, and no module of the client but rerun.py: in a
+    fresh interpreter, and in a child of the server the stages fork from (`rerun.Server`), which
+    sets the stage's variables and writes the output to the stage's log."""
     (tmp_path / "script.py").write_text(textwrap.dedent("""
         import json, os, sys
         client = sorted(name for name in sys.modules if name.startswith("minify_client"))
-        print(json.dumps({"argv": sys.argv, "path": sys.path[:2], "name": __name__, "client": client}))
+        print(json.dumps({"argv": sys.argv, "path": sys.path[:2], "name": __name__, "client": client,
+                          "stage": os.environ.get("TORCH_BISECT_BACKEND"), "cwd": os.getcwd()}))
         sys.exit(5)
     """))
     (tmp_path / "cwd").mkdir()
-    done = _run(script_command(str(tmp_path / "script.py"), ["--epochs", "1"]), tmp_path / "cwd",
-                MINIFY_RERUN_OUT=str(tmp_path / "out.json"))
-    seen = json.loads(done.stdout)
-    assert done.returncode == 5 and seen == {"argv": [str(tmp_path / "script.py"), "--epochs", "1"], "name": "__main__",
-                                             "path": [str(tmp_path), str(tmp_path / "cwd")], "client": []}
-    assert json.loads((tmp_path / "out.json").read_text()) == {"failed": True, "signature": "SystemExit: N",
-                                                               "raised_in": None, "raised_at": "sys.exit(5)"}
+    command = script_command(str(tmp_path / "script.py"), ["--epochs", "1"], tmp_path / "cwd")
+    out, stage = tmp_path / "out.json", {"TORCH_BISECT_BACKEND": "eager"}
+    if how == "fresh":
+        done = _run(command.fresh(), tmp_path / "cwd", MINIFY_RERUN_OUT=str(out), **stage)
+        returncode, output = done.returncode, done.stdout
+    else:
+        server = rerun.Server(["json"], cwd=command.cwd, environment=rerun.environment({}))
+        try:
+            ended = server.run({"argv": list(command.argv), "cwd": str(command.cwd), "out": str(out),
+                                "log": str(tmp_path / "stage.log"), "timeout_s": 120, "settings": stage})
+        finally:
+            server.close()
+        assert ended is not None and not ended["timed_out"]
+        returncode, output = ended["returncode"], (tmp_path / "stage.log").read_text()
+    seen = json.loads(output)
+    assert returncode == 5 and seen == {"argv": [str(tmp_path / "script.py"), "--epochs", "1"], "name": "__main__",
+                                        "path": [str(tmp_path), str(tmp_path / "cwd")], "client": [],
+                                        "stage": "eager", "cwd": str(tmp_path / "cwd")}
+    assert json.loads(out.read_text()) == {"failed": True, "signature": "SystemExit: N",
+                                           "raised_in": None, "raised_at": "sys.exit(5)"}
+
+
+@pytest.mark.fast
+def test_the_stages_fork_from_one_server_unless_the_program_sets_variables_torch_reads_on_import(
+        tmp_path: Path) -> None:
+    """What the diagnosis's server imports: for a script, the torch modules it imports and what
+    torch.compile will; for a test, its file's and its conftest.py files' (from the root down),
+    with pytest and the rerun plugin; nothing where any of them touches the environment, or where
+    a source cannot be parsed."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_model.py").write_text("import torch\n\ndef test_step():\n    torch.compile(torch.sin)\n")
+    (tmp_path / "conftest.py").write_text("import torch._inductor.config\n")
+    script = script_command("sub/test_model.py", [], tmp_path)
+    assert script.preload() == ["torch", "torch._dynamo", "torch._dynamo.backends.common", "torch._inductor.compile_fx"]
+    test = pytest_command("sub/test_model.py::test_step", tmp_path, None)
+    assert test.cwd == tmp_path and test.argv[:2] == ("--pytest", "sub/test_model.py::test_step")
+    assert test.preload() == ["torch", "torch._inductor.config", "torch._dynamo", "torch._dynamo.backends.common",
+                              "torch._inductor.compile_fx", "pytest", rerun.__name__]
+    (tmp_path / "sub" / "conftest.py").write_text("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\n")
+    assert pytest_command("sub/test_model.py::test_step", tmp_path, None).preload() == []
+    (tmp_path / "broken.py").write_text("import torch\ndef (\n")
+    assert script_command("broken.py", [], tmp_path).preload() == []
 
 
 def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
