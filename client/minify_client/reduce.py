@@ -128,7 +128,9 @@ def same_failure(expected: Run, observed: Run) -> bool:
 class ScriptRunner:
     """Runs a script's text as `script` would run (beside it, as `__main__`), with or without
     torch.compile, each run in a process of its own: a child forked from a server that imported
-    torch once (`rerun.serve`, one per mode and job; `preload`), else a fresh `python`. With `test`
+    torch once (`rerun.serve`, one per job; `preload`), else a fresh `python`. Runs with and without
+    torch.compile fork from the same servers: TORCHDYNAMO_DISABLE is a run's own setting, which
+    torch reads at each torch.compile, not on import. With `test`
     (a test's name in `script`, as pytest's node id has it after `::`), the text is a test file and
     a run is that one test under pytest (`args` are pytest's), beside the file, so its conftest.py
     and imports hold."""
@@ -141,11 +143,9 @@ class ScriptRunner:
         self.timeout_s = timeout_s
         self.preload = preload or []
         self._counter = itertools.count()
-        self._servers: dict[bool, queue.Queue[rerun.Server | None]] = {}
-        for compiled in (True, False):
-            self._servers[compiled] = queue.Queue()
-            for _ in range(jobs if self.preload else 0):
-                self._servers[compiled].put(None)  # started when first used
+        self._servers: queue.Queue[rerun.Server | None] = queue.Queue()
+        for _ in range(jobs if self.preload else 0):
+            self._servers.put(None)  # started when first used
         self._lock = threading.Lock()
         self.runs = 0
         # The reference runs (without torch.compile) also run torch.export eagerly (`export_eagerly`):
@@ -175,16 +175,16 @@ class ScriptRunner:
             os.unlink(out)
 
     def close(self) -> None:
-        for servers in self._servers.values():
-            while not servers.empty():
-                server = servers.get_nowait()
-                if server is not None:
-                    server.close()
+        while not self._servers.empty():
+            server = self._servers.get_nowait()
+            if server is not None:
+                server.close()
 
-    def _environment(self, compiled: bool) -> dict[str, str]:
+    def _environment(self) -> dict[str, str]:
+        """Every run's environment, with torch.compile or without (`_settings`)."""
         # A test file's candidates write no bytecode (pytest's rewritten asserts) beside the user's.
         quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if self.test else {}
-        return rerun.environment({**INDEPENDENT_RUNS_ENV, **quiet, **({} if compiled else DISABLE_ENV)})
+        return rerun.environment({**INDEPENDENT_RUNS_ENV, **quiet})
 
     def _argv(self, path: Path) -> list[str]:
         """What `rerun.main` runs for the candidate at `path`: the script, or the one test in it."""
@@ -194,12 +194,14 @@ class ScriptRunner:
                 "-q", "-x", "-W", "ignore::pytest.PytestAssertRewriteWarning", *self.args]
 
     def _settings(self, compiled: bool) -> dict[str, str]:
-        """What one run sets beyond its server's environment."""
-        return {rerun.EAGER_EXPORT_ENV: "1"} if self.eager_export and not compiled else {}
+        """What one run sets beyond every run's environment (`_environment`): TORCHDYNAMO_DISABLE=1
+        for a run without torch.compile."""
+        eager_export = {rerun.EAGER_EXPORT_ENV: "1"} if self.eager_export and not compiled else {}
+        return {**({} if compiled else DISABLE_ENV), **eager_export}
 
     def _fresh(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a fresh `python` running `path` (None: it timed out)."""
-        env = {**self._environment(compiled), **self._settings(compiled), rerun.OUT_ENV: out}
+        env = {**self._environment(), **self._settings(compiled), rerun.OUT_ENV: out}
         try:
             done = subprocess.run([sys.executable, "-c", rerun.BY_PATH, rerun.__file__, *self._argv(path)],
                                   cwd=self.script.parent, env=env, stdin=subprocess.DEVNULL,
@@ -212,12 +214,11 @@ class ScriptRunner:
     def _through_server(self, path: Path, out: str, compiled: bool) -> int | None:
         """The exit status of a child of a fork server running `path` (None: it timed out); a fresh
         run (`_fresh`) where no server can be had."""
-        servers = self._servers[compiled]
+        servers = self._servers
         server = servers.get()
         try:
             if server is None or not server.alive():
-                modules = [name for name in self.preload if compiled or name not in rerun.COMPILED_ONLY]
-                server = rerun.Server(modules, cwd=self.script.parent, environment=self._environment(compiled))
+                server = rerun.Server(self.preload, cwd=self.script.parent, environment=self._environment())
             ended = server.run({"script": str(path), "argv": self._argv(path), "out": out,
                                 "timeout_s": self.timeout_s, "settings": self._settings(compiled)})
         except OSError:

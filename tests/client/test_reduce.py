@@ -310,7 +310,7 @@ def test_a_reduction_keeps_the_seed_and_runs_each_candidate_without_graphs_compi
             tree = smaller
     assert ast.unparse(tree) == "import torch\ntorch.manual_seed(0)"
 
-    environment = ScriptRunner(_write(tmp_path, "pass\n"), [], 10.0)._environment(compiled=True)
+    environment = ScriptRunner(_write(tmp_path, "pass\n"), [], 10.0)._environment()
     assert environment["TORCHINDUCTOR_FX_GRAPH_CACHE"] == environment["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
 
 

@@ -220,9 +220,6 @@ def serve(modules: list[str]) -> int:
 # TORCHDYNAMO_DISABLE=1 too, torch.compile looks its backend up, which imports dynamo's backends
 # (backends.common, and with it aot_autograd): 0.2 s of every run without the compiler.
 COMPILER_MODULES = ("torch._dynamo", "torch._dynamo.backends.common", "torch._inductor.compile_fx")
-# What it imports only with the compiler on: with TORCHDYNAMO_DISABLE=1 torch.compile imports dynamo
-# and never inductor's compiler, so a server for runs without it only may leave it out (1 s of each start).
-COMPILED_ONLY = ("torch._inductor.compile_fx",)
 
 
 def preloaded_modules(*trees: ast.Module) -> list[str]:
