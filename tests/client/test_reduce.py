@@ -366,12 +366,12 @@ def test_the_budget_holds_inside_a_pass() -> None:
 
 
 @pytest.mark.fast
-def test_the_fork_servers_import_what_torch_compile_will_unless_the_script_touches_the_environment() -> None:
+def test_the_fork_servers_import_what_torch_compile_will_unless_the_script_may_change_the_environment() -> None:
     """A run forked from a server that imported torch still imported dynamo and inductor's compiler
     at its first torch.compile: 1.8 s a run here, 0.2 s with them preloaded; one run without the
-    compiler (TORCHDYNAMO_DISABLE=1) still imported dynamo's backends, 0.2 s. A script that sets
+    compiler (TORCHDYNAMO_DISABLE=1) still imported dynamo's backends, 0.2 s. A script that may set
     variables torch reads on import (`os.environ[...] = ...` before the compile) must see them read
-    after it set them: it runs in fresh interpreters."""
+    after it set them: it runs in fresh interpreters. One that only reads a variable does not."""
     from minify_client.capture.rerun import preloaded_modules
 
     compiles = "import torch\nimport torch._inductor.config\ntorch.compile(torch.sin)(torch.ones(1))\n"
@@ -379,8 +379,16 @@ def test_the_fork_servers_import_what_torch_compile_will_unless_the_script_touch
                                                       "torch._dynamo.backends.common", "torch._inductor.compile_fx"]
     for setting in ("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\n",
                     "from os import environ\nenviron.setdefault('TORCH_LOGS', 'graph')\n",
-                    "import os\nos.putenv('TORCHDYNAMO_VERBOSE', '1')\n"):
-        assert preloaded_modules(ast.parse(setting + compiles)) == []
+                    "import os\nos.putenv('TORCHDYNAMO_VERBOSE', '1')\n", "from os import unsetenv\n",
+                    "import os\ndel os.environ['TORCH_LOGS']\n", "import os\nos.environ.update(TORCH_LOGS='graph')\n",
+                    "import os\nvariables = os.environ\nvariables['TORCH_LOGS'] = 'graph'\n",
+                    "from os import environ as variables\nvariables['TORCH_LOGS'] = 'graph'\n"):
+        assert preloaded_modules(ast.parse(setting + compiles)) == [], setting
+    # Reading a variable changes nothing: the run's own settings are set before the script runs.
+    for reading in ("import os\nif os.environ.get('TORCHDYNAMO_DISABLE') != '1':\n    pass\n",
+                    "import os\ndevice = os.environ['DEVICE'] if 'DEVICE' in os.environ else 'cpu'\n",
+                    "from os import environ\nseed = int(environ.get('SEED', 0))\n", "import os\nos.getenv('SEED')\n"):
+        assert preloaded_modules(ast.parse(reading + compiles))[0] == "torch", reading
     assert preloaded_modules(ast.parse("import numpy\nprint(numpy.ones(2))\n")) == []
 
 

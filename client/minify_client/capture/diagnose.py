@@ -145,7 +145,7 @@ class RerunCommand:
 
     def preload(self) -> list[str]:
         """What one fork server imports before the stages fork from it (torch: seconds a rerun
-        otherwise); none where a source cannot be read or touches the environment."""
+        otherwise); none where a source cannot be read or may change the environment."""
         trees = []
         for source in self.sources:
             try:

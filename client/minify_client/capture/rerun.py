@@ -226,10 +226,10 @@ def preloaded_modules(*trees: ast.Module) -> list[str]:
     """What a fork server (`serve`) imports once for runs of the code in `trees` (a script; a test
     file and its conftest.py files): the torch modules they import at their top level and, with
     torch, what its torch.compile will import. Nothing else: the program's own modules run in every
-    child. Nothing at all where any of them touches the environment (`os.environ`, `putenv`):
-    torch reads variables when these modules are imported, which in a server would be before the
-    program set them, so each run is a fresh interpreter."""
-    if any(_touches_environment(tree) for tree in trees):
+    child. Nothing at all where any of them may change the environment (`os.environ[...] = ...`,
+    `putenv`; reading a variable is fine): torch reads variables when these modules are imported,
+    which in a server would be before the program set them, so each run is a fresh interpreter."""
+    if any(_changes_environment(tree) for tree in trees):
         return []
     names = []
     for statement in (statement for tree in trees for statement in tree.body):
@@ -241,20 +241,36 @@ def preloaded_modules(*trees: ast.Module) -> list[str]:
     return [*modules, *(name for name in COMPILER_MODULES if name not in modules)] if modules else []
 
 
-def _touches_environment(tree: ast.AST) -> bool:
-    return any(_names_the_environment(node) for node in ast.walk(tree))
+def _changes_environment(tree: ast.AST) -> bool:
+    """Whether the code may change its environment: `putenv` or `unsetenv` named at all, or
+    `environ` (`os.environ`, or by name) used for anything but reading one variable
+    (`environ.get(...)`, `environ[...]`, `... in environ`): a write, a method that writes, or the
+    mapping handed elsewhere."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        named = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+        if named in _ENVIRONMENT_CHANGES or (isinstance(node, ast.alias) and node.name in _ENVIRONMENT_CHANGES):
+            return True
+        if isinstance(node, ast.alias) and node.name in _ENVIRONMENT and node.asname:  # its uses go unseen
+            return True
+        if named in _ENVIRONMENT and not _reads_one_variable(node, parents):
+            return True
+    return False
 
 
-def _names_the_environment(node: ast.AST) -> bool:
-    """`os.environ`, `os.putenv`, ...; `environ` as a name or in `from os import environ`."""
-    if isinstance(node, ast.Attribute):
-        return node.attr in _ENVIRONMENT
-    if isinstance(node, ast.Name):
-        return node.id in _ENVIRONMENT
-    return isinstance(node, ast.alias) and node.name in _ENVIRONMENT
+def _reads_one_variable(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    parent = parents.get(node)
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return isinstance(parent.ctx, ast.Load)
+    if isinstance(parent, ast.Attribute) and parent.attr == "get":
+        call = parents.get(parent)
+        return isinstance(call, ast.Call) and call.func is parent
+    return (isinstance(parent, ast.Compare) and len(parent.ops) == 1 and isinstance(parent.ops[0], (ast.In, ast.NotIn))
+            and parent.comparators[0] is node)
 
 
-_ENVIRONMENT = frozenset({"environ", "environb", "putenv", "unsetenv"})
+_ENVIRONMENT = frozenset({"environ", "environb"})
+_ENVIRONMENT_CHANGES = frozenset({"putenv", "unsetenv"})
 
 
 class Server:

@@ -149,7 +149,7 @@ def test_the_stages_fork_from_one_server_unless_the_program_sets_variables_torch
         tmp_path: Path) -> None:
     """What the diagnosis's server imports: for a script, the torch modules it imports and what
     torch.compile will; for a test, its file's and its conftest.py files' (from the root down),
-    with pytest and the rerun plugin; nothing where any of them touches the environment, or where
+    with pytest and the rerun plugin; nothing where any of them may change the environment, or where
     a source cannot be parsed."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "test_model.py").write_text("import torch\n\ndef test_step():\n    torch.compile(torch.sin)\n")
