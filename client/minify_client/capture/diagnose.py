@@ -167,11 +167,9 @@ def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> RerunCom
     file and the conftest.py files pytest loads for it decide what a server may import first."""
     config = ("-c", str(inifile)) if inifile is not None else ()
     test_file = rootdir / nodeid.split("::", 1)[0]
-    folders = [folder for folder in reversed(test_file.parents) if folder == rootdir or folder.is_relative_to(rootdir)]
-    conftests = tuple(folder / "conftest.py" for folder in folders if (folder / "conftest.py").is_file())
     return RerunCommand(argv=("--pytest", nodeid, *config, f"--rootdir={rootdir}", "-p", rerun.__name__, "-p",
                               "no:cacheprovider", "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning"),
-                        cwd=rootdir, sources=(test_file, *conftests), pytest=True)
+                        cwd=rootdir, sources=(test_file, *rerun.conftests(test_file, rootdir)), pytest=True)
 
 
 def diagnose(test: str, signature: str, command: RerunCommand, *, directory: Path, name: str,

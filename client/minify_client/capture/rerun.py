@@ -27,6 +27,7 @@ import os
 import runpy
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from minify_contract import signatures
@@ -239,6 +240,14 @@ def preloaded_modules(*trees: ast.Module) -> list[str]:
             names.append(statement.module)
     modules = [name for name in dict.fromkeys(names) if name == "torch" or name.startswith("torch.")]
     return [*modules, *(name for name in COMPILER_MODULES if name not in modules)] if modules else []
+
+
+def conftests(test_file: Path, root: Path | None = None) -> list[Path]:
+    """The conftest.py files pytest may load for `test_file`, outermost first: in its folder and
+    each folder above it (up to `root`, where given)."""
+    folders = [folder for folder in test_file.resolve().parents
+               if root is None or folder == root.resolve() or folder.is_relative_to(root.resolve())]
+    return [folder / "conftest.py" for folder in reversed(folders) if (folder / "conftest.py").is_file()]
 
 
 def _changes_environment(tree: ast.AST) -> bool:

@@ -161,6 +161,9 @@ def test_the_stages_fork_from_one_server_unless_the_program_sets_variables_torch
     assert test.preload() == ["torch", "torch._inductor.config", "torch._dynamo", "torch._dynamo.backends.common",
                               "torch._inductor.compile_fx", "pytest", rerun.__name__]
     (tmp_path / "sub" / "conftest.py").write_text("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\n")
+    conftests = [tmp_path / "conftest.py", tmp_path / "sub" / "conftest.py"]
+    assert rerun.conftests(tmp_path / "sub" / "test_model.py", tmp_path) == conftests
+    assert rerun.conftests(tmp_path / "sub" / "test_model.py")[-2:] == conftests  # up to the root of the disk
     assert pytest_command("sub/test_model.py::test_step", tmp_path, None).preload() == []
     (tmp_path / "broken.py").write_text("import torch\ndef (\n")
     assert script_command("broken.py", [], tmp_path).preload() == []
