@@ -4,8 +4,11 @@ A fresh interpreter per repro.py imports torch again (~3 CPU-s on CI's machine, 
 own work). A `ReproForks` is a child interpreter, started as a fresh repro would be (this process's
 environment, the repo root on PYTHONPATH), that runs `PRELUDE`, the first two imports of every
 repro.py (`import torch`, `import torch._inductor.config`, which loads dynamo: ~2 of a repro's ~3.5
-CPU-s besides the interpreter), and nothing else (no op runs, so no thread pool exists to be lost in
-a fork), then forks once per repro. `run_repro` (tests/support/repro.py) runs every repro through
+CPU-s besides the interpreter), then imports what the repro's torch.compile will (`COMPILER_MODULES`,
+dynamo's backends and inductor's compiler: 0.7 s of each repro's run here), as the sandbox's fork
+server does before its candidates and `minify-client reduce`'s servers before their runs, and
+nothing else (no op runs, so no thread pool exists to be lost in a fork), then forks once per
+repro. `run_repro` (tests/support/repro.py) runs every repro through
 one such server per test process (`run_shared`), started with the environment the test modules were
 collected in; a repro asked for with an environment that differs from it in a variable torch's
 imports may read runs in a fresh interpreter, and so does a repro whose text does not begin with
@@ -36,10 +39,14 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from minify_client.capture import rerun
 from tests.support.repro import run_fresh
 
 # What the server imports before it forks, as every fx repro.py begins (programs/fx/repro.py).
 PRELUDE = ("torch", "torch._inductor.config")
+# And then what the repro's torch.compile imports, before the repro sets its config: what a sandbox
+# child judges candidates with too (its fork server imports them first, sandbox/warmup.py).
+COMPILER_MODULES = rerun.COMPILER_MODULES
 
 
 def begins_with_prelude(text: str) -> bool:
@@ -78,6 +85,9 @@ import json, os, runpy, sys
 
 import torch  # noqa: F401  (every repro.py's first imports, PRELUDE: paid once here)
 import torch._inductor.config  # noqa: F401
+import importlib
+for name in sys.argv[1:]:  # COMPILER_MODULES
+    importlib.import_module(name)
 
 def run(repro, stdout, stderr):
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -129,7 +139,7 @@ class ReproForks:
         self.environment = dict(os.environ if environment is None else environment)
         self._outputs = Path(tempfile.mkdtemp(prefix="repro-forks-", dir=self.environment.get("TMPDIR") or None))
         self._count = 0
-        self._server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+        self._server = subprocess.Popen([sys.executable, "-c", _SERVER, *COMPILER_MODULES], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=self.environment, bufsize=0)
         self._pending = b""
 
