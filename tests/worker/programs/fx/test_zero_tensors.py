@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,8 @@ from minify_worker.programs.fx.prepare import PROGRAM_JSON, VALUES, prepare
 from minify_worker.programs.fx.repro import inline_inputs, render_repro
 from minify_worker.programs.fx.shrink import narrowed
 from tests.support.graphs import ops_of
+from tests.support.repro import run_repro
 from tests.support.special_input_backends import MODULE
-from tests.support.subprocesses import run_clean
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +137,7 @@ def test_a_zero_tensor_input_minimizes_and_shrinks_to_a_repro_that_passes_a_zero
     assert shrunk._is_zerotensor() and list(shrunk.shape) == [1, 1]
     repro = (tmp_path / "out" / "repro.py").read_text()
     assert "torch._efficientzerotensor([1, 1], dtype=torch.float32)" in repro
-    ran = run_clean([sys.executable, "repro.py"], tmp_path / "out", timeout_s=300)
+    ran = run_repro(tmp_path / "out" / "repro.py")
     assert ran.returncode != 0 and "kernel read a null data pointer (input 0)" in ran.stderr, ran.stderr[-2000:]
 
 
@@ -152,7 +151,7 @@ def test_a_repro_reading_inputs_pt_rebuilds_the_zero_tensor_beside_dense_inputs(
     written = write_program_files(graph, values, tmp_path / "out", _spec("segfault_on_zero_tensor", "crash"))
     assert written["errors"] == {} and "minimized.pt2" in written["files"]
     assert "def zero_tensor(marker)" in (tmp_path / "out" / "repro.py").read_text()
-    ran = run_clean([sys.executable, "repro.py"], tmp_path / "out", timeout_s=300)
+    ran = run_repro(tmp_path / "out" / "repro.py")
     assert ran.returncode == -signal.SIGSEGV, ran.stderr[-2000:]
 
 
@@ -208,7 +207,7 @@ def test_a_repro_passes_a_negative_view_with_its_bit(tmp_path: Path) -> None:
     values = torch.load(tmp_path / "work" / VALUES, weights_only=True)
     write_program_files(graph, values, tmp_path / "out", _spec("raise_on_view_bit", "runtime_error"))
     assert "inputs = [" not in (tmp_path / "out" / "repro.py").read_text()
-    ran = run_clean([sys.executable, "repro.py"], tmp_path / "out", timeout_s=300)
+    ran = run_repro(tmp_path / "out" / "repro.py")
     assert ran.returncode != 0, ran.stdout[-2000:]
     assert "kernel ignored the conjugate or negative bit of input 0" in ran.stderr, ran.stderr[-2000:]
 
@@ -227,5 +226,5 @@ def test_inductor_reads_the_null_pointer_of_the_zero_tensor_the_repro_passes(tmp
     values = zero_tensors.decode(torch.load(tmp_path / "work" / VALUES, weights_only=True))
     spec = JobSpec.model_validate({"backend": "inductor", "failure": {"kind": "crash"}})
     write_program_files(graph, values, tmp_path / "out", spec)
-    ran = run_clean([sys.executable, "repro.py"], tmp_path / "out", timeout_s=300)
+    ran = run_repro(tmp_path / "out" / "repro.py")
     assert ran.returncode == -signal.SIGSEGV, ran.stderr[-2000:]
