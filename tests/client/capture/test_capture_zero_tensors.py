@@ -31,6 +31,7 @@ from minify_worker.programs.fx.run import run_wire_candidate
 from tests.support import special_input_backends
 from tests.support.captures import only_entry
 from tests.support.graphs import ops_of
+from tests.support.repro import run_repro
 from tests.support.subprocesses import REPO, run_clean
 
 REALBUG = REPO / "bench" / "realbugs" / "pt_197067_zerotensor_segfault.py"
@@ -145,7 +146,7 @@ def test_a_crash_on_a_zero_tensor_is_captured_minimized_and_its_repro_dies_the_s
     assert result.status is JobState.succeeded, result.reason
     assert json.loads((tmp_path / "out" / "report.json").read_text())["signature"] == "SIGSEGV"
     assert ops_of(torch.export.load(tmp_path / "out" / "minimized.pt2").graph) == ["relu"]
-    ran = run_clean([sys.executable, "repro.py"], tmp_path / "out", timeout_s=300)
+    ran = run_repro(tmp_path / "out" / "repro.py")
     assert ran.returncode == -signal.SIGSEGV, ran.stderr[-2000:]
 
 

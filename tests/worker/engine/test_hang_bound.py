@@ -7,7 +7,6 @@ real sandbox children, repro.py run as a user runs it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from minify_worker.oracle import TIMEOUT_SIGNATURE
 from minify_worker.programs.fx.repro import render_repro
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
-from tests.support.subprocesses import run_clean
+from tests.support.repro import run_repro
 
 pytestmark = [pytest.mark.usefixtures("test_backends_allowed"), pytest.mark.waits]
 
@@ -48,7 +47,7 @@ def test_a_result_that_is_only_slow_does_not_stand_as_the_hang(tmp_path: Path) -
     # original's 4 s. Past it, it says so, prints the stuck stack and exits 124, as timeout(1) does.
     repro = result.artifacts["repro.py"]
     assert "# Hang bound:       4 s" in repro.read_text()
-    ran = run_clean([sys.executable, repro.name], repro.parent, timeout_s=120)
+    ran = run_repro(repro, timeout_s=120)
     assert ran.returncode == 124, ran.stderr[-3000:]
     assert "still compiling or running after 4 s, the bound minify saw it hang past" in ran.stderr
     assert "slow_on_relu_alone_hang_with_tanh" in ran.stderr  # the stack, where it hangs
@@ -70,7 +69,7 @@ def test_a_hangs_repro_that_ends_within_its_bound_passes_and_says_how_long_it_to
                                   inputs=inputs if form == "inline" else None, hang_bound_s=30.0))
     assert ("def main():" in repro.read_text()) is (form == "inputs.pt")
 
-    ran = run_clean([sys.executable, repro.name], tmp_path, timeout_s=120)
+    ran = run_repro(repro, timeout_s=120)
 
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "within the 30 s bound" in ran.stdout and "repro passed" in ran.stdout
