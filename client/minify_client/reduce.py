@@ -257,7 +257,9 @@ def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None,
     tree = ast.parse(path.read_text(), filename=str(path))
     started = time.monotonic()
     say = on_progress or (lambda text: None)
-    conftests = _conftest_trees(path) if test is not None else []
+    # A test's runs load the conftest.py files above it too: one that may change the environment, or
+    # does not parse, keeps every run fresh.
+    conftests = rerun.parsed(rerun.conftests(path)) if test is not None else []
     preload = rerun.preloaded_modules(tree, *conftests) if conftests is not None else []
     if test is not None and preload:  # and the plugin each run loads (`-p`: the client's package, 0.15 s a run)
         preload += ["pytest", rerun.__name__]
@@ -267,19 +269,6 @@ def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None,
                        started=started, hang=hang_s is not None)
     finally:
         runner.close()
-
-
-def _conftest_trees(test_file: Path) -> list[ast.Module] | None:
-    """The conftest.py files a run of a test in `test_file` may load, parsed: what a server imports
-    first depends on them too (one that sets a variable torch reads on import runs every candidate
-    fresh). None where one does not parse: the runs are fresh then too."""
-    trees = []
-    for conftest in rerun.conftests(test_file):
-        try:
-            trees.append(ast.parse(conftest.read_text(), filename=str(conftest)))
-        except (OSError, SyntaxError, ValueError):
-            return None
-    return trees
 
 
 def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, timeout_s: float | None,

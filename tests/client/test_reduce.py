@@ -397,20 +397,19 @@ def test_a_test_reduces_in_fresh_interpreters_where_a_conftest_above_it_may_chan
         tmp_path: Path) -> None:
     """A test's runs load the conftest.py files above it, before its file: one that sets a variable
     torch reads on import, or one that does not parse, keeps every candidate out of the servers."""
-    from minify_client.capture.rerun import preloaded_modules
-    from minify_client.reduce import _conftest_trees
+    from minify_client.capture.rerun import conftests, parsed, preloaded_modules
 
     (tmp_path / "sub").mkdir()
     test_file = tmp_path / "sub" / "test_model.py"
     test_file.write_text("import torch\n\ndef test_step():\n    torch.compile(torch.sin)\n")
-    assert _conftest_trees(test_file) == []
+    assert conftests(test_file, tmp_path) == []
     (tmp_path / "conftest.py").write_text("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\n")
-    conftests = _conftest_trees(test_file)
-    assert conftests is not None and len(conftests) == 1
+    trees = parsed(conftests(test_file))
+    assert trees is not None and conftests(test_file, tmp_path) == [tmp_path / "conftest.py"]
     assert preloaded_modules(ast.parse(test_file.read_text())) != []
-    assert preloaded_modules(ast.parse(test_file.read_text()), *conftests) == []
+    assert preloaded_modules(ast.parse(test_file.read_text()), *trees) == []
     (tmp_path / "conftest.py").write_text("def (\n")
-    assert _conftest_trees(test_file) is None
+    assert parsed(conftests(test_file)) is None
 
 
 FAILING_TEST = '''import math

@@ -24,7 +24,6 @@ to the runner's output or the plugin's summary. The user's own run has ended by 
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import os
@@ -146,13 +145,8 @@ class RerunCommand:
     def preload(self) -> list[str]:
         """What one fork server imports before the stages fork from it (torch: seconds a rerun
         otherwise); none where a source cannot be read or may change the environment."""
-        trees = []
-        for source in self.sources:
-            try:
-                trees.append(ast.parse(source.read_text(), filename=str(source)))
-            except (OSError, SyntaxError, ValueError):
-                return []
-        modules = rerun.preloaded_modules(*trees)
+        trees = rerun.parsed(self.sources)
+        modules = rerun.preloaded_modules(*trees) if trees is not None else []
         # A test's run loads pytest and this plugin (`-p`: the client's package) every time.
         return [*modules, "pytest", rerun.__name__] if modules and self.pytest else modules
 

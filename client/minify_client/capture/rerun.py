@@ -250,6 +250,18 @@ def conftests(test_file: Path, root: Path | None = None) -> list[Path]:
     return [folder / "conftest.py" for folder in reversed(folders) if (folder / "conftest.py").is_file()]
 
 
+def parsed(paths: list[Path] | tuple[Path, ...]) -> list[ast.Module] | None:
+    """The files at `paths` parsed (for `preloaded_modules`); None where one cannot be read or parsed:
+    what it does is unknown, so its runs are fresh."""
+    trees = []
+    for path in paths:
+        try:
+            trees.append(ast.parse(path.read_text(), filename=str(path)))
+        except (OSError, SyntaxError, ValueError):
+            return None
+    return trees
+
+
 def _changes_environment(tree: ast.AST) -> bool:
     """Whether the code may change its environment: `putenv` or `unsetenv` named at all, or
     `environ` (`os.environ`, or by name) used for anything but reading one variable
