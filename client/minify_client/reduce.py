@@ -190,7 +190,7 @@ class ScriptRunner:
         """What `rerun.main` runs for the candidate at `path`: the script, or the one test in it."""
         if self.test is None:
             return [str(path), *self.args]
-        return ["--pytest", f"{path}::{self.test}", "-p", "minify_client.capture.rerun", "-p", "no:cacheprovider",
+        return ["--pytest", f"{path}::{self.test}", "-p", rerun.PLUGIN, "-p", "no:cacheprovider",
                 "-q", "-x", "-W", "ignore::pytest.PytestAssertRewriteWarning", *self.args]
 
     def _settings(self, compiled: bool) -> dict[str, str]:
@@ -257,12 +257,9 @@ def reduce_script(script: str | os.PathLike[str], args: list[str] | None = None,
     tree = ast.parse(path.read_text(), filename=str(path))
     started = time.monotonic()
     say = on_progress or (lambda text: None)
-    # A test's runs load the conftest.py files above it too: one that may change the environment, or
-    # does not parse, keeps every run fresh.
-    conftests = rerun.parsed(rerun.conftests(path)) if test is not None else []
-    preload = rerun.preloaded_modules(tree, *conftests) if conftests is not None else []
-    if test is not None and preload:  # and the plugin each run loads (`-p`: the client's package, 0.15 s a run)
-        preload += ["pytest", rerun.__name__]
+    # A test's runs load the conftest.py files above it too.
+    sources = [path, *rerun.conftests(path)] if test is not None else [path]
+    preload = rerun.server_modules(sources, pytest=test is not None)
     runner = ScriptRunner(path, list(args or []), timeout_s or 600.0, preload=preload, jobs=jobs, test=test)
     try:
         return _reduce(path, tree, runner, jobs=jobs, timeout_s=timeout_s, budget_s=budget_s, say=say,
@@ -346,8 +343,6 @@ def _reduce(path: Path, tree: ast.Module, runner: ScriptRunner, *, jobs: int, ti
     return Reduced(source=reduced, failure=expected, lines_before=lines_before, lines_after=_lines(reduced),
                    runs=runner.runs, seconds=time.monotonic() - started, finished=finished, passes_without=without,
                    export_refusal=refusal)
-
-
 
 
 def _inside_export(run: Run) -> bool:

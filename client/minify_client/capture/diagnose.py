@@ -145,10 +145,7 @@ class RerunCommand:
     def preload(self) -> list[str]:
         """What one fork server imports before the stages fork from it (torch: seconds a rerun
         otherwise); none where a source cannot be read or may change the environment."""
-        trees = rerun.parsed(self.sources)
-        modules = rerun.preloaded_modules(*trees) if trees is not None else []
-        # A test's run loads pytest and this plugin (`-p`: the client's package) every time.
-        return [*modules, "pytest", rerun.__name__] if modules and self.pytest else modules
+        return rerun.server_modules(self.sources, pytest=self.pytest)
 
 
 def script_command(script: str, args: Sequence[str], cwd: str | os.PathLike[str]) -> RerunCommand:
@@ -161,7 +158,7 @@ def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> RerunCom
     file and the conftest.py files pytest loads for it decide what a server may import first."""
     config = ("-c", str(inifile)) if inifile is not None else ()
     test_file = rootdir / nodeid.split("::", 1)[0]
-    return RerunCommand(argv=("--pytest", nodeid, *config, f"--rootdir={rootdir}", "-p", rerun.__name__, "-p",
+    return RerunCommand(argv=("--pytest", nodeid, *config, f"--rootdir={rootdir}", "-p", rerun.PLUGIN, "-p",
                               "no:cacheprovider", "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning"),
                         cwd=rootdir, sources=(test_file, *rerun.conftests(test_file, rootdir)), pytest=True)
 
