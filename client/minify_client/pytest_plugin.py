@@ -128,12 +128,14 @@ class CapturePlugin:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """The failing tests no capture holds, rerun to say which layer is to blame (diagnose.py);
-        under pytest-xdist each worker reruns its own."""
+        under pytest-xdist each worker reruns its own. Their reruns fork from servers they share
+        (`diagnose.Servers`): one torch import for the session's failures, not one per failure."""
         undiagnosed, self._undiagnosed = self._undiagnosed, []
-        for test, signature, seconds in undiagnosed:
-            command = diagnose.pytest_command(test, session.config.rootpath, session.config.inipath)
-            diagnose.diagnose(test, signature, command, directory=self.session.directory, name=safe_name(test),
-                              timeout_s=diagnose.rerun_timeout_s(seconds))
+        with diagnose.Servers() as servers:  # tests whose files import the same torch modules share one
+            for test, signature, seconds in undiagnosed:
+                command = diagnose.pytest_command(test, session.config.rootpath, session.config.inipath)
+                diagnose.diagnose(test, signature, command, directory=self.session.directory, name=safe_name(test),
+                                  timeout_s=diagnose.rerun_timeout_s(seconds), servers=servers)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.session.guards_first_runs:

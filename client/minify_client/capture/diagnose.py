@@ -163,12 +163,52 @@ def pytest_command(nodeid: str, rootdir: Path, inifile: Path | None) -> RerunCom
                         cwd=rootdir, sources=(test_file, *rerun.conftests(test_file, rootdir)), pytest=True)
 
 
+class Servers:
+    """The rerun servers (`rerun.Server`) that diagnoses share, one for each list of modules a
+    program's sources have it import (`RerunCommand.preload`), started when a rerun first needs it:
+    a pytest run's failures in files that import the same torch modules fork from one. A server
+    runs no program itself (each rerun is a child of it), so one test's reruns leave nothing for the
+    next. Close it (or use it as a context manager) when the diagnoses are done."""
+
+    def __init__(self) -> None:
+        self._started: dict[tuple[str, ...], rerun.Server | None] = {}
+
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(self, modules: Sequence[str], cwd: Path) -> rerun.Server | None:
+        """The server that imported `modules`, started from `cwd` if none is running; None for no
+        modules (the program's reruns are fresh interpreters) or where it cannot start."""
+        if not modules:
+            return None
+        key = tuple(modules)
+        server = self._started.get(key)
+        if key in self._started and (server is None or server.alive()):
+            return server
+        try:
+            server = rerun.Server(list(modules), cwd=cwd, environment=rerun.environment({}))
+        except OSError:
+            server = None
+        self._started[key] = server
+        return server
+
+    def close(self) -> None:
+        for server in self._started.values():
+            if server is not None:
+                server.close()
+        self._started.clear()
+
+
 def diagnose(test: str, signature: str, command: RerunCommand, *, directory: Path, name: str,
-             timeout_s: float) -> Diagnosis:
+             timeout_s: float, servers: Servers | None = None) -> Diagnosis:
     """Rerun `command` (script_command or pytest_command) stage by stage until one fails; the
-    verdict, written to `directory`. The stages fork from one server that imported torch once
+    verdict, written to `directory`. The stages fork from a server that imported torch once
     (`rerun.serve`) where the program's sources allow (`RerunCommand.preload`): the variables a stage
-    sets, torch reads at each torch.compile, not on import (`rerun._settings_read_on_import`)."""
+    sets, torch reads at each torch.compile, not on import (`rerun._settings_read_on_import`). Taken
+    from `servers` where given (diagnoses that share them), else started for this diagnosis alone."""
     logs = directory / "diagnoses" / name
     logs.mkdir(parents=True, exist_ok=True)
     if not backend_override_read():
@@ -178,13 +218,8 @@ def diagnose(test: str, signature: str, command: RerunCommand, *, directory: Pat
         _record(directory, diagnosis)
         return diagnosis
     reruns: list[Rerun] = []
-    modules = command.preload()
-    server = None
-    if modules:
-        try:
-            server = rerun.Server(modules, cwd=command.cwd, environment=rerun.environment({}))
-        except OSError:
-            server = None
+    shared = servers if servers is not None else Servers()
+    server = shared.get(command.preload(), command.cwd)
     try:
         for setting, environment in _STAGES:
             done = _rerun(setting, environment, command, server, log=logs / f"{setting.replace(' ', '-')}.log",
@@ -193,8 +228,8 @@ def diagnose(test: str, signature: str, command: RerunCommand, *, directory: Pat
             if done.outcome != "passes":  # a rerun that fails names the layer; one that did not finish ends it
                 break
     finally:
-        if server is not None:
-            server.close()
+        if servers is None:
+            shared.close()
     diagnosis = _verdict(test, signature, reruns)
     _record(directory, diagnosis)
     return diagnosis

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from minify_client.capture import rerun, torch_hooks
-from minify_client.capture.diagnose import Rerun, _verdict, pytest_command, script_command
+from minify_client.capture.diagnose import Rerun, Servers, _verdict, pytest_command, script_command
 from tests.support.subprocesses import run_clean
 
 REPO = Path(__file__).resolve().parents[3]
@@ -167,6 +167,28 @@ def test_the_stages_fork_from_one_server_unless_the_program_sets_variables_torch
     assert pytest_command("sub/test_model.py::test_step", tmp_path, None).preload() == []
     (tmp_path / "broken.py").write_text("import torch\ndef (\n")
     assert script_command("broken.py", [], tmp_path).preload() == []
+
+
+def test_diagnoses_share_a_server_per_list_of_modules_and_replace_one_that_died(tmp_path: Path) -> None:
+    """A pytest run's diagnoses (the plugin's session end) take their servers from one `Servers`:
+    failures whose files import the same torch modules fork from one server, other lists get
+    their own, none for a program whose reruns are fresh, and a server that died is started again.
+    (Real `serve` processes; a module cheaper than torch stands for what they import.)"""
+    with Servers() as servers:
+        first = servers.get(["json"], tmp_path)
+        assert first is not None and first.alive()
+        assert servers.get(["json"], tmp_path) is first
+        other = servers.get(["json", "csv"], tmp_path)
+        assert other is not None and other is not first
+        assert servers.get([], tmp_path) is None
+        first.close()
+        again = servers.get(["json"], tmp_path)
+        assert again is not None and again is not first and again.alive()
+        (tmp_path / "ok.py").write_text("import json\n")
+        answer = again.run({"argv": ["ok.py"], "cwd": str(tmp_path), "out": str(tmp_path / "out.json"),
+                            "timeout_s": 60, "settings": {}})
+        assert answer == {"returncode": 0, "timed_out": False}
+    assert not again.alive() and not other.alive()
 
 
 def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
