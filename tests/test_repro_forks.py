@@ -8,10 +8,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support.repro_forks import _unread_by_imports, begins_with_prelude
+from tests.support.repro_forks import ReproForks, _unread_by_imports, begins_with_prelude
 
 BASE = {"PATH": "/usr/bin", "HOME": "/root", "PYTHONPATH": "/repo"}
 
@@ -54,3 +55,18 @@ def test_a_repro_forks_only_where_it_begins_with_torchs_two_imports_after_the_st
     assert not begins_with_prelude("import torch\nx = 1\nimport torch._inductor.config\n")
     assert not begins_with_prelude("import os\nos.environ['TORCHINDUCTOR_FREEZING'] = '1'\nimport torch\n"
                                    "import torch._inductor.config\n")
+
+
+def test_repros_after_one_that_probed_the_cpus_vector_isa_inherit_the_probe(tmp_path: Path) -> None:
+    """The server probes inductor's CPU vector ISA (~2 CPU-s a process) once a repro did, as
+    rerun's servers do; a repro that chose its ISA itself (`cpp.vec_isa_ok`) does not make it.
+    (The repros call the probe as inductor's codegen does, without a compile's seconds.)"""
+    text = ("import torch\nimport torch._inductor.config\nimport torch._inductor.cpu_vec_isa as isa\n\n"
+            "print(isa.valid_vec_isa_list.cache_info().currsize)\n{choice}isa.pick_vec_isa()\n")
+    repro, own = tmp_path / "probes" / "repro.py", tmp_path / "own_choice" / "repro.py"
+    for path, choice in ((repro, ""), (own, "torch._inductor.config.cpp.vec_isa_ok = True\n")):
+        path.parent.mkdir()
+        path.write_text(text.format(choice=choice))
+    with ReproForks() as forks:
+        inherited = [forks.run(path, timeout_s=120).stdout.strip() for path in (own, repro, repro)]
+    assert inherited == ["0", "0", "1"]

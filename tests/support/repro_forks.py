@@ -8,7 +8,10 @@ CPU-s besides the interpreter), then imports what the repro's torch.compile will
 dynamo's backends and inductor's compiler: 0.7 s of each repro's run here), as the sandbox's fork
 server does before its candidates and `minify-client reduce`'s servers before their runs, and
 nothing else (no op runs, so no thread pool exists to be lost in a fork), then forks once per
-repro. `run_repro` (tests/support/repro.py) runs every repro through
+repro; once a repro has run inductor's CPU vector-ISA probe (~2 CPU-s, a dozen `python -c`
+checks, in every process that compiles for the CPU), the server runs it before the next fork, as
+`minify-client reduce`'s servers do (`rerun.probe_vec_isa`), and the repros after it inherit it.
+`run_repro` (tests/support/repro.py) runs every repro through
 one such server per test process (`run_shared`), started with the environment the test modules were
 collected in; a repro asked for with an environment that differs from it in a variable torch's
 imports may read runs in a fresh interpreter, and so does a repro whose text does not begin with
@@ -19,8 +22,8 @@ sys.path (as Python does for a script), runs the file as `__main__` with `sys.ar
 writes its stdout and stderr to files of its own, and exits with the script's status (1 for an
 uncaught exception, after `sys.excepthook`, which repro.py replaces to say what failed, as Python
 does). Nothing of the test process's state reaches it: not its imports, not dynamo's caches, not a
-torch config a test set. Each fork starts from the same untouched interpreter, so one repro leaves
-nothing to the next.
+torch config a test set. Each fork starts from the same untouched interpreter (but for the ISA
+probe's answer, which is the machine's and not a repro's), so one repro leaves nothing to the next.
 """
 
 from __future__ import annotations
@@ -89,7 +92,14 @@ import importlib
 for name in sys.argv[1:]:  # COMPILER_MODULES
     importlib.import_module(name)
 
-def run(repro, stdout, stderr):
+def probed():  # rerun.vec_isa_probed: this fork ran inductor's CPU vector-ISA probe, left to choose
+    isa, config = sys.modules.get("torch._inductor.cpu_vec_isa"), sys.modules.get("torch._inductor.config")
+    try:
+        return isa is not None and config.cpp.vec_isa_ok is None and isa.valid_vec_isa_list.cache_info().currsize > 0
+    except AttributeError:
+        return False
+
+def run(repro, stdout, stderr, tell):
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
@@ -111,19 +121,35 @@ def run(repro, stdout, stderr):
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if probed():
+        os.write(tell, b"1")
     os._exit(code)
 
+probe_due = probed_here = False
 for line in sys.stdin:
     request = json.loads(line)
+    if probe_due and not probed_here:  # a repro compiled with inductor on the CPU: probe once, for all after
+        import torch._inductor.cpu_vec_isa
+        torch._inductor.cpu_vec_isa.valid_vec_isa_list()
+        probed_here = True
+    told, tell = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(told)
         if request.get("environment") is not None:  # the environment `python repro.py` would get
             os.environ.clear()
             os.environ.update(request["environment"])
-        run(request["repro"], request["stdout"], request["stderr"])
+        run(request["repro"], request["stdout"], request["stderr"], tell)
+    os.close(tell)
     sys.__stdout__.write(json.dumps({"pid": pid}) + "\n")  # for a caller's timeout to stop it
     sys.__stdout__.flush()
     _, status = os.waitpid(pid, 0)
+    os.set_blocking(told, False)
+    try:
+        probe_due = probe_due or os.read(told, 1) == b"1"
+    except OSError:  # nothing written: it did not probe, or a process of its own holds the pipe
+        pass
+    os.close(told)
     code = os.waitstatus_to_exitcode(status)
     sys.__stdout__.write(json.dumps({"returncode": code}) + "\n")
     sys.__stdout__.flush()

@@ -179,7 +179,10 @@ def serve(modules: list[str]) -> int:
     ...`) from `cwd` (else the script's folder), its output to `log` (else discarded) and its
     record to `out`, wait for it (killed once past `timeout_s`), and answer on stdout with a JSON
     line `{"returncode": N, "timed_out": bool}` (a death by a signal: minus its number). The
-    server itself runs nothing else: every run starts from the same state."""
+    server itself runs nothing else, with one exception: once a run tells it (over a pipe of its
+    own) that it compiled with inductor on the CPU, the server runs inductor's vector-ISA probe
+    before the next fork (`probe_vec_isa`: 2 CPU-s that every such run paid again), so the runs
+    after it start from that state; every run after the first starts from the same state."""
     import gc
     import importlib
     import signal
@@ -196,11 +199,19 @@ def serve(modules: list[str]) -> int:
     # walk torch's objects again (gc.freeze: what a server that forks is meant to do).
     gc.freeze()
     answers = sys.stdout
+    probe_due = probed = False
     for line in sys.stdin:
         request = json.loads(line)
+        if probe_due and not probed:  # the runs before this one compiled with inductor: probe once, for all after
+            probe_vec_isa()
+            gc.freeze()
+            probed = True
+        told, tell = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _run_forked(request)
+            os.close(told)
+            _run_forked(request, tell)
+        os.close(tell)
         deadline = time.monotonic() + float(request["timeout_s"])
         timed_out = False
         while True:
@@ -213,9 +224,48 @@ def serve(modules: list[str]) -> int:
                 _, status = os.waitpid(pid, 0)
                 break
             time.sleep(0.005)
+        probe_due = probe_due or _told(told)
+        os.close(told)
         answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n")
         answers.flush()
     return 0
+
+
+def _told(read_end: int) -> bool:
+    """Whether the child that just ended wrote to its end of the pipe (`_run_forked`); without
+    waiting for a process of its own that may still hold that end."""
+    os.set_blocking(read_end, False)
+    try:
+        return os.read(read_end, 1) == b"1"
+    except OSError:
+        return False
+
+
+def vec_isa_probed() -> bool:
+    """Whether this process ran inductor's CPU vector-ISA probe (`valid_vec_isa_list`, cached for
+    the process: a dozen `python -c` dlopen checks and compiler queries, about 2 CPU-s, in every
+    process that compiles with inductor on the CPU) with the choice left to it (`cpp.vec_isa_ok`
+    unset, as in a program that does not set it)."""
+    isa = sys.modules.get("torch._inductor.cpu_vec_isa")
+    config = sys.modules.get("torch._inductor.config")
+    try:
+        return (isa is not None and config is not None and config.cpp.vec_isa_ok is None
+                and isa.valid_vec_isa_list.cache_info().currsize > 0)
+    except AttributeError:  # another torch's layout: nothing to share
+        return False
+
+
+def probe_vec_isa() -> None:
+    """Run inductor's CPU vector-ISA probe in this process (a fork server, once a run compiled with
+    inductor on the CPU), so that every run forked after it inherits the answer, as the sandbox's
+    fork server probes before its candidates. Its answer depends on the machine and its compiler
+    alone."""
+    try:
+        import torch._inductor.cpu_vec_isa as cpu_vec_isa
+
+        cpu_vec_isa.valid_vec_isa_list()
+    except Exception:  # the runs probe for themselves, as before
+        pass
 
 
 # What a script's first torch.compile imports (dynamo, inductor's compiler): 1.4 of a run's 1.8 s
@@ -350,8 +400,9 @@ def _import_pytest_plugins() -> None:
             pass
 
 
-def _run_forked(request: dict[str, Any]) -> None:
-    """In a child of `serve`: run the request's script, then end with its exit code."""
+def _run_forked(request: dict[str, Any], tell: int) -> None:
+    """In a child of `serve`: run the request's script, then end with its exit code, having told
+    the server on `tell` whether the run probed the CPU's vector ISA (`vec_isa_probed`)."""
     code = 1
     try:
         quiet = os.open(os.devnull, os.O_RDWR)
@@ -365,7 +416,11 @@ def _run_forked(request: dict[str, Any]) -> None:
         os.chdir(request.get("cwd") or os.path.dirname(request["script"]))
         code = main(request["argv"])
     finally:
-        os._exit(code if isinstance(code, int) else 1)
+        try:
+            if vec_isa_probed():
+                os.write(tell, b"1")
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
 
 
 def _settings_read_on_import() -> None:

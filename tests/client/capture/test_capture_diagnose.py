@@ -191,6 +191,37 @@ def test_diagnoses_share_a_server_per_list_of_modules_and_replace_one_that_died(
     assert not again.alive() and not other.alive()
 
 
+def test_a_server_probes_the_cpus_vector_isa_once_a_run_did_and_its_later_runs_inherit_it(tmp_path: Path) -> None:
+    """Inductor probes the CPU's vector ISA once per process (a dozen `python -c` dlopen checks,
+    ~2 CPU-s) before its first CPU compile: every run forked from a server paid it again. A run
+    that probed tells the server, which probes before the next fork; a run that chose its ISA
+    itself (`cpp.vec_isa_ok`) or never compiled for the CPU leaves the server as it was. (The
+    script calls the probe as inductor's codegen does, without a compile's seconds.)"""
+    script = tmp_path / "isa.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        import torch._inductor.cpu_vec_isa as isa
+        inherited = isa.valid_vec_isa_list.cache_info().currsize
+        if sys.argv[1] == "own-choice":
+            torch._inductor.config.cpp.vec_isa_ok = True
+        if sys.argv[1] != "none":
+            isa.pick_vec_isa()
+        with open(sys.argv[2], "a") as seen:
+            seen.write(f"{sys.argv[1]} {inherited}\\n")
+    """))
+    seen = tmp_path / "seen.txt"
+    server = rerun.Server(rerun.server_modules([script]), cwd=tmp_path, environment=rerun.environment({}))
+    try:
+        for run in ("none", "own-choice", "none", "probe", "none", "probe"):
+            answer = server.run({"argv": [script.name, run, str(seen)], "cwd": str(tmp_path),
+                                 "out": str(tmp_path / "out.json"), "timeout_s": 120, "settings": {}})
+            assert answer == {"returncode": 0, "timed_out": False}, (tmp_path / "out.json").read_text()
+    finally:
+        server.close()
+    assert seen.read_text().splitlines() == ["none 0", "own-choice 0", "none 0", "probe 0", "none 1", "probe 1"]
+
+
 def test_runner_without_diagnose_reruns_nothing(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(textwrap.dedent(PROGRAM))
     done = _run([sys.executable, "-m", "minify_client.capture", "--dir", "caps", "script.py"], tmp_path)
