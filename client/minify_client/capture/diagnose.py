@@ -186,7 +186,7 @@ class Servers:
             return None
         key = tuple(modules)
         server = self._started.get(key)
-        if key in self._started and (server is None or server.alive()):
+        if key in self._started and (server is None or server.alive()):  # None: it could not start, nor will it
             return server
         try:
             server = rerun.Server(list(modules), cwd=cwd, environment=rerun.environment({}))

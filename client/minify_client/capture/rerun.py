@@ -182,7 +182,8 @@ def serve(modules: list[str]) -> int:
     server itself runs nothing else, with one exception: once a run tells it (over a pipe of its
     own) that it compiled with inductor on the CPU, the server runs inductor's vector-ISA probe
     before the next fork (`probe_vec_isa`: 2 CPU-s that every such run paid again), so the runs
-    after it start from that state; every run after the first starts from the same state."""
+    after it start with the probe's answer, which is the machine's and not a run's, as the
+    sandbox's candidates do. No run leaves anything else to the next."""
     import gc
     import importlib
     import signal
