@@ -21,9 +21,11 @@ repro.py` would be after those lines: it changes to the repro's folder, puts the
 sys.path (as Python does for a script), runs the file as `__main__` with `sys.argv == ["repro.py"]`,
 writes its stdout and stderr to files of its own, and exits with the script's status (1 for an
 uncaught exception, after `sys.excepthook`, which repro.py replaces to say what failed, as Python
-does). Nothing of the test process's state reaches it: not its imports, not dynamo's caches, not a
-torch config a test set. Each fork starts from the same untouched interpreter (but for the ISA
-probe's answer, which is the machine's and not a repro's), so one repro leaves nothing to the next.
+does). Nothing of the test process's state reaches it: not its imports (the server's own, besides
+the prelude's, are rerun.py's vector-ISA helpers, loaded by path, and what they import:
+minify_contract.signatures, which no repro reads), not dynamo's caches, not a torch config a test
+set. Each fork starts from the same untouched interpreter (but for the ISA probe's answer, which is
+the machine's and not a repro's), so one repro leaves nothing to the next.
 """
 
 from __future__ import annotations
@@ -89,15 +91,10 @@ import json, os, runpy, sys
 import torch  # noqa: F401  (every repro.py's first imports, PRELUDE: paid once here)
 import torch._inductor.config  # noqa: F401
 import importlib
-for name in sys.argv[1:]:  # COMPILER_MODULES
+for name in sys.argv[2:]:  # COMPILER_MODULES
     importlib.import_module(name)
-
-def probed():  # rerun.vec_isa_probed: this fork ran inductor's CPU vector-ISA probe, left to choose
-    isa, config = sys.modules.get("torch._inductor.cpu_vec_isa"), sys.modules.get("torch._inductor.config")
-    try:
-        return isa is not None and config.cpp.vec_isa_ok is None and isa.valid_vec_isa_list.cache_info().currsize > 0
-    except AttributeError:
-        return False
+# rerun.py by its path (not the client's package): its vector-ISA helpers, as the reduce servers use them
+rerun = runpy.run_path(sys.argv[1])
 
 def run(repro, stdout, stderr, tell):
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -121,7 +118,7 @@ def run(repro, stdout, stderr, tell):
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if probed():
+    if rerun["vec_isa_probed"]():
         os.write(tell, b"1")
     os._exit(code)
 
@@ -129,13 +126,12 @@ probe_due = probed_here = False
 for line in sys.stdin:
     request = json.loads(line)
     if probe_due and not probed_here:  # a repro compiled with inductor on the CPU: probe once, for all after
-        import torch._inductor.cpu_vec_isa
-        torch._inductor.cpu_vec_isa.valid_vec_isa_list()
+        rerun["probe_vec_isa"]()
         probed_here = True
-    told, tell = os.pipe()
+    hear, tell = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(told)
+        os.close(hear)
         if request.get("environment") is not None:  # the environment `python repro.py` would get
             os.environ.clear()
             os.environ.update(request["environment"])
@@ -144,12 +140,8 @@ for line in sys.stdin:
     sys.__stdout__.write(json.dumps({"pid": pid}) + "\n")  # for a caller's timeout to stop it
     sys.__stdout__.flush()
     _, status = os.waitpid(pid, 0)
-    os.set_blocking(told, False)
-    try:
-        probe_due = probe_due or os.read(told, 1) == b"1"
-    except OSError:  # nothing written: it did not probe, or a process of its own holds the pipe
-        pass
-    os.close(told)
+    probe_due = probe_due or rerun["told"](hear)
+    os.close(hear)
     code = os.waitstatus_to_exitcode(status)
     sys.__stdout__.write(json.dumps({"returncode": code}) + "\n")
     sys.__stdout__.flush()
@@ -165,8 +157,8 @@ class ReproForks:
         self.environment = dict(os.environ if environment is None else environment)
         self._outputs = Path(tempfile.mkdtemp(prefix="repro-forks-", dir=self.environment.get("TMPDIR") or None))
         self._count = 0
-        self._server = subprocess.Popen([sys.executable, "-c", _SERVER, *COMPILER_MODULES], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=self.environment, bufsize=0)
+        self._server = subprocess.Popen([sys.executable, "-c", _SERVER, rerun.__file__, *COMPILER_MODULES],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.environment, bufsize=0)
         self._pending = b""
 
     def run(self, repro: Path, timeout_s: float | None = None,

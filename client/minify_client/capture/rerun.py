@@ -207,10 +207,10 @@ def serve(modules: list[str]) -> int:
             probe_vec_isa()
             gc.freeze()
             probed = True
-        told, tell = os.pipe()
+        hear, tell = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(told)
+            os.close(hear)
             _run_forked(request, tell)
         os.close(tell)
         deadline = time.monotonic() + float(request["timeout_s"])
@@ -225,16 +225,16 @@ def serve(modules: list[str]) -> int:
                 _, status = os.waitpid(pid, 0)
                 break
             time.sleep(0.005)
-        probe_due = probe_due or _told(told)
-        os.close(told)
+        probe_due = probe_due or told(hear)
+        os.close(hear)
         answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n")
         answers.flush()
     return 0
 
 
-def _told(read_end: int) -> bool:
-    """Whether the child that just ended wrote to its end of the pipe (`_run_forked`); without
-    waiting for a process of its own that may still hold that end."""
+def told(read_end: int) -> bool:
+    """Whether the child that just ended wrote "1" to its end of the pipe (`_run_forked`: it probed
+    the vector ISA); without waiting for a process of its own that may still hold that end."""
     os.set_blocking(read_end, False)
     try:
         return os.read(read_end, 1) == b"1"
