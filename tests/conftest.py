@@ -36,7 +36,32 @@ def _one_compile_cache_for_every_process() -> None:
         os.environ.setdefault(name, value)
 
 
+def _one_precompiled_header_folder_for_every_process() -> None:
+    """Inductor keeps its precompiled headers (a build of 10-25 CPU-s each here, one per header and
+    set of flags) not in TORCHINDUCTOR_CACHE_DIR but in torch's default cache folder under the temp
+    dir (torch/_inductor/codecache.py's `_HEADER_DIR`), and the sandbox's warm-up moves them into
+    the compile cache (sandbox/warmup.py): processes outside a sandbox built again each header the
+    jobs beside them had built (some 35 CPU-s in a run). Where torch's folder does not exist yet (a
+    fresh machine, CI) it is made a link to the compile cache's. A header is keyed by its name, the
+    flags, the compiler and its preprocessed source, so sharing changes no outcome."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return
+    torchs = Path(default_cache_dir()) / "precompiled_headers"
+    ours = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled_headers"
+    if torchs.exists() or torchs.is_symlink() or torchs == ours:
+        return
+    ours.mkdir(parents=True, exist_ok=True)
+    torchs.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        torchs.symlink_to(ours, target_is_directory=True)
+    except FileExistsError:
+        pass  # another xdist worker made it
+
+
 _one_compile_cache_for_every_process()
+_one_precompiled_header_folder_for_every_process()
 
 
 def pytest_configure(config: pytest.Config) -> None:
