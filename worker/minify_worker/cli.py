@@ -90,7 +90,9 @@ def minify_command(argv: list[str]) -> int:
     from minify_worker.sandbox import preload
 
     # As the RQ worker does at start: the job's fork server is then forked from this process, warm.
-    preload(warm=spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu")
+    # Not for an upload the file alone shows is refused: the engine says why, with no sandbox.
+    if programs.of_format(spec.program_format).refusal(args.program) is None:
+        preload(warm=spec.backend in ("inductor", "aot_inductor") and spec.device_class == "cpu")
     cancel = threading.Event()
     terminated = threading.Event()
 

@@ -3,7 +3,8 @@
 `minify` gives the job its sandbox; `_Run.run` is the phases, in order, each returning the job's
 `Ending` as a value, or None for the next phase to run:
 
-- `prepare`: the program is loaded in a sandbox child (a bad upload ends the job here).
+- `prepare`: the program is loaded in a sandbox child (a bad upload ends the job here; one that
+  the file alone shows is bad, `Representation.refusal`, ends it before the sandbox starts).
 - `reproduce_and_reduce`: the original, compiled once and run 3 times (target signature,
   flakiness, calibrated timeout), while the reduction runs with the strategies (scheduler, sandbox
   children), judged against the first candidate failure until the original's is known; a verdict
@@ -83,9 +84,12 @@ def minify(
     run = _Run(spec, Path(program), None if inputs is None else Path(inputs), Path(out_dir).resolve(), on_event,
                cancel or threading.Event(), hang or HangCalibration(), on_result, on_update)
     run.out_dir.mkdir(parents=True, exist_ok=True)
+    run.progress.say(Milestone.preparing, f"preparing {run.program_path.name}")
+    refused = run.program.refusal(run.program_path)  # told from the file alone: no sandbox for it
+    if refused is not None:
+        return run.delivery.finish(Ending(JobState.failed, refused))
     workdir = make_job_dir()
     try:
-        run.progress.say(Milestone.preparing, f"preparing {run.program_path.name}")
         return in_sandbox(workdir, spec, run.budget.parallelism, lambda pool: run.run(pool, workdir))
     except SandboxError as error:
         if run.facts.sandbox_start is None:

@@ -56,6 +56,11 @@ class Representation(Protocol):
     # children of every job then inherit them already imported.
     preloaded: bool
 
+    def refusal(self, program: Path) -> str | None:
+        """Why the upload `program` is refused, told from the file alone before any sandbox starts
+        (no child, no compiler loaded: a user's mistake costs no job); None where only the
+        loader's child can tell (it refuses the same uploads again)."""
+
     def check_upload(self, program: Path, spec: JobSpec) -> None:
         """In the engine's process, before the loader's child runs: make this process able to
         rebuild what the loader will write; raises `prepared.ProgramError` saying what is missing."""

@@ -7,6 +7,7 @@ through `prepare_program`, the sandboxed entry the engine uses.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -261,3 +262,71 @@ def test_the_sandboxed_loader_sees_the_operators_allow_pickle(tmp_path: Path,
     monkeypatch.setenv("MINIFY_ALLOW_PICKLE", "1")
     program = pickled_weight_archive(tmp_path, tmp_path / "ran", payload=torch.nn.Parameter(torch.randn(16, 10)))
     assert prepare_program(program, None, tmp_path / "work", JobSpec()).nodes_original == 3
+
+
+def _text_file(directory: Path) -> Path:
+    (directory / "model.pt2").write_text("def forward(x): return x\n")
+    return directory / "model.pt2"
+
+
+def _truncated_archive(directory: Path) -> Path:
+    (directory / "cut.pt2").write_bytes(saved("relu_cos", directory).read_bytes()[:3000])
+    return directory / "cut.pt2"
+
+
+def _zip_of_something_else(directory: Path) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(directory / "other.pt2", "w") as archive:
+        archive.writestr("readme.txt", b"hello")
+    return directory / "other.pt2"
+
+
+def _pickled_weight(directory: Path) -> Path:
+    from tests.support.archives import pickled_weight_archive
+
+    return pickled_weight_archive(directory, directory / "ran")
+
+
+# Each upload the file alone shows is bad: the engine refuses it before any sandbox starts, with
+# the words the loader's child would say (`refusal` and `prepare` share the checks).
+REFUSED: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "a text file": (_text_file, r"model\.pt2 is not a torch\.export archive .*torch\.export\.save"),
+    "a truncated archive": (_truncated_archive, r"cut\.pt2 is not a torch\.export archive"),
+    "a zip of something else": (_zip_of_something_else, r"other\.pt2 is a zip file but not a torch\.export archive"),
+    "a pickled module": (pickled_graph_module, r"gm\.pt is a pickle .*MINIFY_ALLOW_PICKLE=1"),
+    "a pickled weight": (_pickled_weight, r"pickled_weight\.pt2 is refused: .*use_pickle.*MINIFY_ALLOW_PICKLE=1"),
+    "no file": (lambda directory: directory / "missing.pt2", r"program file missing\.pt2 does not exist"),
+}
+
+
+@pytest.mark.parametrize("kind", list(REFUSED))
+def test_an_upload_the_file_alone_shows_is_bad_is_refused_with_the_loaders_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    from minify_worker.programs.fx.prepare import refusal
+
+    monkeypatch.delenv("MINIFY_ALLOW_PICKLE", raising=False)
+    make, words = REFUSED[kind]
+    program = make(tmp_path)
+
+    said = refusal(program)
+
+    assert said is not None and re.search(words, said), said
+    with pytest.raises(ProgramError) as raised:
+        prepare(program, None, tmp_path / "work")
+    assert str(raised.value) == said
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_good_archive_a_program_json_and_an_allowed_pickle_are_left_to_the_loader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minify_worker.programs.fx.prepare import refusal
+
+    monkeypatch.delenv("MINIFY_ALLOW_PICKLE", raising=False)
+    archive = saved("relu_cos", tmp_path)
+    prepare(archive, None, tmp_path / "work")
+    program_json = tmp_path / "program.json"
+    program_json.write_text((tmp_path / "work" / "program.json").read_text())
+    assert refusal(archive) is None and refusal(program_json) is None
+    monkeypatch.setenv("MINIFY_ALLOW_PICKLE", "1")
+    assert refusal(pickled_graph_module(tmp_path)) is None

@@ -261,8 +261,34 @@ def read_inputs(path: Path) -> Any:
     return zero_tensors.decode(loaded, device="cpu")  # a ZeroTensor input is kept as a marker
 
 
+def refusal(path: Path) -> str | None:
+    """Why `path` is refused, told from its bytes alone (no torch.export.load, no child): no such
+    file, not a zip archive or a damaged one, an archive whose loading would run code, a pickle
+    where the operator allows none, a zip that is no torch.export archive. None for an archive the
+    loader may read, and for a program.json (its checks are the loader's). `load_program` refuses
+    the same programs with the same words."""
+    if is_program_json(path):
+        return None
+    try:
+        _archive_kind(path)
+    except ProgramError as error:
+        return str(error)
+    return None
+
+
 def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
     """The ExportedProgram in `path` and its source kind ("pt2" or "pickle")."""
+    if _archive_kind(path) == "pt2":
+        try:
+            return export_load.load(path), "pt2"
+        except export_load.LoadFailed as failure:
+            raise ProgramError(_load_failure(path, failure)) from failure
+    return _export_pickled_module(path, raw_inputs), "pickle"
+
+
+def _archive_kind(path: Path) -> str:
+    """The upload's kind: "pt2", a torch.export archive that runs no code when loaded, or "pickle",
+    a torch.save'd module where the operator allows pickles; anything else raises `ProgramError`."""
     if not path.is_file():
         raise ProgramError(f"program file {path.name} does not exist")
     if not zipfile.is_zipfile(path):
@@ -277,12 +303,14 @@ def load_program(path: Path, raw_inputs: Any) -> tuple[Any, str]:
         raise ProgramError(f"{path.name} is a damaged zip file: {_short(error)}") from error
     if any(name.endswith("archive_format") or "/models/" in name for name in names):
         _refuse_code_in_archive(path)
-        try:
-            return export_load.load(path), "pt2"
-        except export_load.LoadFailed as failure:
-            raise ProgramError(_load_failure(path, failure)) from failure
+        return "pt2"
     if any(name.endswith("data.pkl") for name in names):
-        return _export_pickled_module(path, raw_inputs), "pickle"
+        if os.environ.get(ALLOW_PICKLE_ENV) != "1":
+            raise ProgramError(
+                f"{path.name} is a pickle (torch.save), which runs arbitrary code when loaded; it is refused "
+                f"unless the worker's operator sets {ALLOW_PICKLE_ENV}=1. {EXPORT_HINT}"
+            )
+        return "pickle"
     raise ProgramError(f"{path.name} is a zip file but not a torch.export archive; {EXPORT_HINT}")
 
 
@@ -316,11 +344,6 @@ def _refuse_code_in_archive(path: Path) -> None:
 def _export_pickled_module(path: Path, raw_inputs: Any) -> Any:
     import torch
 
-    if os.environ.get(ALLOW_PICKLE_ENV) != "1":
-        raise ProgramError(
-            f"{path.name} is a pickle (torch.save), which runs arbitrary code when loaded; it is refused "
-            f"unless the worker's operator sets {ALLOW_PICKLE_ENV}=1. {EXPORT_HINT}"
-        )
     try:
         module = torch.load(path, weights_only=False, map_location="cpu")
     except Exception as error:

@@ -37,6 +37,13 @@ class FxRepresentation:
 
         return culprit
 
+    def refusal(self, program: Path) -> str | None:
+        """A .pt2 that is no readable torch.export archive, or whose loading would run code
+        (prepare.py's `refusal`); a program.json is the loader's to check."""
+        from minify_worker.programs.fx.prepare import refusal
+
+        return refusal(Path(program))
+
     def check_upload(self, program: Path, spec: JobSpec) -> None:
         """The spec's `op_modules` imported here, which rebuilds the prepared graph whose targets
         their custom ops are: one the worker does not allow, or that does not import, is a
