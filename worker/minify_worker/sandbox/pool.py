@@ -24,6 +24,7 @@ from minify_contract.models import JobSpec
 from .. import oracle, programs
 from ..outcomes import Crashed, Invalid, Outcome, OutOfMemory, TimedOut, outcome_from_dict
 from ..programs.prepared import PreparedProgram, ProgramError
+from . import failed_builds
 from .child import ALLOWED_CALLS_ENV, call_allowed
 from .limits import (
     ADDRESS_SPACE_ENV,
@@ -149,6 +150,7 @@ class SandboxPool:
         environment.update({
             "TMPDIR": str(self.root / "tmp"),
             **compile_cache_variables(self.root),
+            failed_builds.FOLDER_VARIABLE: str(self.root / "failed-builds"),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1"),

@@ -16,7 +16,7 @@ compiler has finished: a rename is atomic, so the target is either absent or who
 build wrote (`partial-<pid>-<name>`) is never loaded; the next build of a kernel or header
 (`codecache._worker_compile_cpp`, under inductor's lock for that target) removes it. Where a
 builder's command does not end with its target as expected (fbcode's relative paths), it builds as
-inductor would.
+inductor would. The same wrapper remembers a job's failed builds (`failed_builds`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .failed_builds import build_remembering_failures
+
 _INSTALLED = "_minify_whole_builds"
 
 
 def install() -> None:
-    """Make this process's (and its forks') inductor C++ builds atomic; idempotent."""
+    """Make this process's (and its forks') inductor C++ builds atomic, and a failed build of this
+    job fail again without the compiler (`failed_builds`); idempotent."""
     import torch._inductor.codecache as codecache
     import torch._inductor.cpp_builder as cpp_builder
 
@@ -40,7 +43,7 @@ def install() -> None:
     build_in_place = cpp_builder.CppBuilder.build
 
     def build(self: Any) -> None:
-        build_whole(self, build_in_place)
+        build_remembering_failures(self, lambda builder: build_whole(builder, build_in_place))
 
     def _worker_compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         from torch.utils._filelock import FileLock
