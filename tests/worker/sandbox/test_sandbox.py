@@ -521,6 +521,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+case "$output" in *.gch) echo "$output" >> "{flag}.headers" ;; esac
 if [ -e "{flag}" ] && [ -n "$marked" ] && [ "${{output%.so}}" != "$output" ]; then
   truncate -s 64 "$output"
   touch "{flag}.stalled"
@@ -551,7 +552,8 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
     but only where its failure names it). Builds are now renamed into place whole
     (sandbox/whole_builds.py): the killed build leaves nothing there, and the next child compiles
     the kernel and runs it. Forked from this preloaded process, or spawned, where no warm-up ran
-    before the children (the candidate installs it itself)."""
+    before the children (the candidate installs it itself, and takes the precompiled headers from
+    the compile cache, not from its job's temp dir)."""
     marker = f"{random.randrange(10**6, 10**7)}.5"  # a kernel no earlier run left in the shared cache
     flag = tmp_path / "stall"
     (tmp_path / "bin").mkdir()
@@ -575,6 +577,11 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
             "a truncated kernel is in the cache"
         outcome = pool.submit(graph_to_wire(graph), timeout_s=300).result(timeout=300)
     assert isinstance(outcome, Passes), outcome
+    # Cold children, and yet no precompiled header built in the job's folder (each child's temp
+    # dir): they take the compile cache's (`keep_precompiled_headers_with_the_caches`).
+    headers = flag.with_name("stall.headers")
+    built = headers.read_text().split() if headers.exists() else []
+    assert not [header for header in built if Path(header).is_relative_to(tmp_path / "job")], built
     # The next build of the kernel removed what the killed one left.
     assert not [left for kernel in kernels for left in kernel.parent.glob(f"partial-*-{kernel.name}")]
 

@@ -288,16 +288,11 @@ def _warm_inductor_cpu() -> None:
     every compile (`preserve_rng_state` -> `torch.cuda.get_rng_state`), which initializes CUDA in
     this process and makes CUDA unusable in every child forked from it, CPU jobs' included.
     """
-    import torch._inductor.codecache
     import torch._inductor.config as inductor_config
     import torch._inductor.cpu_vec_isa as cpu_vec_isa
 
     inductor_config.compile_threads = 1
-    headers = None
-    if hasattr(torch._inductor.codecache, "_HEADER_DIR"):
-        # Precompiled headers go under the temp dir by default, which is per job: keep them with the caches.
-        headers = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled_headers"
-        torch._inductor.codecache._HEADER_DIR = str(headers)
+    headers = keep_precompiled_headers_with_the_caches()
     if gpu_present():
         cpu_vec_isa.pick_vec_isa()
         log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
@@ -307,6 +302,29 @@ def _warm_inductor_cpu() -> None:
     _compile_warm_up_graph()
     if builder is not None:
         _reap_cache_builder(builder)
+
+
+def keep_precompiled_headers_with_the_caches() -> Path | None:
+    """Point inductor's precompiled headers, and their locks, at the compile cache
+    (`TORCHINDUCTOR_CACHE_DIR`), where this process compiles for a sandbox; the folder (None where
+    this torch keeps no headers or no cache is set).
+
+    Torch keeps them under its default cache folder in the temp dir, and the sandbox's temp dir is
+    the job's: each job, and each child of a sandbox whose server did not warm up (a custom backend
+    that compiles with inductor, a pool started without warm-up, a spawned server's first
+    children), built its own, 10-25 s of g++ per header here. Kept with the kernels they are built
+    once per machine and toolchain (inductor keys a header by its flags, compiler and preprocessed
+    source). Idempotent and cheap: the warm-up and every candidate child call it."""
+    import torch._inductor.codecache as codecache
+
+    caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not caches or not hasattr(codecache, "_HEADER_DIR"):
+        return None
+    headers = Path(caches) / "precompiled_headers"
+    codecache._HEADER_DIR = str(headers)
+    if hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_LOCK_DIR = str(headers / "locks")
+    return headers
 
 
 def _start_cache_builder(headers: Path | None) -> int | None:

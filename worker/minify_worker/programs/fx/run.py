@@ -75,7 +75,7 @@ from minify_worker.programs.fx.backends import (
     resolve_backend,
     run_compiled,
 )
-from minify_worker.sandbox import whole_builds
+from minify_worker.sandbox import warmup, whole_builds
 
 # What the loader and the linker say about a half-written binary: a child killed while its
 # compiler wrote into the shared compile cache (a cancelled or timed-out candidate) leaves one.
@@ -183,8 +183,10 @@ def run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir:
 def _run_candidate(gm: fx.GraphModule, inputs: list[Any], spec: JobSpec, workdir: Path, runs: int) -> Outcome:
     started = time.monotonic()
     # Builds written whole, also where no warm-up installed it first (a spawned server's first
-    # children, a pool started without warm-up): this child may be killed mid-link.
+    # children, a pool started without warm-up): this child may be killed mid-link. Precompiled
+    # headers with the machine's compile cache, not in this job's temp dir.
     whole_builds.install()
+    warmup.keep_precompiled_headers_with_the_caches()
     try:
         apply_inductor_config(spec.config)
         training = spec.failure.training and spec.failure.kind != "accuracy"  # accuracy: judges_gradients
