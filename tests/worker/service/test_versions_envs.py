@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -177,8 +178,17 @@ def test_a_stopped_probe_ends_at_once_with_what_it_started(tmp_path: Path) -> No
     assert not [pid for pid in pids if _alive(pid)]
 
 
-def test_a_probe_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
-    """A work horse killed outright (SIGKILL, no handler runs) takes its probe's repro with it."""
+def test_a_probe_dies_with_the_process_that_ran_it_and_the_next_probe_removes_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A work horse killed outright (SIGKILL, no handler runs) takes its probe's repro with it, and
+    leaves the probe's working folder, which the next probe on the machine removes (one of a
+    process still alive stays)."""
+    from minify_worker.service.versions.probe import run_repro
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     repro = tmp_path / "repro.py"
     repro.write_text(_LINGERING_REPRO)
     horse = subprocess.Popen([sys.executable, "-c", (
@@ -196,3 +206,11 @@ def test_a_probe_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
         assert not _alive(repro_pid)
     finally:
         horse.kill()
+    left = [folder.name for folder in temp.iterdir()]
+    assert len(left) == 1 and left[0].startswith(f"minify-version-probe-{horse.pid}-"), left
+    alive = temp / f"minify-version-probe-{os.getpid()}-kept"
+    alive.mkdir()
+    passing = tmp_path / "passing.py"
+    passing.write_text("print('repro passed')\n")
+    assert run_repro(own_env(), passing, None, None, timeout_s=60).outcome.value == "passes"
+    assert [folder.name for folder in temp.iterdir()] == [alive.name]

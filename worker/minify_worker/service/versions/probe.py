@@ -11,12 +11,15 @@ the sandbox's fork server cannot host.
 A probe never outlives what asked for it: the repro gets `PR_SET_PDEATHSIG=SIGKILL` (the work horse
 killed outright), and `stop_all` kills the group of every probe still running (a cancelled job, a
 SIGTERM in the horse: `stop_on_sigterm`), so a worker's shutdown leaves no repro or compiler behind.
+Nor a working folder for long: a probe's is named after the process that made it, and the next
+probe on the machine removes those whose process is gone (one killed outright cleans nothing up).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -34,6 +37,7 @@ TIMEOUT_ENV = "MINIFY_VERSION_PROBE_TIMEOUT_S"
 _OUTPUT_KEPT = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
+_WORKDIR_PREFIX = "minify-version-probe-"
 _running: set[int] = set()  # process groups of the probes running in this process
 _running_lock = threading.Lock()
 
@@ -69,6 +73,26 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
+def _workdir() -> tempfile.TemporaryDirectory:
+    """A probe's empty working folder, named after this process (`minify-version-probe-<pid>-...`),
+    made after removing those of processes that died without removing theirs."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*-*"):
+        pid = folder.name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _die_with_parent() -> None:
     """preexec_fn: the repro is killed when the process that started it dies."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -88,7 +112,7 @@ def run_repro(env: TorchEnv, repro: Path, inputs: Path | None, expected_signatur
     if inputs is not None and inputs.is_file():
         command += ["--inputs", str(inputs.resolve())]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="minify-version-probe-") as workdir:
+    with _workdir() as workdir:
         process = subprocess.Popen(command, cwd=workdir, env=_environment(), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                    preexec_fn=_die_with_parent)
