@@ -4,6 +4,7 @@ cut short is built again; another job, or a process outside a sandbox, builds fo
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -187,3 +188,13 @@ def test_a_remembered_failure_is_inductors_own_error_and_nothing_is_remembered_o
     with pytest.raises(CppCompileError):
         build_remembering_failures(builder, build)
     assert len(calls) == 4
+    # A record this torch's error would not read as (another torch's words, a damaged file): built.
+    (record,) = [path for path in (tmp_path / "failed-builds").iterdir() if build_key(builder) in path.name]
+    record.write_text(json.dumps({**json.loads(record.read_text()), "message": "C++ compile error, in other words"}))
+    with pytest.raises(CppCompileError):
+        build_remembering_failures(builder, build)
+    assert len(calls) == 5
+    record.write_text("{")
+    with pytest.raises(CppCompileError):
+        build_remembering_failures(builder, build)
+    assert len(calls) == 6

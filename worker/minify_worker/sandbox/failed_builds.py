@@ -53,15 +53,38 @@ def build_remembering_failures(builder: Any, build: Callable[[Any], None]) -> No
     record = Path(folder) / f"{key}.json"
     remembered = _read(record)
     if remembered is not None:
-        from torch._inductor.exc import CppCompileError
-
-        raise CppCompileError(remembered["cmd"], remembered["output"])
+        error = _error_again(remembered)
+        if error is not None:
+            raise error
     try:
         build(builder)
     except Exception as error:
-        if type(error).__name__ == "CppCompileError" and is_compile_verdict(getattr(error, "output", None)):
-            _write(record, {"cmd": list(error.cmd), "output": error.output})
+        form = _remembered_form(error)
+        if form is not None:
+            _write(record, form)
         raise
+
+
+def _remembered_form(error: Exception) -> dict[str, Any] | None:
+    """What to record of a failed build: inductor's `CppCompileError` with the compiler's verdict."""
+    if type(error).__name__ != "CppCompileError":
+        return None
+    command, output = getattr(error, "cmd", None), getattr(error, "output", None)
+    if not isinstance(command, list | tuple) or not is_compile_verdict(output):
+        return None
+    return {"cmd": [str(part) for part in command], "output": output, "message": str(error)}
+
+
+def _error_again(remembered: dict[str, Any]) -> Exception | None:
+    """Inductor's error made again from a record, None where this torch's would not read exactly as
+    the recorded one (the build then runs: never a failure the compiler did not give)."""
+    from torch._inductor.exc import CppCompileError
+
+    try:
+        error = CppCompileError(remembered["cmd"], remembered["output"])
+    except Exception:
+        return None
+    return error if str(error) == remembered.get("message") else None
 
 
 def build_key(builder: Any) -> str | None:
@@ -95,7 +118,7 @@ def _read(record: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(remembered, dict) or not isinstance(remembered.get("output"), str):
         return None
-    if not isinstance(remembered.get("cmd"), list):
+    if not isinstance(remembered.get("cmd"), list) or not isinstance(remembered.get("message"), str):
         return None
     return remembered
 
