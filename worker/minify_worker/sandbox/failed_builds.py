@@ -106,8 +106,9 @@ def build_key(builder: Any) -> str | None:
 
 
 def is_compile_verdict(output: object) -> bool:
-    """Whether a failed build's output is the compiler's verdict on the code (an `error:` of its
-    own), not a build cut short or starved, which may not fail again."""
+    """Whether a failed build's output is the compiler's verdict on the code (it says "error", as
+    g++'s `error:` lines and the linker's `collect2: error:` do), not a build cut short or starved,
+    which may not fail again."""
     return isinstance(output, str) and bool(_VERDICT.search(output)) and not _CUT_SHORT.search(output)
 
 
