@@ -183,6 +183,7 @@ def test_a_probe_dies_with_the_process_that_ran_it_and_the_next_probe_removes_it
     """A work horse killed outright (SIGKILL, no handler runs) takes its probe's repro with it, and
     leaves the probe's working folder, which the next probe on the machine removes (one of a
     process still alive stays)."""
+    from minify_worker.engine.workdirs import OWNER_FILE, PROBE_PREFIX, make_job_dir
     from minify_worker.service.versions.probe import run_repro
 
     temp = tmp_path / "temp"
@@ -206,10 +207,11 @@ def test_a_probe_dies_with_the_process_that_ran_it_and_the_next_probe_removes_it
         assert not _alive(repro_pid)
     finally:
         horse.kill()
-    left = [folder.name for folder in temp.iterdir()]
-    assert len(left) == 1 and left[0].startswith(f"minify-version-probe-{horse.pid}-"), left
-    alive = temp / f"minify-version-probe-{os.getpid()}-kept"
-    alive.mkdir()
+    left = list(temp.iterdir())
+    assert len(left) == 1 and left[0].name.startswith(PROBE_PREFIX), left
+    assert (left[0] / OWNER_FILE).read_text().split()[0] == str(horse.pid)  # marked with the killed horse
+    alive = make_job_dir(PROBE_PREFIX)  # a probe's folder of this live process
+    assert alive.parent == temp
     passing = tmp_path / "passing.py"
     passing.write_text("print('repro passed')\n")
     assert run_repro(own_env(), passing, None, None, timeout_s=60).outcome.value == "passes"

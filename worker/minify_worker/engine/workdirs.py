@@ -1,9 +1,11 @@
-"""Job work folders (`minify-job-*` in the temp dir), each marked with the process that made it.
+"""Work folders in the temp dir (a job's `minify-job-*`, a version probe's `minify-version-probe-*`),
+each marked with the process that made it.
 
-The engine removes its folder when a run ends; a process killed hard (a SIGKILLed work horse, the
-OOM killer) cannot. A worker removes such leftovers when it starts and after a work horse dies:
-only folders whose owner is dead, read from the mark, so workers sharing one machine never delete
-each other's live folders. A folder without a mark is left alone (someone else's, or being made).
+The engine removes its folder when a run ends, a probe its own; a process killed hard (a SIGKILLed
+work horse, the OOM killer) cannot. A worker removes such leftovers when it starts and after a work
+horse dies, and a probe those of earlier probes: only folders whose owner is dead, read from the
+mark, so workers sharing one machine never delete each other's live folders. A folder without a
+mark is left alone (someone else's, or being made).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PREFIX = "minify-job-"
+PROBE_PREFIX = "minify-version-probe-"
 OWNER_FILE = ".minify-owner"
 
 
@@ -30,9 +33,9 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def make_job_dir() -> Path:
+def make_job_dir(prefix: str = PREFIX) -> Path:
     """A new private work folder in the temp dir, marked with this process."""
-    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
     (folder / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
     return folder
 
@@ -45,10 +48,13 @@ def _owner_dead(folder: Path) -> bool:
         return False
 
 
-def remove_stale_job_dirs(temp_dir: Path | None = None) -> list[Path]:
-    """Remove this user's job folders whose owning process is dead; returns the folders removed."""
+def remove_stale_job_dirs(temp_dir: Path | None = None,
+                          prefixes: tuple[str, ...] = (PREFIX, PROBE_PREFIX)) -> list[Path]:
+    """Remove this user's work folders (jobs', probes') whose owning process is dead; returns the
+    folders removed."""
+    root = Path(temp_dir or tempfile.gettempdir())
     removed = []
-    for folder in Path(temp_dir or tempfile.gettempdir()).glob(f"{PREFIX}*"):
+    for folder in [folder for prefix in prefixes for folder in root.glob(f"{prefix}*")]:
         try:
             info = folder.lstat()
         except OSError:

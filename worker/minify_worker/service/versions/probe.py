@@ -2,17 +2,18 @@
 
 The repro is plain torch: it needs nothing of minify, so any interpreter with a torch runs it. It
 runs as a child of its own process group (everything it starts, inductor's compile workers
-included, dies with it), in an empty working folder of its own, with stdin closed and a timeout;
-what it prints decides the outcome (`ranges.classify`: `repro passed`, or the `repro failed
-with:` line its excepthook writes). It is no sandbox child: a repro is one run of a program the
+included, dies with it), in a working folder of its own (empty but for its owner's mark), with
+stdin closed and a timeout; what it prints decides the outcome (`ranges.classify`: `repro passed`,
+or the `repro failed with:` line its excepthook writes). It is no sandbox child: a repro is one run of a program the
 job already ran hundreds of times in the sandbox, and the interpreter is another torch's, which
 the sandbox's fork server cannot host.
 
 A probe never outlives what asked for it: the repro gets `PR_SET_PDEATHSIG=SIGKILL` (the work horse
 killed outright), and `stop_all` kills the group of every probe still running (a cancelled job, a
 SIGTERM in the horse: `stop_on_sigterm`), so a worker's shutdown leaves no repro or compiler behind.
-Nor a working folder for long: a probe's is named after the process that made it, and the next
-probe on the machine removes those whose process is gone (one killed outright cleans nothing up).
+Nor a working folder for long: a probe's is marked with the process that made it
+(`engine.workdirs`, as a job's is), and the next probe on the machine, like a worker starting or
+seeing a work horse die, removes those whose process is gone (one killed outright cleans nothing up).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
 from minify_contract.models import VersionRun
+from minify_worker.engine.workdirs import PROBE_PREFIX, make_job_dir, remove_stale_job_dirs
 from minify_worker.service.versions.envs import TorchEnv
 from minify_worker.service.versions.ranges import classify
 
@@ -37,7 +40,6 @@ TIMEOUT_ENV = "MINIFY_VERSION_PROBE_TIMEOUT_S"
 _OUTPUT_KEPT = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
-_WORKDIR_PREFIX = "minify-version-probe-"
 _running: set[int] = set()  # process groups of the probes running in this process
 _running_lock = threading.Lock()
 
@@ -73,24 +75,16 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
-def _workdir() -> tempfile.TemporaryDirectory:
-    """A probe's empty working folder, named after this process (`minify-version-probe-<pid>-...`),
-    made after removing those of processes that died without removing theirs."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*-*"):
-        pid = folder.name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
-
-
-def _process_exists(pid: int) -> bool:
+@contextmanager
+def _workdir() -> Iterator[str]:
+    """A probe's working folder, marked with this process, made after removing those of probes
+    whose process died without removing theirs; removed when the probe ends."""
+    remove_stale_job_dirs(prefixes=(PROBE_PREFIX,))
+    folder = make_job_dir(PROBE_PREFIX)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        yield str(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
