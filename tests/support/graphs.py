@@ -53,6 +53,17 @@ def targets_of(graph: fx.Graph) -> list[str]:
     return [target_name(node.target) for node in graph.nodes if node.op == "call_function"]
 
 
+def marked_kernel(directory: Path, marker: str, op: torch._ops.OpOverload) -> fx.Graph:
+    """`op(x * marker)` on an 8-element `x` (its value saved as DIR/values.pt): one kernel whose
+    source holds `marker`, so a test finds it in the shared compile cache or a compiler's command."""
+    torch.save({"x": torch.randn(8)}, directory / "values.pt")
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["minify_value"] = "x"
+    graph.output((graph.call_function(op, (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
+    return graph
+
+
 def save_chain(directory: Path, ops: tuple[str, ...]) -> Path:
     """examples/programs.py's elementwise chain of `ops`, exported and saved as DIR/chain.pt2."""
     from examples import programs

@@ -25,6 +25,7 @@ from minify_worker.sandbox.failed_builds import (
     is_compile_verdict,
 )
 from tests.support import backends
+from tests.support.graphs import marked_kernel
 
 RELU_COMPILE_ERROR = JobSpec(backend="inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"})
 
@@ -67,13 +68,7 @@ class Compiler:
         cxx.write_text(_COUNTING_CXX.format(gxx=shutil.which("g++"), marker=self.marker, log=self.log, cut=self.cut))
         cxx.chmod(0o755)
         monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-        torch.save({"x": torch.randn(8)}, tmp_path / "values.pt")
-        graph = torch.fx.Graph()
-        x = graph.placeholder("x")
-        x.meta["minify_value"] = "x"
-        scaled = graph.call_function(torch.ops.aten.mul.Tensor, (x, float(self.marker)))
-        graph.output((graph.call_function(torch.ops.aten.relu.default, (scaled,)),))
-        self.wire = graph_to_wire(graph)
+        self.wire = graph_to_wire(marked_kernel(tmp_path, self.marker, torch.ops.aten.relu.default))
 
     @property
     def builds(self) -> int:

@@ -36,7 +36,7 @@ from minify_worker.sandbox.warmup import (
     _native_threads_since_origin,
 )
 from tests.support import backends, calls
-from tests.support.graphs import chain_graph
+from tests.support.graphs import chain_graph, marked_kernel
 
 BACKEND = f"{backends.PREFIX}:misbehave_by_op"
 # What the pools here may import in their children: the test backends and test call targets.
@@ -284,7 +284,7 @@ FORK_ORIGIN = textwrap.dedent("""
     from minify_worker import programs
     from minify_worker.programs.fx.graph import graph_to_wire
     from minify_worker.sandbox import SandboxCallError, SandboxPool, fork_refusal, preload
-    from tests.support.graphs import chain_graph
+    from tests.support.graphs import chain_graph, marked_kernel
 
     workdir = Path(sys.argv[1])
     torch.save({"x": torch.randn(4, 4)}, workdir / "values.pt")
@@ -530,17 +530,6 @@ fi
 """
 
 
-def _marked_kernel(tmp_path: Path, marker: str, op: torch._ops.OpOverload) -> torch.fx.Graph:
-    """`op(x * marker)` on an 8-element `x` (its value saved as tmp_path/values.pt): one kernel whose
-    source holds `marker`, so a test finds it in the shared compile cache."""
-    torch.save({"x": torch.randn(8)}, tmp_path / "values.pt")
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    x.meta["minify_value"] = "x"
-    graph.output((graph.call_function(op, (graph.call_function(torch.ops.aten.mul.Tensor, (x, float(marker))),)),))
-    return graph
-
-
 @pytest.mark.inductor
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_cache(
@@ -561,7 +550,7 @@ def test_a_child_killed_while_linking_leaves_no_truncated_kernel_in_the_shared_c
     cxx.write_text(_STALLING_CXX.format(gxx=shutil.which("g++"), marker=marker, flag=flag))
     cxx.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    graph = _marked_kernel(tmp_path, marker, torch.ops.aten.sin.default)
+    graph = marked_kernel(tmp_path, marker, torch.ops.aten.sin.default)
     caches = compile_cache_dir(tmp_path) / "inductor"
     with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
                      warm=False, start=start, env=ALLOWED) as pool:  # no warm-up: the candidates' compiles are the test
@@ -595,7 +584,7 @@ def test_a_truncated_kernel_another_process_left_in_the_shared_cache_is_rebuilt_
     short`, a failure of the machine taken for the program's. The candidate that meets it removes
     that entry (only inside the compile caches, `damaged_cache_files`) and compiles again, once."""
     marker = f"{random.randrange(10**6, 10**7)}.25"  # a kernel no earlier run left in the shared cache
-    graph = _marked_kernel(tmp_path, marker, torch.ops.aten.cos.default)
+    graph = marked_kernel(tmp_path, marker, torch.ops.aten.cos.default)
     caches = compile_cache_dir(tmp_path) / "inductor"
     with SandboxPool(tmp_path / "job", tmp_path / "values.pt", JobSpec(backend="inductor"), parallelism=1,
                      env=ALLOWED) as pool:
