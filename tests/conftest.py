@@ -228,8 +228,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """`MINIFY_TEST_CPU=FILE`: each test's CPU seconds (this process and every child it waited for,
     setup and teardown included: a module fixture's processes count to the test that started or
-    stopped them) appended to FILE as JSON lines, for finding where the suite's time goes (the suite
-    is CPU-bound on two cores; `scripts/test_cpu.py FILE` sums it by module)."""
+    stopped them), its worker and its start (epoch seconds, for a timeline beside a CPU sampler)
+    appended to FILE as JSON lines, for finding where the suite's time goes (the suite is CPU-bound
+    on two cores; `scripts/test_cpu.py FILE` sums it by module)."""
     out = os.environ.get("MINIFY_TEST_CPU")
     if not out:
         yield
@@ -242,10 +243,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
-    (own_before, children_before), started = cpu(), time.monotonic()
+    (own_before, children_before), started, started_at = cpu(), time.monotonic(), time.time()
     yield
     own_after, children_after = cpu()
     with open(out, "a") as lines:
         lines.write(json.dumps({"test": item.nodeid, "own_s": round(own_after - own_before, 2),
                                 "children_s": round(children_after - children_before, 2),
-                                "wall_s": round(time.monotonic() - started, 2)}) + "\n")
+                                "wall_s": round(time.monotonic() - started, 2),
+                                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                                "start": round(started_at, 2)}) + "\n")
