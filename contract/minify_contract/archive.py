@@ -22,6 +22,9 @@ and `torch/_export/serde/serialize.py`, these parts of an archive run code while
 `torch.export.save` writes none of these for ordinary tensors, so an archive it wrote passes; a
 constant or weight torch cannot store flat (a tensor subclass, a custom object) is a pickle, and
 is refused unless the operator trusts uploads. Anything this module cannot check counts as unsafe.
+
+`describe_not_a_zip` says what an upload that is no zip at all is instead (empty, a pickle, a
+program in another format), in the same words for the server's check and the worker's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ from pathlib import Path
 from typing import IO, Any
 
 ALLOW_PICKLE_ENV = "MINIFY_ALLOW_PICKLE"
+
+# What a file's first bytes say it is, for one that is not a zip (`describe_not_a_zip`).
+MLIR_BYTECODE_MAGIC = b"ML\xefR"
+PICKLE_PROTOCOLS = tuple(bytes([protocol]) for protocol in range(2, 6))
+_ZIP_MEMBER_MAGIC = b"PK\x03\x04"  # a zip's first member; its directory is at the end
+_HEAD_BYTES = 4096
 
 # A pickle to scan that is larger than this is not checked but refused (a torch.save pickle holds
 # only the structure; tensor bytes live in separate records).
@@ -360,3 +369,31 @@ def _expression_problem(expression: str) -> str | None:
         elif isinstance(node, ast.keyword) and node.arg is None:
             return "unpacks keywords"
     return None
+
+
+def describe_not_a_zip(path: Path | str) -> str:
+    """What a file that is not a zip is instead, as far as its first bytes tell: empty, a pickle, a
+    zip cut short, text (HLO or StableHLO, which the spec's program_format takes, or other) or
+    other bytes."""
+    with open(path, "rb") as file:
+        head = file.read(_HEAD_BYTES)
+    if not head:
+        return "the file is empty (0 bytes)"
+    if head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS:
+        return "it is a pickle (torch.save of an object, not torch.export.save of a program)"
+    if head.startswith(_ZIP_MEMBER_MAGIC):
+        return "it begins as a zip but its end (the zip's directory) is missing: a truncated upload or copy?"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        if head.startswith(MLIR_BYTECODE_MAGIC):
+            return "it is MLIR bytecode: submit it as StableHLO (a .mlirbc name, or program_format stablehlo)"
+        return f"it is neither a zip nor text (it starts {head[:8].hex(' ')})"
+    first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
+    if text.lstrip().startswith("{"):
+        return "it is JSON: submit minify's program.json as such (a .json name, or program_format fx_json)"
+    if text.lstrip().startswith("HloModule"):
+        return "it is HLO text: submit it as HLO (a .hlo name, or program_format hlo)"
+    if "func.func" in text or "func @" in text:
+        return "it is MLIR text: submit it as StableHLO (a .mlir name, or program_format stablehlo)"
+    return f"it is a text file (it starts {first_line!r})"

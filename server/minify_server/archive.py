@@ -11,15 +11,20 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+from minify_contract.archive import (
+    ALLOW_PICKLE_ENV,
+    MLIR_BYTECODE_MAGIC,
+    PICKLE_PROTOCOLS,
+    describe_not_a_zip,
+    describe_unsafe_members,
+    find_unsafe_members,
+)
 from minify_contract.program_json import ProgramJsonError, read_document
 
 # Entries that mark a torch.export archive, relative to its single top-level folder: the pt2 archive
 # format (torch >= 2.7: `archive_format`, `models/<name>.json`) and the older flat layout.
 _MARKERS = ("archive_format", "serialized_exported_program.json")
 _MODEL_PREFIX = "models/"
-_HEAD_BYTES = 4096
-_PICKLE_PROTOCOLS = [bytes([protocol]) for protocol in range(2, 6)]
 
 
 class NotAnExportArchive(ValueError):
@@ -62,36 +67,11 @@ def check_export_archive(path: Path, *, allow_pickle: bool = False) -> None:
         _check_no_code(path)
 
 
-def describe_not_a_zip(path: Path) -> str:
-    """What a file that is not a zip is instead, as far as its first bytes tell: empty, a pickle,
-    text (HLO or StableHLO, which the spec's program_format takes, or other) or other bytes."""
-    with open(path, "rb") as file:
-        head = file.read(_HEAD_BYTES)
-    if not head:
-        return "the file is empty (0 bytes)"
-    if head[:1] == b"\x80" and head[1:2] in _PICKLE_PROTOCOLS:
-        return "it is a pickle (torch.save of an object, not torch.export.save of a program)"
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        if head.startswith(MLIR_BYTECODE_MAGIC):
-            return "it is MLIR bytecode: submit it as StableHLO (a .mlirbc name, or program_format stablehlo)"
-        return f"it is neither a zip nor text (it starts {head[:8].hex(' ')})"
-    first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
-    if text.lstrip().startswith("{"):
-        return "it is JSON: submit minify's program.json as such (a .json name, or program_format fx_json)"
-    if text.lstrip().startswith("HloModule"):
-        return "it is HLO text: submit it as HLO (a .hlo name, or program_format hlo)"
-    if "func.func" in text or "func @" in text:
-        return "it is MLIR text: submit it as StableHLO (a .mlir name, or program_format stablehlo)"
-    return f"it is a text file (it starts {first_line!r})"
-
-
 def is_pickle_file(path: Path) -> bool:
     """A raw pickle, or a torch.save zip (a folder holding data.pkl): what torch.save writes."""
     with open(path, "rb") as file:
         head = file.read(2)
-    if head[:1] == b"\x80" and head[1:2] in _PICKLE_PROTOCOLS:
+    if head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS:
         return True
     try:
         check_torch_save_file(path)
@@ -136,7 +116,6 @@ def check_program_json(path: Path) -> None:
 
 # -- StableHLO and HLO programs (JobSpec.program_format; docs/hlo.md) ---------------------------
 
-MLIR_BYTECODE_MAGIC = b"ML\xefR"
 _NPY_MAGIC = b"\x93NUMPY"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from minify_server.archive import NotAnExportArchive, check_export_archive, check_torch_save_file
+from tests.support import not_a_zip
 
 
 def make_zip(path: Path, names: list[str]) -> Path:
@@ -32,22 +33,22 @@ def test_export_archive_layouts_are_accepted(tmp_path: Path, names: list[str]) -
     check_export_archive(make_zip(tmp_path / "p.pt2", names))
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (b"", "the file is empty (0 bytes)"),
-    (b"print('hi')\n", "it is a text file (it starts \"print('hi')\")"),
-    (b"\n\n  \n", "it is a text file (it starts '')"),
-    (b"\xff\xfe\x00garbage", "it is neither a zip nor text (it starts ff fe 00 67"),
-    (b"\x80\x02}q\x00.", "it is a pickle"),
-    (b"ML\xefR\x00\x01", "it is MLIR bytecode: submit it as StableHLO"),
-    (b"module {\n  func.func @main() {}\n}\n", "it is MLIR text: submit it as StableHLO"),
-    (b"HloModule m\nENTRY e {}\n", "it is HLO text: submit it as HLO"),
-])
+@pytest.mark.parametrize(("content", "says"), not_a_zip.CASES)
 def test_a_file_that_is_not_a_zip_is_refused_saying_what_it_is(tmp_path: Path, content: bytes, says: str) -> None:
     path = tmp_path / "p.pt2"
     path.write_bytes(content)
     with pytest.raises(NotAnExportArchive) as refused:
         check_export_archive(path)
     assert str(refused.value).startswith(f"not a torch.export archive: {says}")
+
+
+def test_a_truncated_archive_is_refused_as_cut_short(tmp_path: Path) -> None:
+    from examples.programs import save
+
+    path = not_a_zip.truncated_copy(save("relu_cos", tmp_path), tmp_path / "cut.pt2")
+    with pytest.raises(NotAnExportArchive) as refused:
+        check_export_archive(path)
+    assert str(refused.value).startswith(f"not a torch.export archive: {not_a_zip.TRUNCATED}")
 
 
 @pytest.mark.parametrize(("names", "reason"), [

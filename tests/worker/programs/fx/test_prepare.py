@@ -20,6 +20,7 @@ from minify_worker.programs.fx.graph import graph_from_wire
 from minify_worker.programs.fx.prepare import prepare
 from minify_worker.programs.prepared import PreparedProgram, ProgramError
 from minify_worker.sandbox import prepare_program
+from tests.support import not_a_zip
 
 
 def saved(name: str, directory: Path) -> Path:
@@ -81,11 +82,21 @@ def test_a_text_file_named_pt2_is_refused_with_how_to_export(tmp_path: Path) -> 
         prepare(tmp_path / "model.pt2", None, tmp_path / "work")
 
 
-def test_a_truncated_pt2_is_refused(tmp_path: Path) -> None:
-    data = saved("relu_cos", tmp_path).read_bytes()
-    (tmp_path / "cut.pt2").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ProgramError, match=r"cut\.pt2"):
-        prepare(tmp_path / "cut.pt2", None, tmp_path / "work")
+def test_a_truncated_pt2_is_refused_as_cut_short(tmp_path: Path) -> None:
+    path = not_a_zip.truncated_copy(saved("relu_cos", tmp_path), tmp_path / "cut.pt2")
+    with pytest.raises(ProgramError) as refused:
+        prepare(path, None, tmp_path / "work")
+    assert str(refused.value).startswith(f"cut.pt2 is not a torch.export archive (.pt2): {not_a_zip.TRUNCATED}")
+
+
+# JSON the loader reads as the program.json it may be, whatever the file's name (the next test's own words)
+@pytest.mark.parametrize(("content", "says"), [case for case in not_a_zip.CASES if not case[0].startswith(b"{")])
+def test_a_file_that_is_not_a_zip_is_refused_in_the_servers_words(tmp_path: Path, content: bytes, says: str) -> None:
+    """The offline command's loader says what the file is as the server's upload check does."""
+    (tmp_path / "model.pt2").write_bytes(content)
+    with pytest.raises(ProgramError) as refused:
+        prepare(tmp_path / "model.pt2", None, tmp_path / "work")
+    assert str(refused.value).startswith(f"model.pt2 is not a torch.export archive (.pt2): {says}")
 
 
 def test_inputs_of_the_wrong_shape_are_named(tmp_path: Path) -> None:

@@ -49,7 +49,12 @@ from typing import Any
 
 from minify_contract import zero_tensors
 from minify_contract.accuracy import clone_input
-from minify_contract.archive import ALLOW_PICKLE_ENV, describe_unsafe_members, find_unsafe_members
+from minify_contract.archive import (
+    ALLOW_PICKLE_ENV,
+    describe_not_a_zip,
+    describe_unsafe_members,
+    find_unsafe_members,
+)
 from minify_worker.programs.fx import export_load
 from minify_worker.programs.fx.op_modules import ALLOWED_OP_MODULES_ENV
 from minify_worker.programs.prepared import FORMAT, PROGRAM_JSON, VALUES, ProgramError
@@ -293,8 +298,7 @@ def _archive_kind(path: Path) -> str:
         raise ProgramError(f"program file {path.name} does not exist")
     if not zipfile.is_zipfile(path):
         raise ProgramError(
-            f"{path.name} is not a torch.export archive (.pt2): it is not a readable zip file "
-            f"(a text file, or a truncated upload?); {EXPORT_HINT}"
+            f"{path.name} is not a torch.export archive (.pt2): {describe_not_a_zip(path)}; {EXPORT_HINT}"
         )
     try:
         with zipfile.ZipFile(path) as archive:
