@@ -21,6 +21,7 @@ from typing import Any
 
 from minify_contract.models import JobSpec
 from minify_worker import programs
+from minify_worker.sandbox import vec_isa
 
 log = logging.getLogger(__name__)
 
@@ -282,23 +283,24 @@ def gpu_present() -> bool:
 
 def _warm_inductor_cpu() -> None:
     """Inductor's vector-ISA probe (a few small C++ builds, each checked by a `python -c` dlopen
-    subprocess; cached in this process) and a compile-only warm-up (`_compile_warm_up_graph`).
+    subprocess; cached in this process, its passing builds taken from the compile cache's record:
+    `vec_isa`) and a compile-only warm-up (`_compile_warm_up_graph`).
 
     On a machine with a GPU the compile is skipped: aot_autograd saves the CUDA RNG state around
     every compile (`preserve_rng_state` -> `torch.cuda.get_rng_state`), which initializes CUDA in
     this process and makes CUDA unusable in every child forked from it, CPU jobs' included.
     """
     import torch._inductor.config as inductor_config
-    import torch._inductor.cpu_vec_isa as cpu_vec_isa
 
     inductor_config.compile_threads = 1
     headers = keep_precompiled_headers_with_the_caches()
+    caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if gpu_present():
-        cpu_vec_isa.pick_vec_isa()
+        vec_isa.pick_vec_isa_remembered(Path(caches) if caches else None)
         log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
         return
     builder = _start_cache_builder(headers)
-    cpu_vec_isa.pick_vec_isa()
+    vec_isa.pick_vec_isa_remembered(Path(caches) if caches else None)
     _compile_warm_up_graph()
     if builder is not None:
         _reap_cache_builder(builder)
