@@ -97,7 +97,7 @@ TORCH_OTHER_TESTS := tests/worker/engine/test_engine_inductor.py tests/worker/pr
 	tests/worker/engine/test_given_signature.py tests/contract/test_bug_key.py tests/worker/sandbox/test_gpu_safety.py \
 	tests/client/capture/test_fidelity_training.py tests/client/capture/test_training_compile_errors.py \
 	tests/worker/sandbox/test_warmup.py tests/worker/engine/test_hang_bound.py tests/client/capture/test_custom_ops.py \
-	tests/worker/sandbox/test_failed_builds.py
+	tests/worker/sandbox/test_failed_builds.py tests/worker/sandbox/test_vec_isa.py
 
 # torch's requirements and minify's (server, worker, dev), less torch itself and cuda-bindings.
 define TORCH_OTHER_REQUIREMENTS

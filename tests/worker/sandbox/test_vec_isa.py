@@ -53,33 +53,24 @@ def probe(records: Path, fail: str = "-") -> dict:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inductor's dlopen probe as on Linux")
-def test_a_second_process_takes_the_recorded_builds_and_picks_what_the_probe_picked(tmp_path: Path) -> None:
-    first = probe(tmp_path)
-    second = probe(tmp_path)
-
-    assert first["checked"] and first["loads"] == len(first["checked"])  # every build probed, each loaded once
-    assert second["loads"] == 0 and second["checked"] == []
-    assert (second["pick"], second["valid"]) == (first["pick"], first["valid"])
-    recorded = json.loads((tmp_path / vec_isa.RECORD_NAME).read_text())
-    assert len(recorded["passed"]) == len(first["checked"])
-    assert [path.name for path in tmp_path.iterdir()] == [vec_isa.RECORD_NAME]  # no temp file left
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inductor's dlopen probe as on Linux")
-def test_a_failed_build_is_probed_again_and_another_machines_record_is_not_taken(tmp_path: Path) -> None:
+def test_later_processes_take_the_builds_that_passed_probe_the_one_that_failed_and_pick_as_the_probe(
+        tmp_path: Path) -> None:
+    """Three fresh processes, one record: the first's AVX2 builds fail (as a load timed out would),
+    the second probes only those, the third nothing."""
     first = probe(tmp_path, fail="VecAVX2")
-    assert "VecAVX2" in first["checked"] and "avx2" not in first["valid"]
+    assert first["checked"].count("VecAVX2") == 1 and first["loads"] == len(first["checked"]) - 1
+    assert "avx2" not in first["valid"]
     recorded = json.loads((tmp_path / vec_isa.RECORD_NAME).read_text())
-    assert recorded["passed"] and not any(build.startswith("VecAVX2|") for build in recorded["passed"])
+    assert len(recorded["passed"]) == first["loads"]
+    assert not any(build.startswith("VecAVX2|") for build in recorded["passed"])
 
-    again = probe(tmp_path, fail="VecAVX2")  # the failure may have been the machine's load, not the CPU
-    assert again["checked"] == ["VecAVX2"] and again["valid"] == first["valid"]
+    second = probe(tmp_path)
+    assert second["checked"] == ["VecAVX2"] and second["loads"] == 1 and "avx2" in second["valid"]
 
-    recorded["key"]["compiler_stat"] = [0, 0]  # a compiler upgraded in place
-    (tmp_path / vec_isa.RECORD_NAME).write_text(json.dumps(recorded))
-    other = probe(tmp_path)
-    assert other["loads"] == len(other["checked"]) > 0 and "avx2" in other["valid"]
-    assert json.loads((tmp_path / vec_isa.RECORD_NAME).read_text())["key"]["compiler_stat"] != [0, 0]
+    third = probe(tmp_path)
+    assert third["checked"] == [] and third["loads"] == 0
+    assert (third["pick"], third["valid"]) == (second["pick"], second["valid"])
+    assert [path.name for path in tmp_path.iterdir()] == [vec_isa.RECORD_NAME]  # no temp file left
 
 
 @pytest.mark.fast
@@ -93,6 +84,8 @@ def test_a_damaged_or_foreign_record_holds_no_build(tmp_path: Path, text: str) -
 
 @pytest.mark.fast
 def test_a_record_is_read_back_under_its_own_key_only(tmp_path: Path) -> None:
+    """A record of another machine, compiler or torch holds nothing: everything is probed again, and
+    the record then replaced (`pick_vec_isa_remembered` writes what it probed under its own key)."""
     record = tmp_path / "caches" / vec_isa.RECORD_NAME
     vec_isa.write_passed(record, {"cpu": "x86_64"}, {"VecAVX2|avx2|-mavx2|0123"})
     assert vec_isa.read_passed(record, {"cpu": "x86_64"}) == {"VecAVX2|avx2|-mavx2|0123"}
