@@ -15,7 +15,9 @@ from minify_worker.sandbox import vec_isa
 
 # A fresh process's `pick_vec_isa_remembered(record folder)`: how many probe libraries it loaded in a
 # `python -c` (inductor's `VecISA._avx_py_load`), which builds inductor's own check ran, and what
-# inductor then picks. With `fail`, inductor's check fails every build of that ISA class.
+# inductor then picks. With `fail`, inductor's check fails every build of that ISA class. (From torch
+# 2.15 inductor skips the load of a library that loaded once on the machine, a `.load_ok` beside it:
+# the checks are what the record saves everywhere, the loads before 2.15.)
 CHILD = """
 import json, subprocess, sys
 from pathlib import Path
@@ -58,14 +60,13 @@ def test_later_processes_take_the_builds_that_passed_probe_the_one_that_failed_a
     """Three fresh processes, one record: the first's AVX2 builds fail (as a load timed out would),
     the second probes only those, the third nothing."""
     first = probe(tmp_path, fail="VecAVX2")
-    assert first["checked"].count("VecAVX2") == 1 and first["loads"] == len(first["checked"]) - 1
-    assert "avx2" not in first["valid"]
+    assert first["checked"].count("VecAVX2") == 1 and "avx2" not in first["valid"]
     recorded = json.loads((tmp_path / vec_isa.RECORD_NAME).read_text())
-    assert len(recorded["passed"]) == first["loads"]
+    assert len(recorded["passed"]) == len(first["checked"]) - 1
     assert not any(build.startswith("VecAVX2|") for build in recorded["passed"])
 
     second = probe(tmp_path)
-    assert second["checked"] == ["VecAVX2"] and second["loads"] == 1 and "avx2" in second["valid"]
+    assert second["checked"] == ["VecAVX2"] and second["loads"] <= 1 and "avx2" in second["valid"]
 
     third = probe(tmp_path)
     assert third["checked"] == [] and third["loads"] == 0
