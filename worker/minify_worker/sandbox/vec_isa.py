@@ -101,6 +101,7 @@ def write_passed(record: Path, key: dict[str, Any], passed: set[str]) -> None:
     try:
         with os.fdopen(descriptor, "w") as file:
             json.dump({"key": key, "passed": sorted(passed)}, file)
+        os.chmod(temporary, 0o644)  # readable as the cache's other files are (mkstemp makes it 0600)
         os.replace(temporary, record)
     except OSError as error:
         log.debug("vec ISA: not recorded: %s", error)
@@ -147,3 +148,4 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
