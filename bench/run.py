@@ -80,10 +80,12 @@ def child_environment(scratch: Path, minifier: str, options: argparse.Namespace)
 
 
 WARM_UP_SCRIPT = """
+import os
+from pathlib import Path
 import torch
 from torch._inductor.compile_fx import compile_fx
-import torch._inductor.cpu_vec_isa as cpu_vec_isa
-cpu_vec_isa.pick_vec_isa()
+from minify_worker.sandbox.vec_isa import pick_vec_isa_remembered
+pick_vec_isa_remembered(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))  # the probe, and ours' record of it
 with torch.no_grad():
     compiled = compile_fx(torch.fx.symbolic_trace(lambda x: (torch.tan(x) * 2,)), [torch.randn(4, 4)])
     compiled(torch.randn(4, 4))
@@ -94,7 +96,9 @@ def build_toolchain(work: Path) -> Path:
     """Compile one unrelated graph into empty caches: what a worker that has run any job before has.
 
     It holds inductor's CPU ISA probe builds and the precompiled C++ headers (the ~15 s a first
-    compile on a machine pays), and no graph of any case. Each run gets a fresh copy of it.
+    compile on a machine pays), the record of the probe a worker's warm-up keeps (`vec_isa.json`,
+    which torch's minifier and an `--ours-rev` before it never read), and no graph of any case. Each
+    run gets a fresh copy of it.
     """
     toolchain = work / "toolchain"
     shutil.rmtree(toolchain, ignore_errors=True)
