@@ -45,7 +45,7 @@ ALLOW_PICKLE_ENV = "MINIFY_ALLOW_PICKLE"
 
 # What a file's first bytes say it is, for one that is not a zip (`describe_not_a_zip`).
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
-PICKLE_PROTOCOLS = tuple(bytes([protocol]) for protocol in range(2, 6))
+_PICKLE_PROTOCOLS = tuple(bytes([protocol]) for protocol in range(2, 6))
 _ZIP_MEMBER_MAGIC = b"PK\x03\x04"  # a zip's first member; its directory is at the end
 _HEAD_BYTES = 4096
 
@@ -371,6 +371,12 @@ def _expression_problem(expression: str) -> str | None:
     return None
 
 
+def starts_as_pickle(head: bytes) -> bool:
+    """Whether a file's first bytes are a pickle's (the PROTO opcode of protocol 2 to 5), as a raw
+    `torch.save` or `pickle.dump` writes."""
+    return head[:1] == b"\x80" and head[1:2] in _PICKLE_PROTOCOLS
+
+
 def describe_not_a_zip(path: Path | str) -> str:
     """What a file that is not a zip is instead, as far as its first bytes tell: empty, a pickle, a
     zip cut short, text (HLO or StableHLO, which the spec's program_format takes, or other) or
@@ -379,7 +385,7 @@ def describe_not_a_zip(path: Path | str) -> str:
         head = file.read(_HEAD_BYTES)
     if not head:
         return "the file is empty (0 bytes)"
-    if head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS:
+    if starts_as_pickle(head):
         return "it is a pickle (torch.save of an object, not torch.export.save of a program)"
     if head.startswith(_ZIP_MEMBER_MAGIC):
         return "it begins as a zip but its end (the zip's directory) is missing: a truncated upload or copy?"

@@ -14,10 +14,10 @@ from pathlib import Path
 from minify_contract.archive import (
     ALLOW_PICKLE_ENV,
     MLIR_BYTECODE_MAGIC,
-    PICKLE_PROTOCOLS,
     describe_not_a_zip,
     describe_unsafe_members,
     find_unsafe_members,
+    starts_as_pickle,
 )
 from minify_contract.program_json import ProgramJsonError, read_document
 
@@ -71,7 +71,7 @@ def is_pickle_file(path: Path) -> bool:
     """A raw pickle, or a torch.save zip (a folder holding data.pkl): what torch.save writes."""
     with open(path, "rb") as file:
         head = file.read(2)
-    if head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS:
+    if starts_as_pickle(head):
         return True
     try:
         check_torch_save_file(path)

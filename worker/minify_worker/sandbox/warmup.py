@@ -295,12 +295,13 @@ def _warm_inductor_cpu() -> None:
     inductor_config.compile_threads = 1
     headers = keep_precompiled_headers_with_the_caches()
     caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    isa_record_dir = Path(caches) if caches else None
     if gpu_present():
-        vec_isa.pick_vec_isa_remembered(Path(caches) if caches else None)
+        vec_isa.pick_vec_isa_remembered(isa_record_dir)
         log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
         return
     builder = _start_cache_builder(headers)
-    vec_isa.pick_vec_isa_remembered(Path(caches) if caches else None)
+    vec_isa.pick_vec_isa_remembered(isa_record_dir)
     _compile_warm_up_graph()
     if builder is not None:
         _reap_cache_builder(builder)
