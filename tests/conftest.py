@@ -19,6 +19,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 # tests that are not about it keep it to a few seconds (a partial culprit, said so); those that
 # are (tests/worker/programs/fx/test_culprit.py) give it minutes.
 os.environ.setdefault("MINIFY_CULPRIT_MIN_BUDGET_S", "5")
+# The suite's xdist workers share the machine's cores (three on CI's two): a job's second child, the
+# default on two cores, runs candidates its reduction may never take, on CPU the other workers'
+# tests wanted (test_engine_inductor: 159 CPU-s with two children, 118 with one). So every job that
+# sets no parallelism of its own runs one child at a time, as a worker that shares its machine is
+# told to (`minify-worker --parallelism`, docs/deploy.md); the tests of running candidates side by
+# side set `limits.parallelism` themselves, and the services' workers inherit this.
+os.environ.setdefault("MINIFY_PARALLELISM", "1")
 
 
 def _one_compile_cache_for_every_process() -> None:

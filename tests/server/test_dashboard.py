@@ -468,9 +468,10 @@ def test_the_culprit_card_says_bisecting_while_the_phase_runs_after_the_result_t
 @pytest.mark.parametrize("culprit", [True, False], ids=["culprit-phase-after", "nothing-else-after"])
 def test_the_job_page_shows_the_originals_verdict_that_follows_the_delivered_result(
         browser: Any, service: Service, tmp_path: Path, culprit: bool) -> None:
-    # The signature is given: the result goes out while the whole program's 5 s compile runs.
+    # The signature is given: the result goes out while the whole program's 5 s compile runs (in a
+    # child of its own beside the reduction's: two at once).
     spec = {"backend": f"{PREFIX}:fail_on_relu_slowly_when_whole", "shrink": False, "culprit": culprit,
-            "failure": {"signature": "RuntimeError: injected failure on relu"}}
+            "failure": {"signature": "RuntimeError: injected failure on relu"}, "limits": {"parallelism": 2}}
     program = save_cos_sin_relu(tmp_path)
     with service.client() as client:
         response = client.post("/v1/jobs", files={"program": (program.name, program.read_bytes())},

@@ -15,6 +15,7 @@ from minify_contract.models import CulpritState, JobState, OriginalState, Progre
 from minify_contract.specflags import SpecError, add_spec_arguments, spec_from_args
 from minify_contract.summaries import culprit_summary, not_reproduced_lines, original_summary, shrunk_inputs
 from minify_worker import programs
+from minify_worker.sandbox.limits import worker_parallelism
 
 if TYPE_CHECKING:
     from minify_worker.engine import MinifyResult
@@ -82,6 +83,11 @@ def minify_command(argv: list[str]) -> int:
         parser.error(f"{args.program}: no such file")
     if args.inputs is not None and not args.inputs.is_file():
         parser.error(f"{args.inputs}: no such file")
+    if spec.limits.parallelism is None:
+        try:
+            worker_parallelism()  # the default of a job without --parallelism
+        except ValueError as error:
+            parser.error(f"{error} (or pass --parallelism)")
     if "program_format" not in spec.model_fields_set:
         with args.program.open("rb") as file:
             spec = spec.model_copy(update={"program_format": detect_program_format(args.program.name, file.read(64))})

@@ -161,7 +161,7 @@ def test_the_offline_command_prints_the_result_then_the_originals_verdict(tmp_pa
     done = subprocess.run(
         [sys.executable, "-m", "minify_worker.cli", "minify", str(save_cos_sin_relu(tmp_path)),
          "--out", str(tmp_path / "out"), "--backend", f"{PREFIX}:fail_on_relu_slowly_when_whole",
-         "--signature", RELU, "--no-shrink", "--no-culprit", "--quiet"],
+         "--signature", RELU, "--no-shrink", "--no-culprit", "--parallelism", "2", "--quiet"],
         capture_output=True, text=True, timeout=300, env={**os.environ, **ALLOWED})
 
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

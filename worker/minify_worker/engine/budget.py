@@ -8,20 +8,23 @@ with the smallest failing program found so far.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine.delivery import Ending
+from minify_worker.sandbox.limits import usable_cores, worker_parallelism
 
 
 def default_parallelism(spec: JobSpec) -> int:
-    """What the device can hold: one child per core on CPU; a few per GPU (they share its memory)."""
+    """The job's own `limits.parallelism`; else the worker's (`worker_parallelism`); else what the
+    device can hold: one child per core on CPU, a few per GPU (they share its memory)."""
     if spec.limits.parallelism:
         return spec.limits.parallelism
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, 4 if spec.device_class == "cuda" else 16))
+    configured = worker_parallelism()
+    if configured is not None:
+        return configured
+    return max(1, min(usable_cores(), 4 if spec.device_class == "cuda" else 16))
 
 
 class Budget:

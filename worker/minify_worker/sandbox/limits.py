@@ -26,6 +26,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# The worker's parallelism for jobs that set none (`minify-worker --parallelism` sets it for its work horses).
+PARALLELISM_ENV = "MINIFY_PARALLELISM"
+
+
+def worker_parallelism() -> int | None:
+    """`MINIFY_PARALLELISM`: the children at once of a job that sets no parallelism, on a worker that
+    shares its machine's cores (several workers, or other work beside it): where the cores are
+    busy, a second child runs candidates the reduction may never need, on CPU the others wanted.
+    None when unset; a value that is not a whole number from 1 to 256 (the spec's own range) is a
+    ValueError that says so."""
+    value = os.environ.get(PARALLELISM_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise ValueError(f"{PARALLELISM_ENV} must be a whole number from 1 to 256, not {value!r}")
+    return int(value)
+
+
 def machine_memory_mb() -> int:
     """The machine's memory (MiB), or its cgroup's limit when that is lower."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)

@@ -44,6 +44,7 @@ from rq.worker import WorkerStatus
 from minify_contract.config_schema import describe_torch_config
 from minify_contract.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
 from minify_worker.engine.workdirs import remove_stale_job_dirs
+from minify_worker.sandbox.limits import PARALLELISM_ENV, worker_parallelism
 from minify_worker.service.channel import REDIS_PATIENCE_ENV, redis_patience_s
 from minify_worker.service.job import record_worker_lost
 from minify_worker.service.versions import phase as versions_phase
@@ -340,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="preload without inductor's CPU warm-up (its ISA probe and a compile, ~2 s of CPU at "
                              "start): for workers that run other backends; an inductor job then warms up its own "
                              "fork server (env MINIFY_WORKER_WARM_UP=0)")
+    parser.add_argument("--parallelism", metavar="N", default=os.environ.get(PARALLELISM_ENV),
+                        help="candidates in flight at once for a job that sets no parallelism of its own (env "
+                             f"{PARALLELISM_ENV}; default: one per core on CPU, up to 4 per GPU); lower it when "
+                             "several workers, or other work, share this machine's cores")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -358,6 +363,13 @@ def main(argv: list[str]) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1 second")
     if args.allowed_backends is not None:
         os.environ["MINIFY_ALLOWED_BACKENDS"] = args.allowed_backends
+    if args.parallelism is not None:
+        os.environ[PARALLELISM_ENV] = str(args.parallelism).strip()  # the work horses' jobs read it
+        try:
+            worker_parallelism()
+        except ValueError:
+            parser.error(f"--parallelism (or {PARALLELISM_ENV}) must be a whole number from 1 to 256, "
+                         f"not {args.parallelism!r}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.preload:
         # Inherited by every forked work horse, whose sandbox then forks its fork server from it.

@@ -188,8 +188,10 @@ def test_ctrl_c_while_only_the_culprit_is_pending_exits_0_with_the_repro_saved(
 
 # -- the original's verdict follows the result too, where the failure was known (issue 40) --------
 
+# Two children at once: the original's slow run in one, the reduction beside it.
 SLOW_ORIGINAL = {"backend": f"{PREFIX}:fail_on_relu_slowly_when_whole",
-                 "failure": {"signature": "RuntimeError: injected failure on relu"}, "shrink": False}
+                 "failure": {"signature": "RuntimeError: injected failure on relu"}, "shrink": False,
+                 "limits": {"parallelism": 2}}
 
 
 def test_the_originals_verdict_follows_the_delivered_result_into_the_record_and_the_stream(
