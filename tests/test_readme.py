@@ -10,6 +10,7 @@ against a real service (tests/support/service.py) named by MINIFY_SERVER.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.repro import run_repro
 from tests.support.service import CULPRIT_FLOOR, start_service
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +145,17 @@ def test_the_service_example_submits_waits_and_downloads(tmp_path: Path, written
 
     out = re.search(r"--out (\S+)", service_commands[-1].text)
     assert out is not None and (root / out.group(1) / "repro.py").is_file()
+    # The real inductor compile error through the client, a service and its worker, end to end (the
+    # client's and the service's own tests use test backends): one op left, the relu; every phase
+    # ran (`--wait` follows the culprit phase after the result and fetches the files again); the
+    # worker preloaded torch and inductor, so the job's sandbox forked its server from that state;
+    # the downloaded repro.py fails with the compile error.
+    report = json.loads((root / out.group(1) / "report.json").read_text())
+    assert report["nodes_final"] == 1 and "relu" in report["graph_code"], report["graph_code"]
+    assert set(report["phase_s"]) == {"prepare", "reproduce", "reduce", "shrink", "culprit", "artifacts"}
+    assert report["sandbox_start"] == "fork"
+    repro = run_repro(root / out.group(1) / "repro.py")
+    assert repro.returncode != 0 and "CppCompileError" in repro.stderr, repro.stderr[-2000:]
 
 
 # ---- what the README says of the code, held against the code -----------------------------------
