@@ -242,3 +242,40 @@ def test_a_final_write_rides_out_a_redis_restart_and_lands_once(tmp_path: Path) 
     finally:
         for process in [server, *restarted]:
             stop_redis(process)
+
+
+def test_a_bug_is_filed_with_the_versions_its_job_s_phase_asks_so_no_sweep_re_tests_them(
+        store: redis.Redis, server_port: int, tmp_path: Path) -> None:
+    """A succeeded job is filed under its bug in its final write; the version phase's marks (the
+    versions it is about to run the bug's repro on) go in that same transaction, so the server's
+    sweep of open bugs (every few seconds) never finds the new bug with those versions unasked and
+    re-tests them while the phase runs (seen in a suite run, when the marks followed the write)."""
+    import asyncio
+
+    import redis.asyncio
+
+    from minify_contract.ledger import bug_retests_key
+    from minify_server.bugs import BugIndex
+    from minify_worker.service.versions.bugs import phase_asks
+
+    queued_job(store, tmp_path / "out")
+    ticket, _ = take(store)
+    channel = channel_of(store, ticket)
+    assert channel.start("A")
+    queued: list[tuple[str, bool]] = []
+
+    def filed(pipe: object, bug_record: str) -> None:
+        queued.append((bug_record, bool(store.exists(bug_record))))  # nothing of the transaction has landed yet
+        phase_asks(pipe, bug_record, ["2.12.0", "2.13.0"])
+
+    channel.finish(JobState.succeeded, None, succeeded_report(), filed=filed)
+
+    async def due() -> list[tuple[str, dict[str, str], str]]:
+        async with redis.asyncio.Redis(port=server_port, decode_responses=True) as client:
+            return await BugIndex(client).retests_due(["2.12.0", "2.13.0", "2.14.0"], limit=10)
+
+    [(bug_record, existed)] = queued
+    assert existed is False
+    assert set(store.hkeys(bug_retests_key(bug_record))) == {b"2.12.0", b"2.13.0"}
+    assert [(bug_id, version) for bug_id, _, version in asyncio.run(due())] == [
+        (bug_record.rsplit(":", 1)[-1], "2.14.0")]  # the version no phase asked is the sweep's

@@ -277,11 +277,13 @@ class JobChannel:
         self.publish(ProgressEvent(type="log", message=message))
 
     def finish(self, status: JobState, reason: str | None, report: Report | None,
-               folder: AttemptFolder | None = None, *, from_status: JobState = JobState.running) -> None:
+               folder: AttemptFolder | None = None, *, from_status: JobState = JobState.running,
+               filed: Callable[[Any, str], None] | None = None) -> None:
         """The final status, the result and the counters, in one transaction with the last event; a
-        succeeded job is filed under its bug in the same transaction (ledger.add_to_bug_index).
-        Only from `from_status` (running; queued for a job cancelled before it started), as the
-        current attempt: `folder`, the attempt's artifacts, becomes the job's just before."""
+        succeeded job is filed under its bug in the same transaction (ledger.add_to_bug_index), with
+        what `filed(pipe, bug_record)` queues on it. Only from `from_status` (running; queued for a
+        job cancelled before it started), as the current attempt: `folder`, the attempt's artifacts,
+        becomes the job's just before."""
         finished_at = now_iso()
         culprit_state = report.culprit_state if report is not None else None
         fields = record_fields(status=status, finished_at=finished_at, reason=reason or None, result=report,
@@ -299,7 +301,9 @@ class JobChannel:
                 for kind, count in report.outcomes.items():
                     pipe.hincrby(counters, f"outcome:{kind}", count)
                 if status is JobState.succeeded and self.job_id:
-                    add_to_bug_index(pipe, self.keys, self.job_id, report, finished_at)
+                    bug_id = add_to_bug_index(pipe, self.keys, self.job_id, report, finished_at)
+                    if bug_id is not None and filed is not None:
+                        filed(pipe, self.keys.bug_record(bug_id))
             add_event(pipe, self.keys.events, event)
             pipe.delete(self.keys.cancel)
 

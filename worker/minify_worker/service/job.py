@@ -12,6 +12,7 @@ Redis restarts (docs/deploy.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -143,18 +144,28 @@ def run_job(wire: dict[str, Any]) -> str:
         # Which torch has the bug: a question for torch programs only (a StableHLO job's repro needs jax).
         versions = (spec.versions and programs.of_format(spec.program_format).versions_phase
                     and status is JobState.succeeded and report is not None)
+        probed: list[str] | None = None
         if versions:
             report = report.model_copy(update={"versions_state": CulpritState.running})
-        channel.finish(status, reason, report, folder)
-        if versions:
+            own = versions_phase.offered_envs()[0]
             try:
-                own = versions_phase.offered_envs()[0]
-                probed = versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, own)
+                probed = versions_phase.versions_to_probe(channel.redis, own)
+            except RedisError as error:
+                log.warning("the version phase could not read the fleet's torch versions: %s", error)
+        # The bug learns which versions the phase runs its repro on as it is filed, in one transaction:
+        # the server's sweep of open bugs never finds it filed and those versions not yet asked.
+        asked = [own.torch, *probed] if probed is not None else []
+        channel.finish(status, reason, report, folder,
+                       filed=lambda pipe, bug_record: versions_bugs.phase_asks(pipe, bug_record, asked))
+        if probed is not None:
+            try:
+                versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, probed)
                 probed_versions.append(probed)
-                if report.bug and channel.keys.has_bug_index:
-                    versions_bugs.phase_asks(channel.redis, channel.keys.bug_record(report.bug), [own.torch, *probed])
             except RedisError as error:
                 log.warning("the version phase could not send its probes: %s", error)
+                if report.bug and channel.keys.has_bug_index:  # no phase follows: the server's re-tests again
+                    with contextlib.suppress(RedisError):
+                        versions_bugs.phase_answered(channel.redis, channel.keys.bug_record(report.bug), asked)
         return report
 
     def deliver(status: JobState, reason: str | None, report: Report) -> None:

@@ -62,14 +62,16 @@ def record_runs(redis: Redis, bug_record: str, job_id: str, runs: Sequence[Versi
     return fields["status"]
 
 
-def phase_asks(redis: Redis, bug_record: str, versions: Sequence[str]) -> None:
-    """A job's version phase is running the bug's repro on `versions` (its own torch and those its
-    probes went to): marked asked on the bug (`:retests`, version -> when), as the server marks the
-    re-tests it enqueues, so that its sweep of open bugs leaves them to the phase. Without it, a
-    bug filed when its job delivered the result was re-tested on those very versions by the next
-    sweep, while the phase (which answers after the culprit phase) had not answered yet."""
+def phase_asks(pipe: Any, bug_record: str, versions: Sequence[str]) -> None:
+    """Queue on `pipe` the marks of a job's version phase about to run the bug's repro on `versions`
+    (its own torch and those its probes go to): asked on the bug (`:retests`, version -> when), as
+    the server marks the re-tests it enqueues, so that its sweep of open bugs leaves them to the
+    phase. Queued in the transaction that files the job under its bug (`JobChannel.finish`): marked
+    after it, a sweep between the two (a second apart at most, on a busy Redis or worker) re-tested
+    the new bug on those very versions while the phase, which answers after the culprit phase, had
+    not answered yet."""
     if versions:
-        redis.hset(bug_retests_key(bug_record), mapping=dict.fromkeys(versions, str(time.time())))
+        pipe.hset(bug_retests_key(bug_record), mapping=dict.fromkeys(versions, str(time.time())))
 
 
 def phase_answered(redis: Redis, bug_record: str, versions: Sequence[str]) -> None:

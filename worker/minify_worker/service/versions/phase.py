@@ -117,9 +117,13 @@ def _ticket(job_id: str, version: str, out_dir: Path, signature: str | None) -> 
             "signature": signature, "results": job_versions_key(job_id), "timeout_s": probe_timeout_s()}
 
 
-def fan_out(redis: Redis, job_id: str, out_dir: Path, report: Report, own: TorchEnv) -> list[str]:
-    """Enqueue a probe per version the live fleet offers besides `own`; returns those versions."""
-    versions = [version for version in ranges.sort_versions(list(fleet_versions(redis))) if version != own.torch]
+def versions_to_probe(redis: Redis, own: TorchEnv) -> list[str]:
+    """The versions the live fleet offers besides `own`, oldest first: where `fan_out` sends probes."""
+    return [version for version in ranges.sort_versions(list(fleet_versions(redis))) if version != own.torch]
+
+
+def fan_out(redis: Redis, job_id: str, out_dir: Path, report: Report, versions: list[str]) -> None:
+    """Enqueue a probe of the job's repro per version of `versions` (`versions_to_probe`)."""
     redis.delete(job_versions_key(job_id))  # a retried attempt starts clean
     for version in versions:
         ticket = _ticket(job_id, version, out_dir, report.signature)
@@ -127,7 +131,6 @@ def fan_out(redis: Redis, job_id: str, out_dir: Path, report: Report, own: Torch
             PROBE_ENTRY, ticket, job_id=probe_job_id(job_id, version),
             job_timeout=int(ticket["timeout_s"] + QUEUE_WAIT_S), result_ttl=3600, failure_ttl=3600,
             description=f"repro of {job_id} on torch {version}")
-    return versions
 
 
 def env_for(version: str) -> TorchEnv | None:
