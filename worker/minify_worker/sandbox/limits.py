@@ -37,10 +37,15 @@ def worker_parallelism() -> int | None:
     None when unset; a value that is not a whole number from 1 to 256 (the spec's own range) is a
     ValueError that says so."""
     value = os.environ.get(PARALLELISM_ENV, "").strip()
-    if not value:
-        return None
+    return parallelism_of(value, PARALLELISM_ENV) if value else None
+
+
+def parallelism_of(value: str, source: str) -> int:
+    """`value` as a count of children at once: a whole number from 1 to 256 (the spec's own range);
+    else a ValueError that names `source` (the variable, or the flag that sets it)."""
+    value = value.strip()
     if not value.isdigit() or not 1 <= int(value) <= 256:
-        raise ValueError(f"{PARALLELISM_ENV} must be a whole number from 1 to 256, not {value!r}")
+        raise ValueError(f"{source} must be a whole number from 1 to 256, not {value!r}")
     return int(value)
 
 

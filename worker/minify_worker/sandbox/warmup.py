@@ -294,17 +294,22 @@ def _warm_inductor_cpu() -> None:
 
     inductor_config.compile_threads = 1
     headers = keep_precompiled_headers_with_the_caches()
-    caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    isa_record_dir = Path(caches) if caches else None
+    caches = inductor_cache_dir()  # the vec-ISA record lives there too
     if gpu_present():
-        vec_isa.pick_vec_isa_remembered(isa_record_dir)
+        vec_isa.pick_vec_isa_remembered(caches)
         log.info("sandbox: a GPU is present: no warm-up compile in a process that forks candidates")
         return
     builder = _start_cache_builder(headers)
-    vec_isa.pick_vec_isa_remembered(isa_record_dir)
+    vec_isa.pick_vec_isa_remembered(caches)
     _compile_warm_up_graph()
     if builder is not None:
         _reap_cache_builder(builder)
+
+
+def inductor_cache_dir() -> Path | None:
+    """The compile cache inductor uses in this process (`TORCHINDUCTOR_CACHE_DIR`), None where unset."""
+    caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(caches) if caches else None
 
 
 def keep_precompiled_headers_with_the_caches() -> Path | None:
@@ -320,10 +325,10 @@ def keep_precompiled_headers_with_the_caches() -> Path | None:
     source). Idempotent and cheap: the warm-up and every candidate child call it."""
     import torch._inductor.codecache as codecache
 
-    caches = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not caches or not hasattr(codecache, "_HEADER_DIR"):
+    caches = inductor_cache_dir()
+    if caches is None or not hasattr(codecache, "_HEADER_DIR"):
         return None
-    headers = Path(caches) / "precompiled_headers"
+    headers = caches / "precompiled_headers"
     codecache._HEADER_DIR = str(headers)
     if hasattr(codecache, "_HEADER_LOCK_DIR"):
         codecache._HEADER_LOCK_DIR = str(headers / "locks")

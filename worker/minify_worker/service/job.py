@@ -150,7 +150,7 @@ def run_job(wire: dict[str, Any]) -> str:
             own = versions_phase.offered_envs()[0]
             try:
                 probed = versions_phase.versions_to_probe(channel.redis, own)
-            except RedisError as error:  # no phase: the record says so rather than `running` for good
+            except RedisError as error:  # no phase: the delivered result says so, not `running`
                 log.warning("the version phase could not read the fleet's torch versions: %s", error)
                 report = report.model_copy(update={"versions_state": CulpritState.lost})
         # The bug learns which versions the phase runs its repro on as it is filed, in one transaction:

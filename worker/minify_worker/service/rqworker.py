@@ -44,7 +44,7 @@ from rq.worker import WorkerStatus
 from minify_contract.config_schema import describe_torch_config
 from minify_contract.ledger import CONFIG_SCHEMAS_KEY, QUEUES_SERVED_KEY
 from minify_worker.engine.workdirs import remove_stale_job_dirs
-from minify_worker.sandbox.limits import PARALLELISM_ENV, worker_parallelism
+from minify_worker.sandbox.limits import PARALLELISM_ENV, parallelism_of
 from minify_worker.service.channel import REDIS_PATIENCE_ENV, redis_patience_s
 from minify_worker.service.job import record_worker_lost
 from minify_worker.service.versions import phase as versions_phase
@@ -363,13 +363,12 @@ def main(argv: list[str]) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1 second")
     if args.allowed_backends is not None:
         os.environ["MINIFY_ALLOWED_BACKENDS"] = args.allowed_backends
-    if args.parallelism is not None:
-        os.environ[PARALLELISM_ENV] = str(args.parallelism).strip()  # the work horses' jobs read it
+    if args.parallelism is not None and args.parallelism.strip():
         try:
-            worker_parallelism()
-        except ValueError:
-            parser.error(f"--parallelism (or {PARALLELISM_ENV}) must be a whole number from 1 to 256, "
-                         f"not {args.parallelism!r}")
+            parallelism = parallelism_of(args.parallelism, f"--parallelism (or {PARALLELISM_ENV})")
+        except ValueError as error:
+            parser.error(str(error))
+        os.environ[PARALLELISM_ENV] = str(parallelism)  # the work horses' jobs read it
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.preload:
         # Inherited by every forked work horse, whose sandbox then forks its fork server from it.
