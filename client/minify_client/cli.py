@@ -42,6 +42,7 @@ from minify_contract.models import (
 from minify_contract.program_json import ProgramJsonError, read_document
 from minify_contract.specflags import SpecError, add_spec_arguments, spec_from_args
 from minify_contract.summaries import (
+    CULPRIT_STARTED,
     bisect_summary,
     culprit_summary,
     not_reproduced_lines,
@@ -689,8 +690,10 @@ def _wait_for_culprit(client: Client, job_id: str, events: Iterator[ProgressEven
     `out_dir`. The final report, or None when Ctrl-C stopped the wait."""
     line = _LiveLine(_progress_stream(args))
     try:
-        line.show("culprit: bisecting the compiler on the minimal program…",
-                  hint=" (Ctrl-C stops waiting; the repro is saved)")
+        # The phase's first message, so that it is not shown again when it arrives: in a log (no
+        # terminal) a guess at a later step printed that step before this one, and a bisection
+        # where none runs (a custom backend's phase has no stages).
+        line.show(f"culprit: {CULPRIT_STARTED}…", hint=" (Ctrl-C stops waiting; the repro is saved)")
         for event in events:
             if event.type == "progress" and event.message:
                 line.show(f"culprit: {event.message.removeprefix('culprit: ')}…")

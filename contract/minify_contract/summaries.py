@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from minify_contract.models import Bisection, Culprit, CulpritState, JobState, JobStatus, OriginalState, Report
 
+# The culprit phase's first message (the engine says it as the phase starts): the client's live
+# line while it waits for the phase begins with it.
+CULPRIT_STARTED = "the repro is delivered; finding the culprit"
+
 
 def shrunk_inputs(report: Report) -> str | None:
     """`inputs shrunk: x 256x128 → 1x1, w 128 → 1` for the inputs the shrink phase made smaller."""

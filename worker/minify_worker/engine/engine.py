@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from minify_contract.models import JobSpec, JobState, Milestone, ProgressEvent
+from minify_contract.summaries import CULPRIT_STARTED
 from minify_worker import programs
 from minify_worker.engine import artifacts
 from minify_worker.engine.budget import Budget
@@ -263,7 +264,7 @@ class _Run:
         assert self.facts.best is not None and self.facts.signature is not None
         started = time.monotonic()
         self.progress.phase = "culprit"  # after "done": its own clock, not the phase clock's
-        self.progress.say(Milestone.culprit_started, "the repro is delivered; finding the culprit")
+        self.progress.say(Milestone.culprit_started, CULPRIT_STARTED)
         phase = self.program.culprit
         assert phase is not None
         report, state = phase.after_result(
