@@ -218,6 +218,19 @@ ONE_WORKER_MODULES = frozenset({
 # run one after another on one worker (xdist sends the larger groups first), their waits beside the
 # other two workers' compiles.
 WAITING_GROUP = "waits"
+# Whole modules whose tests wait too, on processes of their own rather than on CPU: a service's
+# RQ worker and the server's polls (a job's originals slow on purpose, Redis stopped or hung on
+# purpose), a browser waiting for a page's live updates, a Redis answering. Measured at 0881253 (a
+# module's CPU over its wall time, its fixtures' processes included): test_outages 1 of 10.5 s,
+# test_culprit_after_result 11 of 28-33, test_faults_service 12 of 24-28, test_dashboard 28-31 of
+# 60-63, test_ledger and test_config_schema ~0 of 8-9 each, where a compile-bound test on a worker
+# shared three ways takes 0.65-0.9 of its wall. Dealt to the compiling workers they left a core
+# idle whenever the waiting worker waited too; in the waiting group, with their module fixtures
+# (each module's tests stay together, in order), the two other workers keep both cores busy.
+WAITING_MODULES = frozenset({
+    "test_outages", "test_culprit_after_result", "test_faults_service", "test_dashboard", "test_ledger",
+    "test_config_schema",
+})
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -225,7 +238,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     if item.get_closest_marker("xdist_group") is not None:
         return
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-    if module in ONE_WORKER_MODULES:
+    if module in WAITING_MODULES:
+        item.add_marker(pytest.mark.xdist_group(WAITING_GROUP))
+    elif module in ONE_WORKER_MODULES:
         item.add_marker(pytest.mark.xdist_group(module))
     elif item.get_closest_marker("waits") is not None:
         item.add_marker(pytest.mark.xdist_group(WAITING_GROUP))
