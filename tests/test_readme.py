@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from minify_worker.sandbox.limits import PARALLELISM_ENV
 from tests.support.repro import run_repro
 from tests.support.service import CULPRIT_FLOOR, start_service
 
@@ -87,17 +88,22 @@ def written_examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "examples"
 
 
-# The one MINIFY_* setting a command runs with: the culprit phase's floor, a second (CULPRIT_FLOOR). The suite keeps
-# it to a few seconds where the culprit is not the point (tests/conftest.py); nor is it here. The
-# phase runs after the result and its repro.py are written, so what the README promises is the same
-# with it; it still runs, starting inductor's bisection and saying the budget ran out. The service
-# example's worker has it too. At the suite's 5 s the offline example's phase bisected inductor to
-# its end, some 6 CPU-s of compiles more; without a floor, for up to a minute.
+# The MINIFY_* settings a command runs with, the suite's own, neither of which changes what the
+# README promises: the culprit phase's floor, a second (CULPRIT_FLOOR). The suite keeps it to a few
+# seconds where the culprit is not the point (tests/conftest.py); nor is it here. The phase runs
+# after the result and its repro.py are written; it still runs, starting inductor's bisection and
+# saying the budget ran out. The service example's worker has it too. At the suite's 5 s the
+# offline example's phase bisected inductor to its end, some 6 CPU-s of compiles more; without a
+# floor, for up to a minute. And one child at a time, as every job of the suite (tests/conftest.py;
+# the service example's worker inherits it): with two, the offline example took 8-15 CPU-s of the
+# cores the other xdist workers share, with one 6.7 (the same minimal program and repro).
+README_SETTINGS = {**CULPRIT_FLOOR, PARALLELISM_ENV: "1"}
 
 
 def run_as_written(command: Command, cwd: Path, env: dict[str, str] | None = None) -> None:
     environment = {name: value for name, value in os.environ.items() if not name.startswith("MINIFY_")}
-    result = subprocess.run(["bash", "-c", command.text], cwd=cwd, env={**environment, **CULPRIT_FLOOR, **(env or {})},
+    result = subprocess.run(["bash", "-c", command.text], cwd=cwd,
+                            env={**environment, **README_SETTINGS, **(env or {})},
                             capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     output = result.stdout + result.stderr
     if "non-zero exit" in command.comment:
