@@ -183,7 +183,12 @@ def run_step(name: str, command: list[str], cwd: Path, log: Path, limit_s: float
             process.wait()
             code = None
     step.seconds = round(time.monotonic() - started, 1)
-    text = log.read_text(errors="replace")
+    return ended(step, code, limit_s, log.read_text(errors="replace"))
+
+
+def ended(step: Step, code: int | None, limit_s: float, text: str) -> Step:
+    """`step` with how its process ended: its exit status (None: stopped at `limit_s`; negative: a
+    signal) and the last error line of its output `text`."""
     if code is None:
         step.exit = timeout_exit(limit_s)
         step.error = step.exit
