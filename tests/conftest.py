@@ -192,12 +192,12 @@ def program(tmp_path: Path) -> Path:
 # frees up, so a module's neighbouring tests land on all three), and such a fixture ran once on *each*
 # worker that got one of them (the capture suite's 100 s twice); grouped, a module's tests go to one
 # worker and its fixtures run once. Modules whose module fixtures are cheap (a saved program) stay spread.
+# (The services and browser whose tests mostly wait are in WAITING_MODULES below: one worker too.)
 ONE_WORKER_MODULES = frozenset({
-    "test_capture_plugin", "test_culprit", "test_api", "test_api_docs", "test_dashboard", "test_bugs",
+    "test_capture_plugin", "test_culprit", "test_api", "test_api_docs",
     "test_dynamic_shapes", "test_client_e2e", "test_shrink", "test_offline_out", "test_dashboard_bugs",
     # services (a server, its Redis, workers that import torch)
-    "test_service", "test_culprit_after_result", "test_api_auth", "test_faults_service", "test_outages",
-    "test_api_program_json",
+    "test_api_auth", "test_api_program_json",
     # browsers
     "test_dashboard_static", "test_dashboard_bugreport",
     # captures and jobs run once for the module's tests
@@ -207,7 +207,6 @@ ONE_WORKER_MODULES = frozenset({
     "test_control_flow",  # one repro.py server (tests/support/repro_forks.py) for its five repros
     # sandbox pools and their fork servers, a Redis, the torch config's description
     "test_sandbox", "test_sandbox_reuse", "test_run", "test_environment", "test_faults_fencing",
-    "test_config_schema",
 })
 
 
@@ -225,8 +224,8 @@ WAITING_GROUP = "waits"
 # test_culprit_after_result 11 of 28-33, test_faults_service 12 of 24-28, test_dashboard 28-31 of
 # 60-63, test_ledger and test_config_schema ~0 of 8-9 each, where a compile-bound test on a worker
 # shared three ways takes 0.65-0.9 of its wall. Dealt to the compiling workers they left a core
-# idle whenever the waiting worker waited too; in the waiting group, with their module fixtures
-# (each module's tests stay together, in order), the two other workers keep both cores busy: a clean
+# idle whenever the waiting worker waited too; in the waiting group, on one worker with their module
+# fixtures run once (each module's tests together, in order), the two others keep both cores busy: a clean
 # clone's pytest 617.6 s (1,067 CPU-s in the tests), against 657.7-714 s (1,141-1,200) before.
 # The two service modules whose tests wait on their services' jobs and sweeps half the time
 # (test_service 38 of 64 s, test_bugs 45 of 68) join too: the group then takes some 550 s of a
