@@ -67,15 +67,26 @@ def _one_precompiled_header_folder_for_every_process() -> None:
         pass  # another xdist worker made it
 
 
-_one_compile_cache_for_every_process()
-_one_precompiled_header_folder_for_every_process()
+def _deals_tests_only(config: pytest.Config) -> bool:
+    """Whether this process is xdist's controller, which runs no test: it deals them to its workers
+    (each an interpreter that loads this file and configures itself), and starts them only once it
+    is configured itself."""
+    distributed = getattr(config.option, "dist", "no") != "no" and not config.option.collectonly
+    return distributed and not hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One intra-op thread in the test process, set before any test module runs a torch op: the
-    engine tests below make this process a fork origin (`_engine_fork_origin`), which it stays only
-    while no native thread pool has started (OpenMP's threads do not survive a fork). Three xdist
-    workers on a 2-core box gain nothing from more; sandbox children set their own thread count."""
+    """The compile caches every process shares, and one intra-op thread in the test process, set
+    before any test module runs a torch op: the engine tests below make this process a fork origin
+    (`_engine_fork_origin`), which it stays only while no native thread pool has started (OpenMP's
+    threads do not survive a fork). Three xdist workers on a 2-core box gain nothing from more;
+    sandbox children set their own thread count. Not in xdist's controller: importing torch and
+    inductor there (3 s) delayed every worker's start by as much, the run's first seconds on both
+    cores spent on a process that runs no test."""
+    if _deals_tests_only(config):
+        return
+    _one_compile_cache_for_every_process()
+    _one_precompiled_header_folder_for_every_process()
     import torch
 
     torch.set_num_threads(1)
