@@ -48,11 +48,11 @@ class LoadResult:
 
     @property
     def p50_s(self) -> float:
-        return _percentile(self.latencies_s, 0.5)
+        return percentile(self.latencies_s, 0.5)
 
     @property
     def p99_s(self) -> float:
-        return _percentile(self.latencies_s, 0.99)
+        return percentile(self.latencies_s, 0.99)
 
     def summary(self) -> str:
         return (f"{self.submissions} submissions: {self.created} jobs created, {self.deduplicated} deduplicated; "
@@ -61,12 +61,13 @@ class LoadResult:
                 f"({', '.join(str(count) for count in sorted(self.bug_counts.values()))} jobs); "
                 f"{len(self.latencies_s)} API requests during the run: p50 {self.p50_s * 1000:.1f} ms, "
                 f"p99 {self.p99_s * 1000:.1f} ms, max {max(self.latencies_s, default=0) * 1000:.1f} ms "
-                f"(POST /v1/jobs: p50 {_percentile(self.post_latencies_s, 0.5) * 1000:.1f} ms, "
-                f"p99 {_percentile(self.post_latencies_s, 0.99) * 1000:.1f} ms); "
+                f"(POST /v1/jobs: p50 {percentile(self.post_latencies_s, 0.5) * 1000:.1f} ms, "
+                f"p99 {percentile(self.post_latencies_s, 0.99) * 1000:.1f} ms); "
                 f"{self.wall_s:.1f} s from the first submission to the last job's end")
 
 
-def _percentile(samples: list[float], fraction: float) -> float:
+def percentile(samples: list[float], fraction: float) -> float:
+    """The sample at `fraction` of the sorted samples (0.99: the p99), 0 for none."""
     if not samples:
         return 0.0
     ordered = sorted(samples)

@@ -488,11 +488,6 @@ def test_a_worker_that_cannot_write_an_artifact_fails_the_job_naming_it(
 # -- 4. load ------------------------------------------------------------------------------------------
 
 
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 # How often each load client asks about each of its jobs that has not ended (bench/bugs.py polls
 # every 0.5 s). What the load test claims (no job lost, the counts, the p99 of every API request
 # while the jobs run) does not rest on the rate: every 2 s still times about a quarter of the 8,155

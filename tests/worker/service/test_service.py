@@ -22,6 +22,7 @@ import httpx
 import pytest
 from redis import Redis
 
+from bench.bugs import percentile
 from minify_worker.sandbox.processes import process_stats
 from minify_worker.service.rqworker import MAINTENANCE_LOCK_S, MinifyQueue, MinifyWorker
 from tests.support.backends import ALLOWED, PREFIX
@@ -209,11 +210,6 @@ def test_a_worker_from_another_machine_joins_with_redis_url_and_queues(service_w
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     assert final["status"] == "succeeded" and final["worker"] == "remote-1"
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 # The pause between two status reads while the twenty jobs run. The reads are the measurement, not
