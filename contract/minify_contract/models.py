@@ -40,6 +40,8 @@ _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # The longest a job or one candidate may be given: a week. Far larger values overflow the timers
 # they become (RQ's alarm, thread waits) and every attempt dies, so they are refused up front.
 MAX_TIMEOUT_S = 7 * 24 * 3600
+# The most candidate children of one job at once (`limits.parallelism`, `MINIFY_PARALLELISM`).
+MAX_PARALLELISM = 256
 
 
 class _Strict(BaseModel):
@@ -101,7 +103,7 @@ class Limits(_Strict):
         description="memory bound of one candidate's process group; default: the machine's memory / parallelism",
     )
     job_timeout_s: float = Field(default=3600, gt=0, le=MAX_TIMEOUT_S)
-    parallelism: int | None = Field(default=None, ge=1, le=256)
+    parallelism: int | None = Field(default=None, ge=1, le=MAX_PARALLELISM)
 
 
 class BisectRequest(_Strict):

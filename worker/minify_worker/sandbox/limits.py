@@ -9,7 +9,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from minify_contract.models import JobSpec
+from minify_contract.models import MAX_PARALLELISM, JobSpec
 
 CHILD_OPEN_FILES = 4096
 # A torch child maps about 1 GB of address space it never touches (libraries, arenas, stacks): the
@@ -34,18 +34,18 @@ def worker_parallelism() -> int | None:
     """`MINIFY_PARALLELISM`: the children at once of a job that sets no parallelism, on a worker that
     shares its machine's cores (several workers, or other work beside it): where the cores are
     busy, a second child runs candidates the reduction may never need, on CPU the others wanted.
-    None when unset; a value that is not a whole number from 1 to 256 (the spec's own range) is a
+    None when unset; a value that is not a whole number from 1 to `MAX_PARALLELISM` (the spec's own range) is a
     ValueError that says so."""
     value = os.environ.get(PARALLELISM_ENV, "").strip()
     return parallelism_of(value, PARALLELISM_ENV) if value else None
 
 
 def parallelism_of(value: str, source: str) -> int:
-    """`value` as a count of children at once: a whole number from 1 to 256 (the spec's own range);
+    """`value` as a count of children at once: a whole number from 1 to `MAX_PARALLELISM` (the spec's own range);
     else a ValueError that names `source` (the variable, or the flag that sets it)."""
     value = value.strip()
-    if not value.isdigit() or not 1 <= int(value) <= 256:
-        raise ValueError(f"{source} must be a whole number from 1 to 256, not {value!r}")
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PARALLELISM:
+        raise ValueError(f"{source} must be a whole number from 1 to {MAX_PARALLELISM}, not {value!r}")
     return int(value)
 
 
