@@ -218,6 +218,7 @@ ONE_WORKER_MODULES = frozenset({
     "test_control_flow",  # one repro.py server (tests/support/repro_forks.py) for its five repros
     # sandbox pools and their fork servers, a Redis, the torch config's description
     "test_sandbox", "test_sandbox_reuse", "test_run", "test_environment", "test_faults_fencing",
+    "test_versions_faults",  # a Redis, and jobs run in this process (the engine preloaded for them)
 })
 
 

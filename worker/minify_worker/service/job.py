@@ -159,12 +159,18 @@ def run_job(wire: dict[str, Any]) -> str:
         channel.finish(status, reason, report, folder,
                        filed=lambda pipe, bug_record: versions_bugs.phase_asks(pipe, bug_record, asked))
         if probed is not None:
+            # Rides out a Redis restart as the final writes do: fan_out starts clean and enqueues under fixed
+            # ids, so a retry only sends again (a probe it had queued already is queued twice, answers twice).
             try:
-                versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, probed)
+                patiently(lambda: versions_phase.fan_out(channel.redis, ticket.job_id, out_dir, report, probed),
+                          channel.patience_s)
                 probed_versions.append(probed)
-            except RedisError as error:
+            except RedisError as error:  # no phase follows: the record's result says so now, not `running`
                 log.warning("the version phase could not send its probes: %s", error)
-                if report.bug and channel.keys.has_bug_index:  # no phase follows: the server's re-tests again
+                report = report.model_copy(update={"versions_state": CulpritState.lost})
+                with contextlib.suppress(RedisError, AttemptSuperseded):
+                    channel.result_updated(report)
+                if report.bug and channel.keys.has_bug_index:  # the server's re-tests ask those versions again
                     with contextlib.suppress(RedisError):
                         versions_bugs.phase_answered(channel.redis, channel.keys.bug_record(report.bug), asked)
         return report
@@ -192,6 +198,8 @@ def run_job(wire: dict[str, Any]) -> str:
         raise RedisUnreachable(f"Redis did not answer for {channel.patience_s:g} s: attempt {channel.attempt} "
                                f"of job {ticket.job_id} gave up")
     if delivered:
+        if report is not None:  # the engine's report knows nothing of the version phase: the delivered one does
+            report = report.model_copy(update={"versions_state": delivered[0].versions_state})
         # A cancel or the job's timeout stopped the culprit phase only (the engine says so); a
         # shutdown or an error lost it: the job stays succeeded either way and is never re-queued.
         if report is None or status is not JobState.succeeded:
