@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ import torch
 from minify_contract.models import JobSpec, JobState
 from minify_worker.engine import MinifyResult, minify
 from minify_worker.programs.fx.backends import ALLOWED_BACKENDS_ENV
+from minify_worker.sandbox import vec_isa
+from minify_worker.sandbox.warmup import compile_cache_variables
 from tests.support.backends import PREFIX
 from tests.support.graphs import ops_of, save_chain
 from tests.support.repro import run_repro
@@ -58,6 +62,22 @@ def run_as_worker(program: Path, out: Path, jobs: list[JobSpec], *flags: str, sp
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads(line) for line in run.stdout.strip().splitlines()[-len(jobs):]]
+
+
+def with_the_machines_builds(base: Path) -> None:
+    """A compile cache of its own under `base` (MINIFY_CACHE_DIR), cold for inductor's graphs and
+    kernels, but with the machine's C++ builds that touch no device: the precompiled headers (a
+    link to the machine's folder: 5-25 CPU-s of g++ each, keyed by flags and compiler) and the
+    vector-ISA probe's record (sandbox/vec_isa.py)."""
+    machine = Path(compile_cache_variables(Path(tempfile.gettempdir()))["TORCHINDUCTOR_CACHE_DIR"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIFY_CACHE_DIR", str(base))
+        own = Path(compile_cache_variables(Path(tempfile.gettempdir()))["TORCHINDUCTOR_CACHE_DIR"])
+    own.mkdir(parents=True)
+    (machine / "precompiled_headers").mkdir(parents=True, exist_ok=True)
+    (own / "precompiled_headers").symlink_to(machine / "precompiled_headers", target_is_directory=True)
+    if (machine / vec_isa.RECORD_NAME).is_file():
+        shutil.copy(machine / vec_isa.RECORD_NAME, own / vec_isa.RECORD_NAME)
 
 
 def spied_calls(log: Path, job: int | None = None) -> tuple[list[str], list[str]]:
@@ -140,10 +160,12 @@ def test_a_spawned_fork_server_never_initializes_cuda_either(tmp_path: Path) -> 
     # the culprit's compiler bisection) only run more candidates in the same kind of children.
     program = save_chain(tmp_path, ("relu", "tanh"))
     job = spec("inductor", config={"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}, shrink=False, culprit=False)
+    caches = tmp_path / "caches"
+    with_the_machines_builds(caches)
 
     # Without --preload the fork server is spawned and warms up inductor for a CPU job itself.
     [result] = run_as_worker(program, tmp_path / "out", [job], spy_log=log,
-                             environment={"MINIFY_CACHE_DIR": str(tmp_path / "caches")})
+                             environment={"MINIFY_CACHE_DIR": str(caches)})
 
     assert result["sandbox_start"] == "spawn"
     forbidden, _ = spied_calls(log)

@@ -149,7 +149,7 @@ def run_job(wire: dict[str, Any]) -> str:
             report = report.model_copy(update={"versions_state": CulpritState.running})
             own = versions_phase.offered_envs()[0]
             try:
-                probed = versions_phase.versions_to_probe(channel.redis, own)
+                probed = patiently(lambda: versions_phase.versions_to_probe(channel.redis, own), channel.patience_s)
             except RedisError as error:  # no phase: the delivered result says so, not `running`
                 log.warning("the version phase could not read the fleet's torch versions: %s", error)
                 report = report.model_copy(update={"versions_state": CulpritState.lost})
