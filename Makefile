@@ -41,11 +41,12 @@ PYTEST_WORKERS ?= 3
 # services' workers, the client, captures, repro.py) compiled the repository's modules from source
 # again, and every pytest run in a test rewrote its asserts again. Cleared for the run, the first
 # import writes __pycache__ (git ignores it) and the rest read it: test_client_cli's 67 client runs
-# 31.7 -> 27.2 CPU-s, measured twice each way (docs/internals.md, "Tests").
+# 31.7 -> 27.2 CPU-s, measured twice each way (docs/internals.md, "Tests"). `test-torch-V` too.
+WRITE_BYTECODE := PYTHONDONTWRITEBYTECODE=
 test:
 	$(MAKE) --no-print-directory -j2 setup browser
 	.venv/bin/ruff check .
-	PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadgroup
+	$(WRITE_BYTECODE) .venv/bin/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The fast, pure tests alone (marked `fast`: no sandbox child, subprocess, compile, Redis or
 # browser), in one process, for the loop of an edit; only the modules that mark some are collected
@@ -137,4 +138,4 @@ test-versions: $(VERSION_RELEASES:%=.venv-torch-%/.installed)
 
 test-torch-%: .venv-torch-%/.installed
 	.venv-torch-$*/bin/python -c "import torch; assert torch.__version__.startswith('$*.'), torch.__version__"
-	PYTHONDONTWRITEBYTECODE= .venv-torch-$*/bin/python -m pytest -q -ra -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup $(TORCH_OTHER_TESTS)
+	$(WRITE_BYTECODE) .venv-torch-$*/bin/python -m pytest -q -ra -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup $(TORCH_OTHER_TESTS)
