@@ -51,14 +51,16 @@ def store(server_port: int) -> redis.Redis:
     return client
 
 
-def queued_job(store: redis.Redis, out_dir: Path) -> tuple[JobTicket, Job]:
+def queued_job(store: redis.Redis, out_dir: Path, *, job_id: str = JOB, program: Path = Path("/nowhere/p.pt2"),
+               spec: JobSpec | None = None, retries: int = RETRIES) -> tuple[JobTicket, Job]:
     """A job as the server creates it: its record and RQ's job for attempt 1, in one transaction."""
-    record = JobRecord(id=JOB, status=JobState.queued, spec=JobSpec(), created_at=datetime.now(timezone.utc))
-    ticket = JobTicket(job_id=JOB, program=Path("/nowhere/p.pt2"), inputs=None, out_dir=out_dir, spec=JobSpec(),
-                       keys=TicketKeys.for_job(JOB))
+    spec = spec or JobSpec()
+    record = JobRecord(id=job_id, status=JobState.queued, spec=spec, created_at=datetime.now(timezone.utc))
+    ticket = JobTicket(job_id=job_id, program=program, inputs=None, out_dir=out_dir, spec=spec,
+                       keys=TicketKeys.for_job(job_id))
     with store.pipeline(transaction=True) as pipe:
         pipe.multi()
-        rq_job = queue.enqueue(store, ticket, RETRIES, pipeline=pipe)
+        rq_job = queue.enqueue(store, ticket, retries, pipeline=pipe)
         add_record(pipe, record)
         pipe.execute()
     return JobTicket.from_wire(rq_job.args[0]), Job.fetch(rq_job.id, connection=store)

@@ -14,22 +14,20 @@ that announces torch 9.9.9; no worker listens on its queue in this private Redis
 from __future__ import annotations
 
 import signal
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import redis
 from rq import Queue, SimpleWorker, Worker
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
-from minify_contract import queue
-from minify_contract.ledger import WORKERS_TORCH_KEY, JobRecord, JobTicket, TicketKeys, record_key
+from minify_contract.ledger import WORKERS_TORCH_KEY, JobRecord, record_key
 from minify_contract.models import CulpritState, JobSpec, JobState
-from minify_server.records import add_record
 from minify_worker.engine import minify  # noqa: F401  (tests/conftest.py preloads the engine here: run_job runs it)
 from minify_worker.service.versions import phase
 from minify_worker.service.versions.envs import TorchEnv
 from tests.support.backends import PREFIX
+from tests.worker.service.test_faults_fencing import queued_job
 
 pytestmark = pytest.mark.usefixtures("test_backends_allowed")
 
@@ -46,19 +44,6 @@ def store(server_port: int) -> redis.Redis:
     phase.announce(client, "other", [OTHER])
     client.hset(Worker.redis_worker_namespace_prefix + "other", "state", "idle")
     return client
-
-
-def queued_job(store: redis.Redis, program: Path, out_dir: Path, spec: JobSpec) -> Job:
-    """A job as the server creates it: its record and RQ's job for attempt 1, in one transaction."""
-    record = JobRecord(id=JOB, status=JobState.queued, spec=spec, created_at=datetime.now(timezone.utc))
-    ticket = JobTicket(job_id=JOB, program=program, inputs=None, out_dir=out_dir, spec=spec,
-                       keys=TicketKeys.for_job(JOB))
-    with store.pipeline(transaction=True) as pipe:
-        pipe.multi()
-        rq_job = queue.enqueue(store, ticket, 0, pipeline=pipe)
-        add_record(pipe, record)
-        pipe.execute()
-    return Job.fetch(rq_job.id, connection=store)
 
 
 def work_in_this_process(store: redis.Redis) -> None:
@@ -89,7 +74,8 @@ def test_a_version_phase_that_cannot_start_is_lost_in_the_succeeded_jobs_result(
         store.set(WORKERS_TORCH_KEY, "not a hash")
     else:
         store.set(Queue(phase.queue_name(OTHER.torch), connection=store).key, "not a list")
-    rq_job = queued_job(store, programs["relu_cos"], tmp_path / "job" / "out", spec)
+    _, rq_job = queued_job(store, tmp_path / "job" / "out", job_id=JOB, program=programs["relu_cos"], spec=spec,
+                           retries=0)
 
     work_in_this_process(store)
 
